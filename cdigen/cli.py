@@ -1,0 +1,107 @@
+"""The ``cdigen`` command line: argument parsing only; the work happens in the library.
+
+Core subcommands come from the modules in ``CORE_COMMAND_MODULES``; the wings (``policies``,
+``plugin``) add theirs through the entry-point group ``cdigen.commands``, so the core never
+imports them. A command module exposes ``register(subparsers)``, which adds parsers whose
+``func`` default is a handler ``(args) -> int``. Registration must stay cheap: handlers import
+heavy modules (NVML, gRPC, CEL, networkx) only when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+
+from cdigen import __version__
+from cdigen.errors import EXIT_BAD_INPUT, CdigenError, CheckFailed
+
+CORE_COMMAND_MODULES = ("cdigen.discover.cli", "cdigen.cdi.cli")
+ENTRY_POINT_GROUP = "cdigen.commands"
+
+Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors and exit code 2 (which argparse already uses)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _registrars() -> list[Register]:
+    found: list[Register] = []
+    for name in CORE_COMMAND_MODULES:
+        found.append(importlib.import_module(name).register)
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            found.append(ep.load())
+        except ImportError as exc:  # a wing that is not installed: say so, keep the rest usable
+            logging.getLogger("cdigen").debug("command group %s unavailable: %s", ep.name, exc)
+    return found
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every registered subcommand."""
+    parser = _Parser(
+        prog="cdigen",
+        description=(
+            "Discover NVIDIA GPUs, write CDI specs for them, choose the best GPUs for a request "
+            "with topology-aware CEL policies, and serve them to the kubelet as a device plugin."
+        ),
+        epilog="Node sources (SRC): 'nvml' (the default), a node file (YAML/JSON), or "
+        "'builtin:NAME' (a simulated node, e.g. builtin:rtx4090). Exit codes: 0 ok, "
+        "1 a check failed, 2 bad usage or bad input.",
+    )
+    parser.add_argument("--version", action="version", version=f"cdigen {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity on stderr (default: warning)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for register in _registrars():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="cdigen: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return int(func(args))
+    except CheckFailed as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"cdigen: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except CdigenError as exc:
+        print(f"cdigen: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

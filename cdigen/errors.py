@@ -1,0 +1,64 @@
+"""One error hierarchy for cdigen.
+
+Every error carries the exit code the CLI should return and renders as one line:
+what went wrong, where, and what to do about it.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class CdigenError(Exception):
+    """Base of all errors cdigen reports to users; ``str()`` is the one-line message."""
+
+    exit_code: int = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
+        self.message = message
+        self.where = where
+        self.hint = hint
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The message as one line: ``where: message (hint)``."""
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        if self.hint:
+            text = f"{text}; {self.hint}"
+        return " ".join(text.split())
+
+
+class InputError(CdigenError):
+    """Bad input from the user: a missing or malformed file, a bad flag value."""
+
+
+class SchemaError(InputError):
+    """A document failed its JSON Schema; ``where`` names the file and the field path."""
+
+
+class DiscoveryError(CdigenError):
+    """Discovery could not run at all (for example: no NVML library)."""
+
+
+class SpecConflictError(CdigenError):
+    """Another CDI spec already defines a device name we would write."""
+
+
+class WriteError(CdigenError):
+    """Writing a file failed; the previous file is left as it was."""
+
+
+class CheckFailed(CdigenError):
+    """A check (validate, policy check) found problems; each is listed in ``problems``."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+    def __init__(self, problems: list[str], *, summary: str = "check failed") -> None:
+        self.problems = problems
+        super().__init__(f"{summary}: {len(problems)} problem(s)")
+
+
+class AllocationError(CdigenError):
+    """A request that cannot be met (asks for more devices than are available)."""

@@ -1,0 +1,94 @@
+"""The node description: frozen records shared by discovery, CDI generation, policies and the plugin.
+
+Files use camelCase keys (see ``schemas/node.schema.json``); these records use snake_case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+API_VERSION = "cdigen/v1alpha1"
+NODE_KIND = "Node"
+
+PcieLevel = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
+PCIE_LEVELS: tuple[PcieLevel, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a GPU instance + compute instance) on a MIG-enabled GPU."""
+
+    uuid: str
+    profile: str  # e.g. "1g.10gb"
+    gi_id: int
+    ci_id: int
+    memory_bytes: int
+    cap_minors: tuple[int, ...] = ()  # /dev/nvidia-caps/nvidia-cap<N>: GI then CI
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as discovery sees it."""
+
+    index: int  # NVML index
+    minor: int  # /dev/nvidia<minor>
+    uuid: str
+    name: str  # productName
+    architecture: str
+    cuda_compute_capability: str  # "8.0"
+    memory_bytes: int
+    pci_bus_id: str  # "0000:07:00.0"
+    numa_node: int | None = None
+    brand: str = ""
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    healthy: bool = True  # simulation: node files may set healthy: false
+    error: str | None = None  # a discovery call failed on this GPU; it is advertised unhealthy
+
+
+@dataclass(frozen=True)
+class Link:
+    """What connects two GPUs (by NVML index, ``a < b``)."""
+
+    a: int
+    b: int
+    pcie: PcieLevel | None = None  # None: unknown or hidden behind NVLink
+    nvlinks: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """Everything cdigen knows about one node's GPUs. Immutable: discovery makes a new one."""
+
+    gpus: tuple[Gpu, ...]
+    links: tuple[Link, ...] = ()
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+    name: str = ""  # a label for samples and reports; not used for decisions
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what discovery inferred
+
+    @cached_property
+    def _by_uuid(self) -> dict[str, Gpu]:
+        return {g.uuid: g for g in self.gpus}
+
+    @cached_property
+    def _by_index(self) -> dict[int, Gpu]:
+        return {g.index: g for g in self.gpus}
+
+    @cached_property
+    def _links(self) -> dict[tuple[int, int], Link]:
+        return {(min(k.a, k.b), max(k.a, k.b)): k for k in self.links}
+
+    def gpu_by_uuid(self, uuid: str) -> Gpu | None:
+        """The GPU with this UUID, or None."""
+        return self._by_uuid.get(uuid)
+
+    def gpu_by_index(self, index: int) -> Gpu | None:
+        """The GPU with this NVML index, or None."""
+        return self._by_index.get(index)
+
+    def link(self, a: int, b: int) -> Link | None:
+        """The link between GPUs ``a`` and ``b`` (indexes, any order), or None if unknown."""
+        return self._links.get((min(a, b), max(a, b)))
