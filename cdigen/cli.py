@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
+from typing import cast
 
 from cdigen import __version__
 from cdigen.errors import EXIT_BAD_INPUT, CdigenError, CheckFailed
@@ -63,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log verbosity on stderr (default: warning)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    # _Parser is an ArgumentParser; the registrars are typed against the base class.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser),
+    )
     for register in _registrars():
         register(sub)
     return parser

@@ -56,7 +56,7 @@ def dump_document(document: Any, fmt: str) -> str:
 
 
 def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` atomically: temp file in the same directory, fsync, rename, fsync dir.
+    """Write ``data`` to ``path`` atomically: temp file beside it, fsync, rename, fsync the dir.
 
     On any failure the previous file is left as it was and the temp file is removed.
     """
@@ -66,7 +66,9 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
-        raise WriteError(f"cannot create a file in {directory}: {exc.strerror}", where=str(target))
+        raise WriteError(
+            f"cannot create a file in {directory}: {exc.strerror}", where=str(target)
+        ) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -78,7 +80,8 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise WriteError(
-            f"write failed ({exc.strerror or exc}); the previous file is unchanged", where=str(target)
+            f"write failed ({exc.strerror or exc}); the previous file is unchanged",
+            where=str(target),
         ) from None
     dir_fd = os.open(directory, os.O_RDONLY)
     try:

@@ -1,4 +1,4 @@
-"""The node description: frozen records shared by discovery, CDI generation, policies and the plugin.
+"""The node description: frozen records shared by discovery, CDI, policies and the plugin.
 
 Files use camelCase keys (see ``schemas/node.schema.json``); these records use snake_case.
 """

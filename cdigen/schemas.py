@@ -1,10 +1,10 @@
-"""Finding the project's JSON Schemas (shipped in the wheel as ``cdigen.schema_files``) and applying them."""
+"""Finding the JSON Schemas (shipped in the wheel as ``cdigen.schema_files``) and applying them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from functools import cache
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -77,4 +77,5 @@ def validate(document: Any, name: str, *, where: str) -> None:
     problems = schema_errors(document, name)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise SchemaError(f"{problems[0]}{more}", where=where, hint=f"see schemas/{name}.schema.json")
+        hint = f"see schemas/{name}.schema.json"
+        raise SchemaError(f"{problems[0]}{more}", where=where, hint=hint)
