@@ -1,9 +1,202 @@
-"""Subcommands of this part (being written)."""
+"""The ``discover``, ``topo`` and ``topo import`` subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+from cdigen.errors import EXIT_OK, InputError
+
+log = logging.getLogger("cdigen")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
+
+
+def parse_size(text: str) -> int:
+    """``80GiB``, ``24GB``, ``81920MiB`` or plain bytes -> bytes; InputError otherwise."""
+    match = _SIZE.match(text)
+    if not match:
+        raise InputError(
+            f"--memory {text!r} is not a size",
+            hint="give bytes or a size like 80GiB, 24GB, 81920MiB",
+        )
+    number, unit = match.group(1), (match.group(2) or "").upper()
+    factor = 1024 ** ("KMGT".index(unit[0]) + 1) if unit.endswith(("IB", "I")) else _UNITS[unit[:1]]
+    return int(float(number) * factor)
+
+
+def _sample_names() -> str:
+    from cdigen.discover.builtin import names
+
+    return ", ".join(names())
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node",
+        metavar="SRC",
+        default="nvml",
+        help="where the node description comes from: 'nvml' (the driver; default), a node file "
+        f"(YAML/JSON), or builtin:NAME with NAME one of {_sample_names()}",
+    )
+    parser.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        default="/sys",
+        help="sysfs root for the NVML source's NUMA fallback (default: /sys)",
+    )
+    parser.add_argument(
+        "--proc-root",
+        metavar="DIR",
+        default="/proc",
+        help="procfs root for the NVML source's MIG capability minors (default: /proc)",
+    )
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output",
+        "-o",
+        metavar="PATH",
+        default="-",
+        help="write here instead of stdout ('-'); the file is replaced atomically",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this part's subcommands to ``sub``."""
+    """Add ``discover``, ``topo`` and ``topo import`` to ``sub``."""
+    discover = sub.add_parser(
+        "discover",
+        help="print the node description (GPUs, MIG devices, links) a source yields",
+        description="Discover the GPUs of this node (through NVML) or load a simulated one, and "
+        "print the node description. The output is a node file: it loads unchanged with "
+        "--node PATH.",
+        epilog="examples: cdigen discover; cdigen discover --node builtin:dgx-a100 --format json",
+    )
+    _add_source(discover)
+    discover.add_argument(
+        "--format", choices=["yaml", "json"], default="yaml", help="default: yaml"
+    )
+    _add_output(discover)
+    discover.set_defaults(func=run_discover)
+
+    topo = sub.add_parser(
+        "topo",
+        help="show the GPU topology as an 'nvidia-smi topo -m' matrix, Graphviz or JSON",
+        description="Show how the GPUs of a node are connected: X self, NV# bonded NVLinks "
+        "(NVSwitch pairs included), PIX/PXB/PHB/NODE/SYS PCIe levels, ? unknown; plus each GPU's "
+        "NUMA node. 'cdigen topo import' turns a saved 'nvidia-smi topo -m' into a node file.",
+        epilog="examples: cdigen topo --node builtin:dgx1-v100; "
+        "cdigen topo --node builtin:dgx-a100 --format dot | dot -Tsvg > a100.svg",
+    )
+    _add_source(topo)
+    topo.add_argument(
+        "--format", choices=["matrix", "dot", "json"], default="matrix", help="default: matrix"
+    )
+    _add_output(topo)
+    topo.set_defaults(func=run_topo)
+    topo_sub = topo.add_subparsers(dest="topo_command", metavar="import")
+    imp = topo_sub.add_parser(
+        "import",
+        help="turn a saved 'nvidia-smi topo -m' output into a node file",
+        description="Parse the text 'nvidia-smi topo -m' printed (tabs or spaces; NIC rows, "
+        "the legend and '#' lines are ignored) into a node file. NV# pairs get # NVLinks and an "
+        "unknown PCIe level. NUMA nodes come from the 'NUMA Affinity' column, or else are "
+        "inferred from distinct CPU affinity sets (a note says so). topo -m shows no product "
+        "names, memory, UUIDs or bus IDs: give the first two with options; the others are made up "
+        "(deterministic, well-formed).",
+        epilog="example: nvidia-smi topo -m > topo.txt; cdigen topo import topo.txt "
+        "--gpu-name 'NVIDIA A100-SXM4-80GB' -o node.yaml; cdigen topo --node node.yaml",
+    )
+    imp.add_argument("file", metavar="FILE", help="the saved output ('-' for stdin)")
+    imp.add_argument(
+        "--gpu-name",
+        default="",
+        metavar="NAME",
+        help="product name of the GPUs, e.g. 'NVIDIA A100-SXM4-80GB' (known names also set "
+        "architecture, compute capability and memory)",
+    )
+    imp.add_argument(
+        "--memory", metavar="SIZE", help="memory per GPU: bytes or e.g. 80GiB (default: by name)"
+    )
+    imp.add_argument("--name", default="", help="a label for the node (default: the file name)")
+    imp.add_argument("--driver-version", default="", metavar="V", help="e.g. 550.54.15")
+    imp.add_argument("--cuda-driver-version", default="", metavar="V", help="e.g. 12.4")
+    imp.add_argument("--format", dest="import_format", choices=["yaml", "json"], default="yaml")
+    _add_output(imp)
+    imp.set_defaults(func=run_topo_import)
+
+
+def _emit(text: str, output: str) -> None:
+    if output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from cdigen.fileio import atomic_write
+
+    atomic_write(Path(output), text.encode("utf-8"))
+    log.info("wrote %s", output)
+
+
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from cdigen.discover import load_node
+
+    node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
+    for note in node.notes:
+        print(f"cdigen: note: {note}", file=sys.stderr)
+    for gpu in node.gpus:
+        if gpu.error:
+            print(f"cdigen: warning: GPU {gpu.index}: {gpu.error}", file=sys.stderr)
+    return node
+
+
+def run_discover(args: argparse.Namespace) -> int:
+    """``cdigen discover``: print the node description."""
+    from cdigen.nodefile import dump_node
+
+    _emit(dump_node(_load(args), args.format), args.output)
+    return EXIT_OK
+
+
+def run_topo(args: argparse.Namespace) -> int:
+    """``cdigen topo``: print the topology matrix, Graphviz or JSON."""
+    from cdigen.discover import render
+
+    node = _load(args)
+    renderers = {
+        "matrix": render.render_matrix,
+        "dot": render.render_dot,
+        "json": render.render_json,
+    }
+    _emit(renderers[args.format](node), args.output)
+    return EXIT_OK
+
+
+def run_topo_import(args: argparse.Namespace) -> int:
+    """``cdigen topo import``: a saved ``nvidia-smi topo -m`` -> node file."""
+    from cdigen.discover.topo_import import matrix_to_node, parse_topo
+    from cdigen.fileio import read_text
+    from cdigen.nodefile import check_node, dump_node
+
+    if args.file == "-":
+        where, text = "<stdin>", sys.stdin.read()
+    else:
+        where, text = args.file, read_text(args.file, what="topo -m text")
+    memory = parse_size(args.memory) if args.memory is not None else None
+    node = matrix_to_node(
+        parse_topo(text, where=where),
+        name=args.name or ("" if args.file == "-" else Path(args.file).stem),
+        gpu_name=args.gpu_name,
+        memory_bytes=memory,
+        driver_version=args.driver_version,
+        cuda_driver_version=args.cuda_driver_version,
+    )
+    check_node(node, where=where)
+    for note in node.notes:
+        print(f"cdigen: note: {note}", file=sys.stderr)
+    _emit(dump_node(node, args.import_format), args.output)
+    return EXIT_OK

@@ -1,0 +1,286 @@
+"""Import the text of ``nvidia-smi topo -m`` as a :class:`Node`.
+
+What `topo -m` gives: the GPU-to-GPU matrix (``X``, ``NV#``, ``PIX``, ``PXB``, ``PHB``, ``NODE``,
+``SYS``), and per GPU row its CPU affinity, NUMA affinity and GPU NUMA ID where the driver prints
+them. NIC rows and columns, the legend and ``#`` lines are ignored. ``NV#`` means # NVLinks with
+the PCIe level hidden, so such pairs get ``pcie: null``. What `topo -m` does not show (product
+name, memory, UUIDs, bus IDs) is filled with options or deterministic made-up values.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuidlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdigen.errors import InputError
+from cdigen.fileio import read_text
+from cdigen.model import PCIE_LEVELS, Gpu, Link, Node, PcieLevel
+from cdigen.nodefile import check_node
+
+from .products import product
+
+_GPU = re.compile(r"^GPU(\d+)$")
+_NV = re.compile(r"^NV(\d+)$")
+_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+_LEGACY_LABELS: dict[str, PcieLevel] = {"SOC": "SYS"}  # pre-2017 drivers said SOC for SYS
+# Trailing columns, as the header spells them (split on whitespace).
+_TRAILING = (("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID"))
+_UUID_NAMESPACE = uuidlib.UUID("6d1c5f0e-2f4b-4a57-9a43-1f0c9a1e7c11")
+
+
+@dataclass(frozen=True)
+class TopoMatrix:
+    """The GPU part of one ``nvidia-smi topo -m`` output."""
+
+    labels: tuple[tuple[str, ...], ...]  # labels[i][j] for GPUi/GPUj; "X" on the diagonal
+    cpu_affinity: tuple[str | None, ...]
+    numa_nodes: tuple[int | None, ...]
+    numa_inferred: bool  # NUMA nodes come from distinct CPU affinity sets, not a NUMA column
+
+
+def parse_topo(text: str, *, where: str) -> TopoMatrix:
+    """Parse ``topo -m`` text; a one-line InputError naming ``where`` and the line if it is bad."""
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1)]
+    content = [(n, line) for n, line in lines if line.strip() and not line.lstrip().startswith("#")]
+    header_at = next((i for i, (_, line) in enumerate(content) if "GPU0" in line.split()), None)
+    if header_at is None or _is_row(content, header_at):
+        raise InputError(
+            "no GPU columns found (expected a header line naming GPU0, GPU1, ...)",
+            where=where,
+            hint="give the output of 'nvidia-smi topo -m' as it was printed",
+        )
+    header_line_no, header_line = content[header_at]
+    columns, trailing = _split_header(header_line.split())
+    gpu_columns = [c for c in columns if _GPU.match(c)]
+    expected = [f"GPU{i}" for i in range(len(gpu_columns))]
+    if columns[: len(gpu_columns)] != expected:
+        raise InputError(
+            f"line {header_line_no}: GPU columns must come first, in order: {' '.join(expected)}",
+            where=where,
+        )
+    rows: dict[int, tuple[int, list[str]]] = {}
+    for line_no, line in content[header_at + 1 :]:
+        tokens = line.split()
+        if tokens[0].rstrip(":").lower() in ("legend", "nic legend"):
+            break
+        match = _GPU.match(tokens[0])
+        if not match:
+            continue  # NIC rows and anything else nvidia-smi prints below the matrix
+        index = int(match.group(1))
+        if index in rows:
+            raise InputError(f"line {line_no}: a second row for GPU{index}", where=where)
+        rows[index] = (line_no, tokens[1:])
+    if not rows:
+        raise InputError(
+            "no GPU rows found below the header",
+            where=where,
+            hint="give the output of 'nvidia-smi topo -m' as it was printed",
+        )
+    missing = [f"GPU{i}" for i in range(len(gpu_columns)) if i not in rows]
+    extra = sorted(i for i in rows if i >= len(gpu_columns))
+    if missing:
+        raise InputError(
+            f"rows missing: the header names {len(gpu_columns)} GPUs but only {len(rows)} GPU "
+            f"rows are present (missing: {_span(missing)})",
+            where=where,
+            hint="the paste looks cut off; capture the full 'nvidia-smi topo -m' output",
+        )
+    if extra:
+        raise InputError(f"row GPU{extra[0]} has no column in the header", where=where)
+    labels, cpus, numas = [], [], []
+    for i in range(len(gpu_columns)):
+        line_no, cells = rows[i]
+        row_labels, cpu, numa = _parse_row(
+            cells, columns, trailing, where=f"{where}: line {line_no}"
+        )
+        if row_labels[i] != "X":
+            raise InputError(
+                f"line {line_no}: GPU{i} against itself should be X, found {row_labels[i]}",
+                where=where,
+            )
+        labels.append(tuple(row_labels[: len(gpu_columns)]))
+        cpus.append(cpu)
+        numas.append(numa)
+    for i, row in enumerate(labels):
+        for j in range(i + 1, len(row)):
+            if row[j] != labels[j][i]:
+                raise InputError(
+                    f"the matrix is not symmetric: GPU{i}/GPU{j} is {row[j]} "
+                    f"but GPU{j}/GPU{i} is {labels[j][i]}",
+                    where=where,
+                )
+    inferred = False
+    if "NUMA Affinity" not in trailing and all(c is not None for c in cpus):
+        order = sorted(set(cpus), key=lambda c: _first_cpu(c or ""))
+        numas = [order.index(c) for c in cpus]
+        inferred = True
+    return TopoMatrix(tuple(labels), tuple(cpus), tuple(numas), inferred)
+
+
+def _is_row(content: list[tuple[int, str]], at: int) -> bool:
+    tokens = content[at][1].split()
+    return len(tokens) > 1 and tokens[1] == "X"
+
+
+def _span(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+
+
+def _first_cpu(cpus: str) -> int:
+    return int(re.split(r"[-,]", cpus)[0])
+
+
+def _split_header(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """Device columns, then the trailing column names (multi-word names joined)."""
+    columns: list[str] = []
+    trailing: list[str] = []
+    i = 0
+    while i < len(tokens):
+        for words in _TRAILING:
+            if tuple(tokens[i : i + len(words)]) == words:
+                trailing.append(" ".join(words))
+                i += len(words)
+                break
+        else:
+            if trailing:
+                trailing.append(tokens[i])
+            else:
+                columns.append(tokens[i])
+            i += 1
+    return columns, trailing
+
+
+def _parse_row(
+    cells: list[str], columns: list[str], trailing: list[str], *, where: str
+) -> tuple[list[str], str | None, int | None]:
+    if len(cells) < len(columns):
+        raise InputError(
+            f"the row has {len(cells)} cells but the header names {len(columns)} devices",
+            where=where,
+            hint="the paste looks cut off",
+        )
+    row = cells[: len(columns)]
+    gpu_count = sum(1 for c in columns if _GPU.match(c))
+    for col, label in zip(columns[:gpu_count], row, strict=False):
+        if label != "X" and not _NV.match(label) and label not in (*PCIE_LEVELS, "SOC"):
+            raise InputError(
+                f"column {col}: unknown link label {label!r}",
+                where=where,
+                hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
+            )
+    row = [_LEGACY_LABELS.get(label, label) for label in row]
+    tail = dict(zip(trailing, cells[len(columns) :], strict=False))
+    cpu = tail.get("CPU Affinity")
+    if cpu is not None and cpu != "N/A" and not _CPU_LIST.match(cpu):
+        raise InputError(f"CPU Affinity {cpu!r} is not a CPU list like 0-15,32-47", where=where)
+    numa_text = tail.get("NUMA Affinity")
+    numa: int | None = None
+    if numa_text is not None and numa_text != "N/A":
+        if not numa_text.isdigit():
+            raise InputError(f"NUMA Affinity {numa_text!r} is not a number", where=where)
+        numa = int(numa_text)
+    return row, (None if cpu in (None, "N/A") else cpu), numa
+
+
+def matrix_links(matrix: TopoMatrix) -> tuple[Link, ...]:
+    """One link per GPU pair: ``NV#`` gives # NVLinks (PCIe unknown), a PCIe label its level."""
+    links = []
+    for i, row in enumerate(matrix.labels):
+        for j in range(i + 1, len(row)):
+            nv = _NV.match(row[j])
+            if nv:
+                links.append(Link(a=i, b=j, pcie=None, nvlinks=int(nv.group(1))))
+            else:
+                links.append(Link(a=i, b=j, pcie=_pcie(row[j]), nvlinks=0))
+    return tuple(links)
+
+
+def _pcie(label: str) -> PcieLevel:
+    for level in PCIE_LEVELS:
+        if level == label:
+            return level
+    raise ValueError(label)
+
+
+def made_up_uuid(prefix: str, seed: str) -> str:
+    """A deterministic, well-formed made-up UUID such as ``GPU-1b4e28ba-2fa1-...``."""
+    return f"{prefix}-{uuidlib.uuid5(_UUID_NAMESPACE, seed)}"
+
+
+def made_up_bus_id(index: int, count: int) -> str:
+    """A plausible PCI bus ID for GPU ``index`` of ``count``: spread over the bus range."""
+    step = max(1, 0xE0 // max(count, 1))
+    return f"0000:{0x07 + index * step:02x}:00.0"
+
+
+def matrix_to_node(
+    matrix: TopoMatrix,
+    *,
+    name: str = "",
+    gpu_name: str = "",
+    memory_bytes: int | None = None,
+    driver_version: str = "",
+    cuda_driver_version: str = "",
+) -> Node:
+    """A Node from a parsed matrix; unknown facts made up deterministically from ``name``."""
+    known = product(gpu_name) if gpu_name else None
+    count = len(matrix.labels)
+    seed = name or "|".join(" ".join(r) for r in matrix.labels)
+    gpus = tuple(
+        Gpu(
+            index=i,
+            minor=i,
+            uuid=made_up_uuid("GPU", f"{seed}/{i}"),
+            name=gpu_name or "unknown (imported from nvidia-smi topo -m)",
+            architecture=known.architecture if known else "",
+            cuda_compute_capability=known.cuda_compute_capability if known else "",
+            memory_bytes=memory_bytes
+            if memory_bytes is not None
+            else (known.memory_bytes if known else 0),
+            pci_bus_id=made_up_bus_id(i, count),
+            numa_node=matrix.numa_nodes[i],
+            brand=known.brand if known else "",
+        )
+        for i in range(count)
+    )
+    notes: tuple[str, ...] = ()
+    if matrix.numa_inferred:
+        notes = (
+            "no NUMA Affinity column: NUMA nodes inferred from distinct CPU affinity sets "
+            f"({', '.join(f'GPU{i}={n}' for i, n in enumerate(matrix.numa_nodes))})",
+        )
+    return Node(
+        gpus=gpus,
+        links=matrix_links(matrix),
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+        name=name,
+        notes=notes,
+    )
+
+
+def import_topo(
+    path: str | Path,
+    *,
+    name: str = "",
+    gpu_name: str = "",
+    memory_bytes: int | None = None,
+    driver_version: str = "",
+    cuda_driver_version: str = "",
+) -> Node:
+    """Read a saved ``nvidia-smi topo -m`` output (``-`` is not handled here) and build a Node."""
+    where = str(path)
+    matrix = parse_topo(read_text(path, what="topo -m text"), where=where)
+    node = matrix_to_node(
+        matrix,
+        name=name or Path(path).stem,
+        gpu_name=gpu_name,
+        memory_bytes=memory_bytes,
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+    )
+    check_node(node, where=where)
+    return node
