@@ -1,9 +1,163 @@
-"""Subcommands of this part (being written)."""
+"""The ``generate``, ``validate`` and ``list`` subcommands (CDI specs).
+
+Registration is cheap: the handlers import the CDI modules only when they run.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
+
+DEFAULT_OUTPUT_DIR = "/etc/cdi"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this part's subcommands to ``sub``."""
+    """Add ``generate``, ``validate`` and ``list`` to ``sub``."""
+    gen = sub.add_parser(
+        "generate",
+        help="write a CDI spec for the node's GPUs",
+        description="Write a CDI spec for every GPU (and MIG device) of the node into the "
+        "output directory, atomically; refuses when another spec defines the same devices.",
+    )
+    gen.add_argument("--node", default="nvml", metavar="SRC", help="node source (default: nvml)")
+    gen.add_argument("--driver-root", default="/", metavar="DIR", help="driver root (default: /)")
+    gen.add_argument("--dev-root", default="/", metavar="DIR", help="device-node root (default: /)")
+    gen.add_argument("--sysfs-root", default="/sys", metavar="DIR", help="sysfs (default: /sys)")
+    gen.add_argument(
+        "--output-dir",
+        default=DEFAULT_OUTPUT_DIR,
+        metavar="DIR",
+        help=f"spec directory (default: {DEFAULT_OUTPUT_DIR})",
+    )
+    gen.add_argument(
+        "--output",
+        metavar="PATH|-",
+        help="write to this file instead of <output-dir>/<vendor>-<class>.<format>; '-': stdout",
+    )
+    gen.add_argument("--dry-run", action="store_true", help="print the spec; write nothing")
+    gen.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    gen.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default: nvidia.com)")
+    gen.add_argument("--class", dest="cls", default="gpu", help="CDI class (default: gpu)")
+    gen.add_argument(
+        "--device-name-strategy",
+        default="index,uuid",
+        metavar="LIST",
+        help="comma-separated: index, uuid, type-index (default: index,uuid)",
+    )
+    gen.add_argument(
+        "--hook-path",
+        metavar="PATH",
+        help="nvidia-cdi-hook to run as createContainer hooks (default: found under the driver "
+        "root, else no hooks)",
+    )
+    gen.add_argument(
+        "--cdi-version",
+        metavar="X.Y.Z",
+        help="pin cdiVersion (default: the lowest the content needs); fails if too low",
+    )
+    gen.set_defaults(func=run_generate)
+
+    val = sub.add_parser(
+        "validate",
+        help="check CDI spec files",
+        description="Check CDI spec files against cdigen's strict schema and the CDI library's "
+        "rules; list every problem. Exit 1 if any.",
+    )
+    val.add_argument("files", nargs="+", metavar="FILE")
+    val.set_defaults(func=run_validate)
+
+    lst = sub.add_parser(
+        "list",
+        help="list CDI device names across spec directories",
+        description="List every fully-qualified CDI device name as a runtime resolves it, "
+        "marking conflicts and files that fail to load.",
+    )
+    lst.add_argument(
+        "--spec-dir",
+        action="append",
+        metavar="DIR",
+        help="spec directory, repeatable; later wins (default: /etc/cdi /var/run/cdi)",
+    )
+    lst.set_defaults(func=run_list)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Handle ``cdigen generate``."""
+    from cdigen.cdi.host import find_hook
+    from cdigen.cdi.names import make_kind, spec_file_name
+    from cdigen.cdi.spec import SpecOptions, generate, parse_name_strategies
+    from cdigen.cdi.validate import check_spec
+    from cdigen.cdi.write import render_spec, write_spec
+    from cdigen.discover import load_node
+
+    make_kind(args.vendor, args.cls)  # bad names fail before discovery runs
+    if args.hook_path and not args.hook_path.startswith("/"):
+        raise InputError(
+            f"{args.hook_path!r} is not an absolute path",
+            where="--hook-path",
+            hint="runtimes run hooks by absolute host path, e.g. /usr/bin/nvidia-cdi-hook",
+        )
+    options = SpecOptions(
+        vendor=args.vendor,
+        cls=args.cls,
+        name_strategies=parse_name_strategies(args.device_name_strategy),
+        driver_root=args.driver_root,
+        dev_root=args.dev_root,
+        sysfs_root=args.sysfs_root,
+        hook_path=args.hook_path or find_hook(args.driver_root),
+        cdi_version=args.cdi_version,
+    )
+    node = load_node(args.node, sysfs_root=args.sysfs_root)
+    spec = generate(node, options)
+    if args.dry_run or args.output == "-":
+        check_spec(spec, where="generated spec")
+        sys.stdout.write(render_spec(spec, args.format))
+        return EXIT_OK
+    target = (
+        Path(args.output)
+        if args.output
+        else Path(args.output_dir) / spec_file_name(args.vendor, args.cls, args.format)
+    )
+    result = write_spec(spec, target, args.format)
+    status = "wrote" if result.changed else "unchanged"
+    print(
+        f"{status} {result.path} ({len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']})"
+    )
+    return EXIT_OK
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Handle ``cdigen validate FILE...``: every problem, exit 1 if any."""
+    from cdigen.cdi.validate import validate_files
+
+    problems = validate_files(args.files)
+    if problems:
+        raise CheckFailed(problems, summary=f"{len(args.files)} file(s) checked")
+    for f in args.files:
+        print(f"{f}: ok")
+    return EXIT_OK
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Handle ``cdigen list``: resolvable names, conflicts and broken files; exit 1 if any."""
+    from cdigen.cdi.registry import DEFAULT_SPEC_DIRS, load_registry
+
+    spec_dirs = args.spec_dir or DEFAULT_SPEC_DIRS
+    registry = load_registry(spec_dirs)
+    if not registry.specs:
+        dirs = ", ".join(map(str, spec_dirs))
+        print(f"cdigen: no CDI spec files (*.yaml, *.json) in {dirs}", file=sys.stderr)
+    for name in sorted(registry.devices):
+        print(f"{name}\t{registry.devices[name].spec_path}")
+    for name in sorted(registry.conflicts):
+        files = ", ".join(map(str, registry.conflicts[name]))
+        print(f"{name}\tCONFLICT: defined in {files}; runtimes drop it")
+    for spec in registry.specs:
+        if spec.problems:
+            more = len(spec.problems) - 1
+            extra = f" (and {more} more: cdigen validate {spec.path})" if more else ""
+            print(f"{spec.path}\tFAILED TO LOAD: {spec.problems[0]}{extra}")
+    return EXIT_CHECK_FAILED if registry.conflicts or registry.errors else EXIT_OK

@@ -1,0 +1,94 @@
+"""CDI names: ``vendor/class=name``, with the rules of the CDI Go library's parser.
+
+A *kind* is ``vendor/class``; a *qualified name* is ``kind=name``. Vendor and class start with a
+letter, device names with a letter or a digit; all end with a letter or a digit.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cdigen.errors import InputError
+
+VENDOR_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+CLASS_RE = VENDOR_RE
+DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+DEFAULT_VENDOR = "nvidia.com"
+DEFAULT_CLASS = "gpu"
+
+
+def vendor_problem(vendor: str) -> str | None:
+    """Why ``vendor`` is not a valid CDI vendor, or None."""
+    if VENDOR_RE.fullmatch(vendor):
+        return None
+    return (
+        f"invalid vendor {vendor!r}: must start with a letter, end with a letter or digit, "
+        "and contain only letters, digits, '_', '.' and '-'"
+    )
+
+
+def class_problem(cls: str) -> str | None:
+    """Why ``cls`` is not a valid CDI class, or None."""
+    if CLASS_RE.fullmatch(cls):
+        return None
+    return (
+        f"invalid class {cls!r}: must start with a letter, end with a letter or digit, "
+        "and contain only letters, digits, '_', '.' and '-'"
+    )
+
+
+def device_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid CDI device name, or None."""
+    if DEVICE_RE.fullmatch(name):
+        return None
+    return (
+        f"invalid device name {name!r}: must start and end with a letter or digit and contain "
+        "only letters, digits, '_', '.', ':' and '-'"
+    )
+
+
+def split_kind(kind: str) -> tuple[str, str]:
+    """``vendor/class`` -> ``(vendor, class)``; the parts may be empty if ``kind`` is malformed."""
+    vendor, _, cls = kind.partition("/")
+    return vendor, cls
+
+
+def kind_problem(kind: str) -> str | None:
+    """Why ``kind`` is not a valid ``vendor/class``, or None."""
+    if kind.count("/") != 1:
+        return f"invalid kind {kind!r}: expected vendor/class, e.g. nvidia.com/gpu"
+    vendor, cls = split_kind(kind)
+    return vendor_problem(vendor) or class_problem(cls)
+
+
+def make_kind(vendor: str, cls: str) -> str:
+    """The kind ``vendor/class``; InputError if either part breaks the naming rules."""
+    problem = vendor_problem(vendor) or class_problem(cls)
+    if problem:
+        raise InputError(problem, hint="pass a valid --vendor/--class, e.g. nvidia.com and gpu")
+    return f"{vendor}/{cls}"
+
+
+def qualified_name(kind: str, name: str) -> str:
+    """``kind=name``, e.g. ``nvidia.com/gpu=0``."""
+    return f"{kind}={name}"
+
+
+def parse_qualified_name(text: str) -> tuple[str, str, str]:
+    """``vendor/class=name`` -> ``(vendor, class, name)``; InputError naming the bad part."""
+    kind, sep, name = text.partition("=")
+    if not sep:
+        raise InputError(
+            f"{text!r} is not a qualified CDI device name", hint="expected vendor/class=name"
+        )
+    problem = kind_problem(kind) or device_name_problem(name)
+    if problem:
+        raise InputError(problem, where=text)
+    vendor, cls = split_kind(kind)
+    return vendor, cls, name
+
+
+def spec_file_name(vendor: str, cls: str, fmt: str) -> str:
+    """The file cdigen owns for a kind: ``<vendor>-<class>.yaml`` or ``.json``."""
+    return f"{vendor}-{cls}.{'json' if fmt == 'json' else 'yaml'}"

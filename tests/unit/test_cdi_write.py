@@ -1,0 +1,241 @@
+"""``cdigen generate`` writing into a spec directory: atomic, unchanged-aware, conflict-refusing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdigen.cdi.write import HEADER_MARK, is_ours
+from cdigen.cli import main
+from cdigen.fileio import dump_document
+from cdigen.nodefile import dump_node
+from tests.cdihost import FakeHost, build_host, make_node
+
+FOREIGN = {
+    "cdiVersion": "0.5.0",
+    "kind": "nvidia.com/gpu",
+    "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+}
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeHost:
+    return build_host(tmp_path / "host", make_node(2))
+
+
+def generate(fake: FakeHost, out: Path, *extra: str) -> int:
+    node_file = fake.base / "node.yaml"
+    node_file.write_text(dump_node(fake.node, "yaml"))
+    return main(
+        [
+            "generate", "--node", str(node_file),
+            "--driver-root", str(fake.driver_root),
+            "--dev-root", str(fake.dev_root),
+            "--sysfs-root", str(fake.sysfs_root),
+            "--output-dir", str(out),
+            *extra,
+        ]
+    )  # fmt: skip
+
+
+def snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
+    """name -> (content, inode, mtime_ns) of every file in ``directory``."""
+    out = {}
+    for p in sorted(directory.iterdir()):
+        st = p.stat()
+        out[p.name] = (p.read_bytes(), st.st_ino, st.st_mtime_ns)
+    return out
+
+
+def test_writes_a_valid_spec_with_mode_0644(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out) == 0
+    target = out / "nvidia.com-gpu.yaml"
+    assert capsys.readouterr().out == f"wrote {target} (5 devices, cdiVersion 0.5.0)\n"
+    assert target.read_text().startswith(HEADER_MARK)
+    assert (target.stat().st_mode & 0o777) == 0o644
+    assert [p.name for p in out.iterdir()] == ["nvidia.com-gpu.yaml"]  # no temp files left
+    assert main(["validate", str(target)]) == 0
+
+
+def test_second_run_leaves_the_file_untouched(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert generate(fake, out) == 0
+    assert capsys.readouterr().out.startswith(f"unchanged {out / 'nvidia.com-gpu.yaml'}")
+    assert snapshot(out) == before
+
+
+def test_a_change_is_written(fake: FakeHost, tmp_path: Path) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out) == 0
+    before = (out / "nvidia.com-gpu.yaml").read_text()
+    assert generate(fake, out, "--device-name-strategy", "uuid") == 0
+    after = (out / "nvidia.com-gpu.yaml").read_text()
+    assert after != before and "name: '0'" not in after
+
+
+def test_failing_rename_leaves_the_previous_file(
+    fake: FakeHost,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out) == 0
+    before = snapshot(out)
+
+    def failing_replace(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    assert generate(fake, out, "--device-name-strategy", "uuid") == 2
+    err = capsys.readouterr().err
+    assert "previous file is unchanged" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert snapshot(out) == before  # and the temp file is gone
+
+
+def test_foreign_spec_defining_our_device_is_a_conflict(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out) == 0
+    foreign = out / "nvidia.yaml"
+    foreign.write_text(dump_document(FOREIGN, "yaml"))
+    before = snapshot(out)
+    assert generate(fake, out, "--device-name-strategy", "uuid,index") == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{foreign} already defines nvidia.com/gpu=0" in err
+    assert "\n" not in err
+    assert snapshot(out) == before
+
+
+def test_foreign_spec_for_other_devices_is_fine(fake: FakeHost, tmp_path: Path) -> None:
+    out = tmp_path / "cdi"
+    out.mkdir()
+    other = {**FOREIGN, "kind": "example.com/net"}
+    (out / "example.yaml").write_text(dump_document(other, "yaml"))
+    (out / "notes.txt").write_text("kind: nvidia.com/gpu\n")  # runtimes ignore it; so do we
+    assert generate(fake, out) == 0
+
+
+def test_existing_file_not_written_by_cdigen_is_not_clobbered(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    out.mkdir()
+    target = out / "nvidia.com-gpu.yaml"
+    target.write_text(dump_document(FOREIGN, "yaml"))
+    before = snapshot(out)
+    assert generate(fake, out) == 2
+    assert "was not written by cdigen" in capsys.readouterr().err
+    assert snapshot(out) == before
+
+
+def test_json_output_and_its_ownership(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out, "--format", "json") == 0
+    target = out / "nvidia.com-gpu.json"
+    text = target.read_text()
+    assert is_ours(text, "json")
+    before = snapshot(out)
+    assert generate(fake, out, "--format", "json") == 0
+    assert snapshot(out) == before
+    target.write_text(text.replace("\n  ", "\n    "))  # hand-edited: no longer canonical
+    assert not is_ours(target.read_text(), "json")
+    assert generate(fake, out, "--format", "json") == 2
+    assert "was not written by cdigen" in capsys.readouterr().err
+
+
+def test_dry_run_and_stdout_write_nothing(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi"
+    assert generate(fake, out, "--dry-run") == 0
+    assert capsys.readouterr().out.startswith(HEADER_MARK)
+    assert generate(fake, out, "--output", "-", "--format", "json") == 0
+    assert capsys.readouterr().out.startswith('{\n  "cdiVersion": "0.5.0"')
+    assert not out.exists()
+
+
+def test_output_to_a_named_file(fake: FakeHost, tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere" / "gpus.yaml"
+    assert generate(fake, tmp_path / "unused", "--output", str(target)) == 0
+    assert target.read_text().startswith(HEADER_MARK)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--vendor", "nvidia com"], "invalid vendor 'nvidia com'"),
+        (["--class", "gpu/"], "invalid class 'gpu/'"),
+        (["--cdi-version", "0.4.0"], "--cdi-version: cdiVersion 0.4.0 is too low"),
+        (["--cdi-version", "2.0.0"], "unknown cdiVersion '2.0.0'"),
+        (["--device-name-strategy", "minor"], "unknown device name strategy 'minor'"),
+        (["--hook-path", "nvidia-cdi-hook"], "--hook-path: 'nvidia-cdi-hook' is not an absolute"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(
+    fake: FakeHost,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    message: str,
+) -> None:
+    assert generate(fake, tmp_path / "cdi", *flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "cdi").exists()
+
+
+def test_hook_found_under_the_driver_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = build_host(tmp_path, make_node(1), hook=True)
+    assert generate(fake, tmp_path / "cdi", "--dry-run") == 0
+    assert f"path: {fake.driver_root}/usr/bin/nvidia-cdi-hook" in capsys.readouterr().out
+
+
+def test_write_spec_refuses_an_invalid_spec(tmp_path: Path) -> None:
+    from cdigen.cdi.write import write_spec
+    from cdigen.errors import SchemaError
+
+    bad: Any = {**FOREIGN, "containerEdits": {"env": ["NOEQUALS"]}}
+    with pytest.raises(SchemaError, match="invalid environment variable 'NOEQUALS'"):
+        write_spec(bad, tmp_path / "nvidia.com-gpu.yaml", "yaml")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_acceptance_builtin_rtx4090_dry_run_on_this_host(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The issue's example, with the default roots: works with no driver on the machine."""
+    from cdigen.fileio import parse_document
+
+    assert main(["generate", "--node", "builtin:rtx4090", "--dry-run"]) == 0
+    spec = parse_document(capsys.readouterr().out, where="stdout")
+    assert spec["cdiVersion"] == "0.5.0"
+    names = [d["name"] for d in spec["devices"]]
+    assert names[0] == "0" and names[1].startswith("GPU-") and names[2:] == ["all"]
+
+
+def test_output_dir_that_is_a_file(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("keep me\n")
+    assert generate(fake, not_a_dir) == 2
+    assert f"{not_a_dir} is not a directory" in capsys.readouterr().err
+    assert not_a_dir.read_text() == "keep me\n"
