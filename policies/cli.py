@@ -1,9 +1,282 @@
-"""Subcommands of this part (being written)."""
+"""The ``cdigen policy`` subcommands: check, explain, replay, simulate.
+
+Registration is cheap: the engine (CEL, networkx) is imported inside the handlers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from cdigen.errors import CheckFailed, InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
+    from policies.simulate import Figures
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this part's subcommands to ``sub``."""
+    """Add ``policy check|explain|replay|simulate`` to ``sub``."""
+    policy = sub.add_parser(
+        "policy",
+        help="check allocation policies and see what they choose",
+        description="Check policy files, explain a preferred allocation, replay recorded "
+        "kubelet requests, and simulate a job mix against go-gpuallocator's best-effort policy.",
+    )
+    commands = policy.add_subparsers(dest="policy_command", metavar="ACTION")
+
+    check = commands.add_parser(
+        "check", help="check policy files (schema, CEL, a trial evaluation)"
+    )
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy files (YAML or JSON)")
+    check.set_defaults(func=_check)
+
+    def common(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--node", default="nvml", metavar="SRC", help="nvml, a node file or builtin:NAME"
+        )
+        parser.add_argument(
+            "--policy",
+            default="builtin:default",
+            metavar="FILE",
+            help="a policy file or builtin:NAME (default, single-numa, pack, spread)",
+        )
+
+    explain = commands.add_parser("explain", help="show the preferred set and why others lost")
+    common(explain)
+    explain.add_argument("--available", required=True, metavar="IDS", help="e.g. 0,2,3,5")
+    explain.add_argument("--size", required=True, type=int, metavar="N")
+    explain.add_argument("--must", default="", metavar="IDS", help="IDs that must be included")
+    explain.add_argument("--format", choices=["text", "json"], default="text")
+    explain.add_argument("--alternatives", type=int, default=5, metavar="N")
+    explain.set_defaults(func=_explain)
+
+    replay = commands.add_parser("replay", help="answer recorded requests (JSON lines)")
+    common(replay)
+    replay.add_argument("--requests", required=True, metavar="FILE.jsonl")
+    replay.set_defaults(func=_replay)
+
+    simulate = commands.add_parser(
+        "simulate", help="random 1/2/4/8-GPU jobs: our figures beside the best-effort baseline"
+    )
+    common(simulate)
+    simulate.add_argument("--seed", type=int, default=1)
+    simulate.add_argument("--steps", type=int, default=2000)
+    simulate.set_defaults(func=_simulate)
+    policy.set_defaults(func=lambda _args: _usage(policy))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    from policies.policy import check_policy_file
+
+    problems = [p for path in args.files for p in check_policy_file(path)]
+    if problems:
+        raise CheckFailed(problems, summary="policy check failed")
+    for path in args.files:
+        print(f"{path}: ok")
+    return 0
+
+
+def _allocator(args: argparse.Namespace) -> Allocator:
+    from cdigen.discover import load_node
+    from policies.allocator import Allocator
+    from policies.policy import load_policy
+
+    return Allocator(load_node(args.node), load_policy(args.policy))
+
+
+def _ids(text: str, flag: str) -> tuple[str, ...]:
+    ids = tuple(part.strip() for part in text.split(",") if part.strip())
+    if len(set(ids)) != len(ids):
+        raise InputError(f"{flag} lists a device twice: {text}", hint="list each ID once")
+    return ids
+
+
+def _request(
+    allocator: Allocator,
+    available: tuple[str, ...],
+    must: tuple[str, ...],
+    size: int,
+    where: str,
+) -> AllocationRequest:
+    """A request checked the way the CLI is strict and prefer() is not."""
+    from policies.allocator import AllocationRequest
+
+    outside = [m for m in must if m not in set(available)]
+    if outside:
+        raise InputError(
+            f"must-include devices {', '.join(outside)} are not among the available ones",
+            where=where,
+            hint="add them to the available list",
+        )
+    unknown = [i for i in available if allocator.position_of(i) is None]
+    if unknown:
+        raise InputError(
+            f"unknown device IDs {', '.join(unknown[:5])} on node {allocator.node.name or '?'}",
+            where=where,
+            hint="use GPU indexes or UUIDs from 'cdigen discover'",
+        )
+    if size < 1:
+        raise InputError(f"size must be at least 1, got {size}", where=where)
+    return AllocationRequest(available, must, size)
+
+
+def _answer_doc(answer: AllocationAnswer) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "devices": list(answer.devices),
+        "linkScore": answer.link_score,
+        "numaNodes": list(answer.numa_nodes),
+    }
+    if answer.fallback_reason:
+        doc["fallbackReason"] = answer.fallback_reason
+    return doc
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from policies.allocator import why_lost
+
+    allocator = _allocator(args)
+    available = _ids(args.available, "--available")
+    request = _request(allocator, available, _ids(args.must, "--must"), args.size, "--available")
+    answer = allocator.prefer(request)
+    id_of: dict[int, str] = {}
+    for device_id in available:
+        position = allocator.position_of(device_id)
+        if position is not None:
+            id_of.setdefault(position, device_id)
+    candidates = allocator.candidates(request)
+    chosen = tuple(sorted(p for i in answer.devices if (p := allocator.position_of(i)) is not None))
+    winner = next((c for c in candidates if c.positions == chosen), None)
+    alternatives: list[dict[str, Any]] = []
+    if winner is not None:
+        for candidate in candidates:
+            if candidate is winner or len(alternatives) >= args.alternatives:
+                continue
+            alternatives.append(
+                {
+                    "devices": [id_of[p] for p in candidate.positions],
+                    "linkScore": candidate.link_score,
+                    "numaNodes": list(allocator.topology.numa_nodes(candidate.positions)),
+                    "lostBecause": why_lost(winner, candidate),
+                }
+            )
+    failures = [
+        {"device": id_of.get(p, str(allocator.topology.gpus[p].index)), "reason": reason}
+        for p, reason in sorted({**allocator.selector_failures, **allocator.unusable}.items())
+        if p in id_of
+    ]
+    if args.format == "json":
+        doc = _answer_doc(answer)
+        doc["alternatives"] = alternatives
+        doc["selectorFailures"] = failures
+        print(json.dumps(doc, indent=2))
+        return 0
+    node = allocator.node.name or args.node
+    print(f"node {node}, policy {allocator.policy.name}")
+    print(
+        f"chosen: {{{', '.join(answer.devices)}}}  link score {answer.link_score}  "
+        f"NUMA nodes {list(answer.numa_nodes)}"
+    )
+    if answer.fallback_reason:
+        print(f"fallback: {answer.fallback_reason}")
+    if alternatives:
+        print("next best:")
+        for alt in alternatives:
+            print(
+                f"  {{{', '.join(alt['devices'])}}}  link score {alt['linkScore']}  "
+                f"NUMA nodes {alt['numaNodes']}  lost: {alt['lostBecause']}"
+            )
+    if failures:
+        print("devices that failed the selector (chosen last):")
+        for failure in failures:
+            print(f"  {failure['device']}: {failure['reason']}")
+    else:
+        print("selector: every available device passes")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from cdigen.errors import AllocationError
+    from cdigen.fileio import read_text
+
+    allocator = _allocator(args)
+    text = read_text(args.requests, what="requests file")
+    out = sys.stdout
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{args.requests}:{number}"
+        doc = _parse_request_line(line, where)
+        request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
+        try:
+            answer = allocator.prefer(request)
+        except AllocationError as exc:
+            raise InputError(exc.message, where=where, hint=exc.hint) from None
+        out.write(json.dumps(_answer_doc(answer)) + "\n")
+    return 0
+
+
+def _parse_request_line(line: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON at column {exc.colno}: {exc.msg}", where=where) from None
+    if not isinstance(doc, dict):
+        raise InputError("expected an object {available, mustInclude, size}", where=where)
+    unknown = set(doc) - {"available", "mustInclude", "size"}
+    if unknown:
+        raise InputError(
+            f"unknown keys {sorted(unknown)}", where=where, hint="use available, mustInclude, size"
+        )
+    available, must, size = doc.get("available"), doc.get("mustInclude", []), doc.get("size")
+    for name, value in (("available", available), ("mustInclude", must)):
+        if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+            raise InputError(f"{name} must be a list of IDs (strings or indexes)", where=where)
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise InputError("size must be an integer", where=where)
+    return {
+        "available": tuple(str(v) for v in available),  # type: ignore[union-attr]
+        "mustInclude": tuple(str(v) for v in must),
+        "size": size,
+    }
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from policies.simulate import simulate
+
+    if args.steps < 1:
+        raise InputError(f"--steps must be at least 1, got {args.steps}")
+    allocator = _allocator(args)
+    ours, theirs = simulate(allocator.node, allocator, seed=args.seed, steps=args.steps)
+    node = allocator.node.name or args.node
+    print(
+        f"node {node} ({allocator.topology.size} GPUs), policy {allocator.policy.name}, "
+        f"seed {args.seed}, {args.steps} steps (1/2/4/8-GPU jobs, weights 40/30/20/10%)"
+    )
+    rows: list[tuple[str, Callable[[Figures], str]]] = [
+        ("jobs placed (multi-GPU)", lambda f: f"{f.jobs} ({f.multi_jobs})"),
+        ("multi-GPU jobs with the best link score", lambda f: f"{100 * f.share_best_link():.1f}%"),
+        ("mean link score (multi-GPU)", lambda f: f"{f.mean_link_score():.1f}"),
+        (
+            "jobs spanning avoidable NUMA nodes",
+            lambda f: f"{100 * f.numa_excess_jobs / f.multi_jobs if f.multi_jobs else 0:.1f}%",
+        ),
+        ("mean NUMA-span excess", lambda f: f"{f.mean_numa_excess():.3f}"),
+        ("invalid answers (wrong count, empty slot)", lambda f: str(f.invalid_answers)),
+    ]
+    print(f"{'':44}{'cdigen':>14}{'best-effort':>14}")
+    for label, value in rows:
+        right = "n/a" if theirs.skipped else value(theirs)
+        print(f"{label:44}{value(ours):>14}{right:>14}")
+    if theirs.skipped:
+        print(f"baseline {theirs.skipped}")
+    return 0

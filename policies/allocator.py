@@ -1,0 +1,569 @@
+"""The preferred-allocation engine: one entry point, ``Allocator(node, policy).prefer(request)``.
+
+The objective is lexicographic (see docs/policies.md): a valid answer always; fewest devices
+failing the selector; every constraint satisfied; the highest link score; the fewest NUMA nodes;
+the least fragmentation of what is left (the free devices stay best connected); the
+lexicographically smallest set of GPU indexes.
+
+Exact method (up to ``EXACT_LIMIT`` healthy GPUs): at construction, every subset of the GPUs is
+scored once (link score, NUMA span, selector failures) and the subsets of each size are sorted
+by that static key. A request walks the sorted list of its size, skips subsets that use busy
+devices or miss a must-include device, and stops as soon as no later subset can win; only ties
+are compared on fragmentation. Answers are memoized per (available, must_include, size).
+
+Above the limit: when at most ``EXACT_LIMIT`` GPUs are available the same exact table is built
+for them (cached); otherwise a greedy construction followed by 1-swap local search runs in
+O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not guaranteed optimal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cdigen.errors import AllocationError
+from cdigen.model import Node
+from policies.cel import allocation_value, device_value
+from policies.graph import Topology, build_topology
+from policies.policy import Policy, builtin_policy
+
+log = logging.getLogger("cdigen.allocator")
+
+EXACT_LIMIT = 16
+MAX_SWAP_PASSES = 4
+MEMO_LIMIT = 65536
+REPLICA_SEPARATOR = "::"
+
+
+@dataclass(frozen=True)
+class AllocationRequest:
+    """What the kubelet asks: choose ``size`` of ``available`` (IDs: UUIDs, indexes, replicas)."""
+
+    available: tuple[str, ...]
+    must_include: tuple[str, ...]
+    size: int
+
+
+@dataclass(frozen=True)
+class AllocationAnswer:
+    """The chosen IDs (in the form asked), their link score, NUMA nodes, and any fallback."""
+
+    devices: tuple[str, ...]
+    link_score: int
+    numa_nodes: tuple[int, ...]
+    fallback_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate set of physical GPUs with its objective key, for ``explain``."""
+
+    positions: tuple[int, ...]
+    selector_failures: int
+    constraints_ok: bool
+    constraint_reason: str | None
+    link_score: int
+    numa_span: int
+    fragmentation: int
+
+    def key(self) -> tuple[int, bool, int, int, int, tuple[int, ...]]:
+        """The lexicographic objective: smaller is better."""
+        return (
+            self.selector_failures,
+            not self.constraints_ok,
+            -self.link_score,
+            self.numa_span,
+            self.fragmentation,
+            self.positions,
+        )
+
+
+def _popcount(mask: int) -> int:
+    return mask.bit_count()
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+class _Table:
+    """Every subset of ``universe`` (GPU positions) scored, and sorted per size by static key."""
+
+    def __init__(self, topology: Topology, universe: Sequence[int], fail_positions: set[int]):
+        self.universe = tuple(universe)
+        self.bit_of = {p: b for b, p in enumerate(self.universe)}
+        count = len(self.universe)
+        weights = [[topology.scores[p][q] for q in self.universe] for p in self.universe]
+        numa_ids: dict[int | None, int] = {}
+        numa_bit = []
+        for p in self.universe:
+            numa = topology.numa[p]
+            numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
+        fail_mask = sum(1 << self.bit_of[p] for p in fail_positions if p in self.bit_of)
+        size = 1 << count
+        score = [0] * size
+        numa_bits = [0] * size
+        reverse = [0] * size
+        for mask in range(1, size):
+            low = mask & -mask
+            bit = low.bit_length() - 1
+            rest = mask ^ low
+            row = weights[bit]
+            gain = 0
+            r = rest
+            while r:
+                lb = r & -r
+                gain += row[lb.bit_length() - 1]
+                r ^= lb
+            score[mask] = score[rest] + gain
+            numa_bits[mask] = numa_bits[rest] | numa_bit[bit]
+            reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
+        self.score = score
+        self.numa_span = [_popcount(b) for b in numa_bits]
+        by_size: list[list[int]] = [[] for _ in range(count + 1)]
+        for mask in range(size):
+            by_size[_popcount(mask)].append(mask)
+        self.order: list[list[int]] = []
+        self.static: list[list[tuple[int, int, int]]] = []
+        for masks in by_size:
+            masks.sort(
+                key=lambda m: (_popcount(m & fail_mask), -score[m], self.numa_span[m], -reverse[m])
+            )
+            self.order.append(masks)
+            self.static.append(
+                [(_popcount(m & fail_mask), -score[m], self.numa_span[m]) for m in masks]
+            )
+        self.weights = weights
+
+    def mask_of(self, positions: Sequence[int]) -> int:
+        """The table mask of GPU positions (all must be in the universe)."""
+        return sum(1 << self.bit_of[p] for p in positions)
+
+    def positions(self, mask: int) -> tuple[int, ...]:
+        """The GPU positions of a table mask, ascending."""
+        return tuple(sorted(self.universe[b] for b in _bits(mask)))
+
+
+@dataclass
+class _Parsed:
+    groups: dict[int, list[str]]  # GPU position -> its available IDs, in request order
+    bad: list[str]  # unknown IDs, or IDs of GPUs with an error: chosen last
+    must_groups: dict[int, list[str]]
+    must_bad: list[str]
+    notes: list[str]
+
+
+class Allocator:
+    """The engine for one (node, policy): built once, then ``prefer`` is cheap and memoized."""
+
+    def __init__(self, node: Node, policy: Policy | None = None) -> None:
+        self.node = node
+        self.policy = policy if policy is not None else builtin_policy("default")
+        self.topology = build_topology(node, self.policy.link_weights)
+        topo = self.topology
+        self._index_ids = {str(g.index): p for p, g in enumerate(topo.gpus)}
+        # MIG devices (by UUID, or CDI-style "<gpu index>:<n>") count as shares of their GPU
+        self._index_ids.update({m.uuid: p for p, g in enumerate(topo.gpus) for m in g.mig_devices})
+        self.unusable: dict[int, str] = {}
+        for p, gpu in enumerate(topo.gpus):
+            if gpu.error:
+                self.unusable[p] = f"discovery error: {gpu.error}"
+            elif not gpu.healthy:
+                self.unusable[p] = "unhealthy"
+        self.selector_failures: dict[int, str] = {}
+        for p, gpu in enumerate(topo.gpus):
+            if p in self.unusable:
+                continue
+            passed, reason = self.policy.selector_result(gpu, node)
+            if not passed:
+                self.selector_failures[p] = reason or "selector is false"
+        self.good = tuple(p for p in range(topo.size) if p not in self.unusable)
+        self._fail_positions = set(self.selector_failures)
+        self._table = (
+            _Table(topo, self.good, self._fail_positions) if len(self.good) <= EXACT_LIMIT else None
+        )
+        self._tables: OrderedDict[tuple[int, ...], _Table] = OrderedDict()
+        self._tables_lock = threading.Lock()
+        self._constraint_cache: dict[tuple[int, ...], tuple[bool, str | None]] = {}
+        self._devices = (
+            [device_value(g, node) for g in topo.gpus] if self.policy.constraints else []
+        )
+        self._memo: dict[tuple[tuple[str, ...], tuple[str, ...], int], AllocationAnswer] = {}
+
+    # ------------------------------------------------------------------ the entry point
+
+    def prefer(self, request: AllocationRequest) -> AllocationAnswer:
+        """The preferred ``request.size`` IDs. AllocationError only if size > available."""
+        key = (request.available, request.must_include, request.size)
+        answer = self._memo.get(key)
+        if answer is None:
+            answer = self._solve(request)
+            if len(self._memo) >= MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = answer
+        return answer
+
+    # ------------------------------------------------------------------ parsing IDs
+
+    def position_of(self, device_id: str) -> int | None:
+        """The GPU position of an ID, else None.
+
+        IDs: a GPU UUID or index, either with a replica suffix ``::n``, a MIG UUID, or a
+        CDI-style MIG name ``<gpu index>:<n>``; replicas and MIG devices map to their GPU.
+        """
+        base = device_id.split(REPLICA_SEPARATOR, 1)[0]
+        position = self.topology.position_by_uuid.get(base)
+        if position is None:
+            position = self._index_ids.get(base)
+        if position is None and ":" in base:
+            position = self._index_ids.get(base.split(":", 1)[0])
+        return position
+
+    def _parse(self, available: Sequence[str], must: Sequence[str]) -> _Parsed:
+        parsed = _Parsed({}, [], {}, [], [])
+        unknown = []
+        for device_id in available:
+            position = self.position_of(device_id)
+            if position is None or position in self.unusable:
+                parsed.bad.append(device_id)
+                if position is None:
+                    unknown.append(device_id)
+            else:
+                parsed.groups.setdefault(position, []).append(device_id)
+        for device_id in must:
+            position = self.position_of(device_id)
+            if position is None or position in self.unusable:
+                parsed.must_bad.append(device_id)
+            else:
+                parsed.must_groups.setdefault(position, []).append(device_id)
+        if unknown:
+            parsed.notes.append(f"unknown device IDs {unknown[:3]} (chosen last)")
+        busy_bad = [self.topology.gpus[p].index for p in self.unusable]
+        if busy_bad and any(self.position_of(i) in self.unusable for i in available):
+            parsed.notes.append(f"GPUs {busy_bad} have errors (chosen last)")
+        return parsed
+
+    # ------------------------------------------------------------------ solving
+
+    def _solve(self, request: AllocationRequest) -> AllocationAnswer:
+        available = tuple(dict.fromkeys(request.available))
+        size = request.size
+        if size > len(available):
+            raise AllocationError(
+                f"request for {size} devices but only {len(available)} are available",
+                hint="ask for at most as many devices as are available",
+            )
+        if size <= 0:
+            return AllocationAnswer((), 0, ())
+        notes: list[str] = []
+        in_available = set(available)
+        must = tuple(dict.fromkeys(request.must_include))
+        outside = [m for m in must if m not in in_available]
+        if outside:
+            notes.append(f"must-include IDs {outside[:3]} are not available (ignored)")
+            must = tuple(m for m in must if m in in_available)
+        if len(must) > size:
+            notes.append(f"{len(must)} must-include IDs for a request of {size} (kept the first)")
+            return self._answer(must[:size], notes)
+        parsed = self._parse(available, must)
+        notes.extend(parsed.notes)
+        slots = size - len(parsed.must_bad)
+        capacity = sum(len(ids) for ids in parsed.groups.values())
+        if slots > capacity:
+            notes.append(f"only {capacity} healthy known devices for {slots} places")
+            chosen = [i for ids in parsed.groups.values() for i in ids] + parsed.must_bad
+            chosen += [b for b in parsed.bad if b not in set(parsed.must_bad)][: size - len(chosen)]
+            return self._answer(tuple(chosen), notes, order=available)
+        if slots == 0:
+            return self._answer(tuple(parsed.must_bad), notes, order=available)
+        positions = self._choose_positions(parsed, slots, notes)
+        chosen_ids = self._assign(parsed, positions, slots) + parsed.must_bad
+        return self._answer(tuple(chosen_ids), notes, order=available)
+
+    def _choose_positions(self, parsed: _Parsed, slots: int, notes: list[str]) -> tuple[int, ...]:
+        avail_positions = sorted(parsed.groups)
+        must_positions = sorted(parsed.must_groups)
+        replicas = any(len(ids) > 1 for ids in parsed.groups.values())
+        counts = {p: len(ids) for p, ids in parsed.groups.items()}
+        found: tuple[int, ...] | None = None
+        if not replicas:
+            found = self._best(avail_positions, must_positions, slots, None, notes)
+        elif self.policy.replicas == "pack":
+            for k in range(max(1, len(must_positions)), len(avail_positions) + 1):
+                if sum(sorted(counts.values(), reverse=True)[:k]) < slots:
+                    continue
+                found = self._best(avail_positions, must_positions, k, (counts, slots), notes)
+                if found is not None:
+                    break
+        else:
+            k = max(len(must_positions), min(slots, len(avail_positions)))
+            found = self._best(avail_positions, must_positions, k, (counts, slots), notes)
+        if found is None:  # not expected for a valid request; stay valid anyway
+            notes.append("no candidate set found; used every available GPU")
+            found = tuple(avail_positions)
+        return found
+
+    def _table_for(self, avail_positions: Sequence[int]) -> _Table | None:
+        if self._table is not None:
+            return self._table
+        if len(avail_positions) > EXACT_LIMIT:
+            return None
+        key = tuple(avail_positions)
+        with self._tables_lock:  # the plugin calls prefer() from several gRPC threads
+            table = self._tables.get(key)
+            if table is None:
+                table = _Table(self.topology, key, self._fail_positions)
+                self._tables[key] = table
+                if len(self._tables) > 8:
+                    self._tables.popitem(last=False)
+        return table
+
+    def _best(
+        self,
+        avail_positions: Sequence[int],
+        must_positions: Sequence[int],
+        k: int,
+        capacity: tuple[dict[int, int], int] | None,
+        notes: list[str],
+    ) -> tuple[int, ...] | None:
+        """The best ``k`` GPU positions, or None if no set fits (must-include, capacity)."""
+        table = self._table_for(avail_positions)
+        if table is None:
+            return self._greedy(avail_positions, must_positions, k, capacity)
+        avail = table.mask_of(avail_positions)
+        must = table.mask_of(must_positions)
+        busy = ((1 << len(table.universe)) - 1) & ~avail
+        order, static = table.order[k], table.static[k]
+        capacity_of: _BitSums | None = None
+        needed = 0
+        if capacity is not None:
+            counts, needed = capacity
+            if min(counts.values()) * k < needed:  # otherwise every set of k GPUs has room
+                capacity_of = _BitSums([counts.get(p, 0) for p in table.universe])
+        # what a set cuts from the rest: its links to the other free devices (+ 2 x its score)
+        degree: _BitSums | None = None
+        best_key: tuple[int, bool, int, int, int] | None = None
+        best_mask = -1
+        best_ok = False
+        constraints = bool(self.policy.constraints)
+        for idx, mask in enumerate(order):
+            if mask & busy or mask & must != must:
+                continue
+            if capacity_of is not None and capacity_of(mask) < needed:
+                continue
+            fails, neg_score, span = static[idx]
+            if best_key is not None:
+                if fails > best_key[0]:
+                    break
+                if best_ok and (fails, neg_score, span) > (best_key[0], *best_key[2:4]):
+                    break
+            ok = self._constraints_ok(table.positions(mask))[0] if constraints else True
+            if best_key is not None and (fails, not ok, neg_score, span) > best_key[:4]:
+                continue
+            if degree is None:
+                degree = _BitSums(_degrees(table.weights, avail))
+            candidate = (fails, not ok, neg_score, span, degree(mask) + 2 * neg_score)
+            if best_key is None or candidate < best_key:
+                best_key, best_mask, best_ok = candidate, mask, ok
+        if best_key is None:
+            return None
+        if self.policy.constraints and not best_ok:
+            notes.append("no available set satisfies the policy constraints")
+        if best_key[0]:
+            notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
+        return table.positions(best_mask)
+
+    def _constraints_ok(self, positions: tuple[int, ...]) -> tuple[bool, str | None]:
+        cached = self._constraint_cache.get(positions)
+        if cached is None:
+            topo = self.topology
+            allocation = allocation_value(
+                [self._devices[p] for p in positions],
+                topo.numa_nodes(positions),
+                topo.set_score(positions),
+                topo.min_pair_nvlinks(positions),
+            )
+            cached = self.policy.constraints_result(allocation)
+            self._constraint_cache[positions] = cached
+        return cached
+
+    def _full_key(self, positions: tuple[int, ...], avail_positions: Sequence[int]) -> Candidate:
+        topo = self.topology
+        ok, reason = self._constraints_ok(positions) if self.policy.constraints else (True, None)
+        chosen = set(positions)
+        frag = sum(topo.scores[p][q] for p in positions for q in avail_positions if q != p)
+        return Candidate(
+            positions=positions,
+            selector_failures=sum(1 for p in positions if p in self._fail_positions),
+            constraints_ok=ok,
+            constraint_reason=reason,
+            link_score=topo.set_score(positions),
+            numa_span=len(topo.numa_nodes(positions)),
+            fragmentation=frag - sum(topo.scores[p][q] for p in chosen for q in chosen),
+        )
+
+    def _greedy(
+        self,
+        avail_positions: Sequence[int],
+        must_positions: Sequence[int],
+        k: int,
+        capacity: tuple[dict[int, int], int] | None,
+    ) -> tuple[int, ...] | None:
+        """Greedy build, then 1-swap local search on the full key; valid, not always optimal."""
+        chosen = list(must_positions)
+        pool = [p for p in avail_positions if p not in chosen]
+
+        def key(ps: Sequence[int]) -> tuple[Any, ...]:
+            return self._full_key(tuple(sorted(ps)), avail_positions).key()
+
+        while len(chosen) < k:
+            best = min(pool, key=lambda p: key([*chosen, p]))
+            chosen.append(best)
+            pool.remove(best)
+        fixed = set(must_positions)
+        for _ in range(MAX_SWAP_PASSES):
+            improved = False
+            current = key(chosen)
+            for i, p in enumerate(chosen):
+                if p in fixed:
+                    continue
+                for q in pool:
+                    trial = [*chosen[:i], q, *chosen[i + 1 :]]
+                    if capacity is not None and sum(capacity[0][x] for x in trial) < capacity[1]:
+                        continue
+                    trial_key = key(trial)
+                    if trial_key < current:
+                        pool[pool.index(q)] = p
+                        chosen, current, improved = trial, trial_key, True
+                        break
+            if not improved:
+                break
+        if capacity is not None and sum(capacity[0][p] for p in chosen) < capacity[1]:
+            return None
+        return tuple(sorted(chosen))
+
+    def _assign(self, parsed: _Parsed, positions: Sequence[int], slots: int) -> list[str]:
+        """Pick ``slots`` IDs on the chosen GPUs: must-include first, then spread or pack."""
+        picked: dict[int, list[str]] = {p: list(parsed.must_groups.get(p, [])) for p in positions}
+        left = slots - sum(len(v) for v in picked.values())
+        spare = {p: [i for i in parsed.groups[p] if i not in set(picked[p])] for p in positions}
+        if self.policy.replicas == "pack":
+            for p in sorted(positions, key=lambda p: -len(parsed.groups[p])):
+                take = spare[p][:left]
+                picked[p].extend(take)
+                left -= len(take)
+        else:
+            while left > 0:
+                open_ = [p for p in positions if spare[p]]
+                if not open_:
+                    break
+                p = min(open_, key=lambda p: (len(picked[p]), p))
+                picked[p].append(spare[p].pop(0))
+                left -= 1
+        chosen = [i for p in positions for i in picked[p]]
+        if left > 0:  # only after a fallback: top up from the other GPUs, keep the answer valid
+            taken = set(chosen)
+            extra = [i for ids in parsed.groups.values() for i in ids if i not in taken]
+            chosen += extra[:left]
+        return chosen
+
+    def _answer(
+        self, ids: tuple[str, ...], notes: list[str], order: Sequence[str] | None = None
+    ) -> AllocationAnswer:
+        if order is not None:
+            rank = {i: n for n, i in enumerate(order)}
+            ids = tuple(sorted(ids, key=lambda i: rank.get(i, len(rank))))
+        positions = tuple(sorted({p for i in ids if (p := self.position_of(i)) is not None}))
+        reason = "; ".join(notes) if notes else None
+        if reason:
+            log.info("preferred allocation fallback: %s", reason)
+        return AllocationAnswer(
+            devices=ids,
+            link_score=self.topology.set_score(positions),
+            numa_nodes=self.topology.numa_nodes(positions),
+            fallback_reason=reason,
+        )
+
+    # ------------------------------------------------------------------ explain
+
+    def candidates(self, request: AllocationRequest) -> list[Candidate]:
+        """Every valid set of physical GPUs for a replica-free request, best first (for explain)."""
+        from itertools import combinations
+
+        parsed = self._parse(request.available, request.must_include)
+        avail = sorted(parsed.groups)
+        must = sorted(parsed.must_groups)
+        k = request.size - len(parsed.must_bad)
+        if k < len(must) or k > len(avail):
+            return []
+        rest = [p for p in avail if p not in must]
+        found = [
+            self._full_key(tuple(sorted([*must, *extra])), avail)
+            for extra in combinations(rest, k - len(must))
+        ]
+        found.sort(key=Candidate.key)
+        return found
+
+
+class _BitSums:
+    """``sums(mask)``: the sum of ``values[b]`` over the bits of ``mask``.
+
+    Above 8 values, by byte lookup tables (worth building when a request compares thousands
+    of tied sets); up to 8, directly.
+    """
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.values = list(values)
+        self.tables: list[list[int]] = []
+        if len(values) <= 8:
+            return
+        for start in range(0, max(len(values), 1), 8):
+            chunk = list(values[start : start + 8])
+            table = [0] * 256
+            for byte in range(1, 256):
+                low = byte & -byte
+                bit = low.bit_length() - 1
+                table[byte] = table[byte ^ low] + (chunk[bit] if bit < len(chunk) else 0)
+            self.tables.append(table)
+
+    def __call__(self, mask: int) -> int:
+        if not self.tables:
+            return sum(self.values[b] for b in _bits(mask))
+        total = 0
+        for table in self.tables:
+            total += table[mask & 255]
+            mask >>= 8
+        return total
+
+
+def _degrees(weights: list[list[int]], avail: int) -> list[int]:
+    """For each table bit, the sum of its pair scores to the available devices."""
+    bits = _bits(avail)
+    return [sum(row[b] for b in bits) for row in weights]
+
+
+def why_lost(winner: Candidate, loser: Candidate) -> str:
+    """The first objective step on which ``loser`` is worse than ``winner``."""
+    if loser.selector_failures != winner.selector_failures:
+        return f"{loser.selector_failures} device(s) fail the selector"
+    if loser.constraints_ok != winner.constraints_ok:
+        return loser.constraint_reason or "fails a constraint"
+    if loser.link_score != winner.link_score:
+        return f"lower link score ({loser.link_score} < {winner.link_score})"
+    if loser.numa_span != winner.numa_span:
+        return f"spans more NUMA nodes ({loser.numa_span} > {winner.numa_span})"
+    if loser.fragmentation != winner.fragmentation:
+        return (
+            "fragments the free devices more (cuts link score "
+            f"{loser.fragmentation} > {winner.fragmentation} from what is left)"
+        )
+    return "tie-break: higher GPU indexes"

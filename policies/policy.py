@@ -1,0 +1,251 @@
+"""Policy files -> compiled :class:`Policy` objects (CEL compiled once, at load).
+
+A policy file is YAML or JSON (``schemas/policy.schema.json``). ``check_policy_file`` reports
+every problem (schema, CEL syntax, a trial evaluation on a sample device and a sample set) with
+the file, the field (``spec.selector``, ``spec.constraints[1]``) and the position in the
+expression; ``load_policy`` raises the first one as an InputError.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from cdigen.errors import CheckFailed, InputError
+from cdigen.fileio import parse_document, read_text
+from cdigen.model import Gpu, Link, Node
+from cdigen.schemas import schema_errors
+from policies.cel import (
+    CelCompileError,
+    CelEvaluationError,
+    CelProgram,
+    allocation_value,
+    compile_expression,
+    device_value,
+)
+from policies.graph import DEFAULT_LINK_WEIGHTS
+
+log = logging.getLogger("cdigen.policy")
+
+BUILTIN_NAMES = ("default", "single-numa", "pack", "spread")
+ReplicaPlacement = Literal["spread", "pack"]
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A compiled CEL expression and where it came from (``spec.selector``, ...)."""
+
+    field: str
+    program: CelProgram
+
+    @property
+    def text(self) -> str:
+        """The CEL source."""
+        return self.program.text
+
+
+@dataclass(frozen=True, eq=False)
+class Policy:
+    """A loaded policy. Per-device selector results are cached per device state."""
+
+    name: str
+    source: str
+    resource: str = "nvidia.com/gpu"
+    selector: Expression | None = None
+    constraints: tuple[Expression, ...] = ()
+    link_weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LINK_WEIGHTS))
+    replicas: ReplicaPlacement = "spread"
+    _selector_cache: dict[tuple[Gpu, str, str], tuple[bool, str | None]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def selector_result(self, gpu: Gpu, node: Node) -> tuple[bool, str | None]:
+        """Whether ``gpu`` passes the selector, and why not (an error counts as not passing)."""
+        if self.selector is None:
+            return True, None
+        key = (gpu, node.driver_version, node.cuda_driver_version)
+        cached = self._selector_cache.get(key)
+        if cached is not None:
+            return cached
+        try:
+            passed = self.selector.program.evaluate({"device": device_value(gpu, node)})
+            result = (passed, None if passed else "selector is false")
+        except CelEvaluationError as exc:
+            reason = f"selector error: {exc}"
+            log.warning("policy %s: GPU %d treated as not matching: %s", self.name, gpu.index, exc)
+            result = (False, reason)
+        self._selector_cache[key] = result
+        return result
+
+    def constraints_result(self, allocation: Any) -> tuple[bool, str | None]:
+        """Whether a candidate set (its CEL ``allocation`` value) satisfies every constraint."""
+        for expression in self.constraints:
+            try:
+                if not expression.program.evaluate({"allocation": allocation}):
+                    return False, f"{expression.field} is false"
+            except CelEvaluationError as exc:
+                log.warning("policy %s: %s failed: %s", self.name, expression.field, exc)
+                return False, f"{expression.field} error: {exc}"
+        return True, None
+
+
+def _sample_node() -> Node:
+    """Two A100s on one NUMA node with NV12 between them: what trial evaluations run on."""
+    gpus = tuple(
+        Gpu(
+            index=i,
+            minor=i,
+            uuid=f"GPU-00000000-0000-0000-0000-00000000000{i}",
+            name="NVIDIA A100-SXM4-80GB",
+            architecture="Ampere",
+            cuda_compute_capability="8.0",
+            memory_bytes=80 * 2**30,
+            pci_bus_id=f"0000:0{i + 7}:00.0",
+            numa_node=0,
+            brand="Nvidia",
+        )
+        for i in range(2)
+    )
+    return Node(
+        gpus=gpus,
+        links=(Link(0, 1, pcie=None, nvlinks=12),),
+        driver_version="550.54.15",
+        cuda_driver_version="12.4",
+        name="sample",
+    )
+
+
+def _where(source: str, field_name: str, line: int | None, column: int | None) -> str:
+    pos = f" (line {line}, column {column})" if line is not None and column is not None else ""
+    return f"{source}: {field_name}{pos}"
+
+
+def _excerpt(text: str, line: int | None, column: int | None) -> str:
+    lines = text.splitlines() or [""]
+    if line is None or column is None or not 1 <= line <= len(lines):
+        snippet = " ".join(text.split())
+        return snippet if len(snippet) <= 80 else snippet[:77] + "..."
+    row = lines[line - 1]
+    start = max(0, column - 1 - 30)
+    return f"{row[start : column - 1]}>>>{row[column - 1 : column - 1 + 40]}"
+
+
+def _compile_problems(
+    doc: Mapping[str, Any], source: str
+) -> tuple[list[str], Expression | None, list[Expression]]:
+    spec = doc.get("spec") or {}
+    problems: list[str] = []
+    selector: Expression | None = None
+    constraints: list[Expression] = []
+    fields: list[tuple[str, str]] = []
+    if "selector" in spec:
+        fields.append(("spec.selector", spec["selector"]))
+    fields.extend((f"spec.constraints[{i}]", t) for i, t in enumerate(spec.get("constraints", [])))
+    for field_name, text in fields:
+        variables = frozenset({"device"} if field_name == "spec.selector" else {"allocation"})
+        try:
+            program = compile_expression(text, variables)
+        except CelCompileError as exc:
+            problems.append(
+                f"{_where(source, field_name, exc.line, exc.column)}: {exc}: "
+                f"{_excerpt(text, exc.line, exc.column)}"
+            )
+            continue
+        expression = Expression(field_name, program)
+        if field_name == "spec.selector":
+            selector = expression
+        else:
+            constraints.append(expression)
+    return problems, selector, constraints
+
+
+def _trial_problems(
+    source: str, selector: Expression | None, constraints: Sequence[Expression]
+) -> list[str]:
+    """Evaluate each expression once on the sample node, as a type check: errors are problems."""
+    node = _sample_node()
+    problems: list[str] = []
+    devices = [device_value(g, node) for g in node.gpus]
+    trials: list[tuple[Expression, dict[str, Any]]] = []
+    if selector is not None:
+        trials.append((selector, {"device": devices[0]}))
+    allocation = allocation_value(devices, [0], link_score=1200, min_pair_nvlinks=12)
+    trials.extend((c, {"allocation": allocation}) for c in constraints)
+    for expression, activation in trials:
+        try:
+            expression.program.evaluate(activation)
+        except CelEvaluationError as exc:
+            problems.append(
+                f"{_where(source, expression.field, exc.line, exc.column)}: {exc} "
+                "(trial evaluation on a sample A100): "
+                f"{_excerpt(expression.text, exc.line, exc.column)}"
+            )
+    return problems
+
+
+def _parse(text: str, source: str) -> tuple[list[str], Policy | None]:
+    try:
+        doc = parse_document(text, where=source)
+    except InputError as exc:
+        return [str(exc)], None
+    problems = [f"{source}: {p}" for p in schema_errors(doc, "policy")]
+    if problems:
+        return problems, None
+    compile_problems, selector, constraints = _compile_problems(doc, source)
+    problems.extend(compile_problems)
+    problems.extend(_trial_problems(source, selector, constraints))
+    if problems:
+        return problems, None
+    spec = doc.get("spec") or {}
+    weights = dict(DEFAULT_LINK_WEIGHTS)
+    weights.update(spec.get("linkWeights") or {})
+    policy = Policy(
+        name=doc["metadata"]["name"],
+        source=source,
+        resource=spec.get("resource", "nvidia.com/gpu"),
+        selector=selector,
+        constraints=tuple(constraints),
+        link_weights=weights,
+        replicas=spec.get("replicas", "spread"),
+    )
+    return [], policy
+
+
+def check_policy_file(path: str | Path) -> list[str]:
+    """Every problem of the policy file at ``path`` (empty when it is good)."""
+    try:
+        text = read_text(path, what="policy file")
+    except InputError as exc:
+        return [str(exc)]
+    return _parse(text, str(path))[0]
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Load and compile a policy file; InputError (exit 2) naming the first problem."""
+    source = str(path)
+    if source.startswith("builtin:"):
+        return builtin_policy(source.removeprefix("builtin:"))
+    problems, policy = _parse(read_text(path, what="policy file"), source)
+    if policy is None:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise InputError(
+            f"{problems[0]}{more}", hint=f"run 'cdigen policy check {source}' for all problems"
+        )
+    return policy
+
+
+def builtin_policy(name: str) -> Policy:
+    """One of the shipped policies: default, single-numa, pack, spread."""
+    if name not in BUILTIN_NAMES:
+        raise InputError(
+            f"unknown built-in policy {name!r}", hint=f"choose one of {', '.join(BUILTIN_NAMES)}"
+        )
+    text = resources.files("policies").joinpath("builtin", f"{name}.yaml").read_text("utf-8")
+    problems, policy = _parse(text, f"builtin:{name}")
+    if policy is None:  # a packaging bug, not user input
+        raise CheckFailed(problems, summary=f"built-in policy {name} is broken")
+    return policy
