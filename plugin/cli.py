@@ -1,9 +1,127 @@
-"""Subcommands of this part (being written)."""
+"""The ``cdigen plugin`` subcommands: ``serve`` runs the kubelet device plugin."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from plugin.config import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, STRATEGIES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this part's subcommands to ``sub``."""
+    """Add ``plugin serve`` to ``sub``."""
+    plugin = sub.add_parser(
+        "plugin",
+        help="serve GPUs to the kubelet (device plugin API v1beta1)",
+        description="The kubelet device plugin: advertises GPUs and hands them out as CDI names.",
+    )
+    plugin_sub = plugin.add_subparsers(dest="plugin_command", metavar="SUBCOMMAND")
+    serve = plugin_sub.add_parser(
+        "serve",
+        help="run the device plugin until SIGTERM/SIGINT (SIGHUP reloads policies)",
+        description=(
+            "Serve one gRPC DevicePlugin per resource on <plugin-dir>/cdigen-<resource>.sock and "
+            "register with <plugin-dir>/kubelet.sock. Settings: flag > CDIGEN_* environment > "
+            "--config file > default."
+        ),
+    )
+    serve.add_argument("--node", metavar="SRC", help="node source: nvml, builtin:NAME or a file")
+    serve.add_argument("--config", metavar="FILE", help="plugin config file (YAML)")
+    serve.add_argument(
+        "--plugin-dir",
+        metavar="DIR",
+        help=f"kubelet device plugin dir (default {DEFAULT_PLUGIN_DIR})",
+    )
+    serve.add_argument(
+        "--spec-dir",
+        metavar="DIR",
+        action="append",
+        help="CDI spec dir to check names against (repeatable; default /etc/cdi, /var/run/cdi)",
+    )
+    serve.add_argument("--policy-dir", metavar="DIR", help="directory of allocation policy files")
+    serve.add_argument("--resource", metavar="NAME", help="resource name (default nvidia.com/gpu)")
+    serve.add_argument(
+        "--cdi-kind", metavar="VENDOR/CLASS", help="CDI kind (default nvidia.com/gpu)"
+    )
+    serve.add_argument("--device-list-strategy", choices=STRATEGIES, help="default: cdi-cri")
+    serve.add_argument(
+        "--health-poll-interval",
+        type=float,
+        metavar="SECONDS",
+        help="how often node file, spec dirs and NVML are checked (default 0.5)",
+    )
+    serve.add_argument(
+        "--log-level",
+        dest="plugin_log_level",
+        choices=LOG_LEVELS,
+        help="log verbosity (default info)",
+    )
+    serve.add_argument("--log-format", choices=LOG_FORMATS, help="log line format (default text)")
+    serve.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and /healthz here (e.g. 127.0.0.1:9465; default off)",
+    )
+    serve.set_defaults(func=_serve)
+    plugin.set_defaults(func=lambda args: _usage(plugin))
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: time, level, logger, msg."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Render ``record`` as JSON."""
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Send the plugin's logs to stderr at ``level`` as ``text`` or ``json`` lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s cdigen-plugin %(levelname)s: %(message)s")
+        )
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from plugin.config import load_config
+    from plugin.serve import Plugin, open_nvml, serve_until_signalled
+
+    flags = {
+        "node": args.node,
+        "plugin_dir": args.plugin_dir,
+        "spec_dirs": args.spec_dir,
+        "policy_dir": args.policy_dir,
+        "resource": args.resource,
+        "cdi_kind": args.cdi_kind,
+        "device_list_strategy": args.device_list_strategy,
+        "health_poll_interval": args.health_poll_interval,
+        "log_level": args.plugin_log_level,
+        "log_format": args.log_format,
+        "metrics_address": args.metrics_address,
+    }
+    config = load_config(args.config, flags=flags)
+    setup_logging(config.log_level, config.log_format)
+    plugin = Plugin(config, nvml=open_nvml(config.node))
+    return serve_until_signalled(plugin)

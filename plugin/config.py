@@ -1,0 +1,245 @@
+"""Settings of ``cdigen plugin serve``: flag > env (``CDIGEN_*``) > config file > default."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cdigen.errors import InputError
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_CDI_KIND = "nvidia.com/gpu"
+STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "native")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+# Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
+# skips the same set.
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
+
+ENV_PREFIX = "CDIGEN_"
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    """One advertised extended resource and the policy that answers its preferred allocations."""
+
+    name: str = DEFAULT_RESOURCE
+    policy: str | None = None  # None: the built-in default policy
+
+
+@dataclass(frozen=True)
+class HealthConfig:
+    """How device health is watched."""
+
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    poll_interval_s: float = 0.5
+    recover_after_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """Every setting of a serving plugin, after merging all sources."""
+
+    node: str = "nvml"
+    plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
+    spec_dirs: tuple[Path, ...] = tuple(Path(d) for d in DEFAULT_SPEC_DIRS)
+    cdi_kind: str = DEFAULT_CDI_KIND
+    device_list_strategy: str = "cdi-cri"
+    policy_dir: Path | None = None
+    mig_strategy: str = "none"
+    health: HealthConfig = field(default_factory=HealthConfig)
+    log_level: str = "info"
+    log_format: str = "text"
+    resources: tuple[ResourceConfig, ...] = (ResourceConfig(),)
+    metrics_address: str | None = None  # HOST:PORT for /metrics and /healthz; None: off
+
+
+# Environment variables and the overrides they map to (same value rules as the flags).
+ENV_VARS = {
+    "CDIGEN_NODE": "node",
+    "CDIGEN_PLUGIN_DIR": "plugin_dir",
+    "CDIGEN_SPEC_DIR": "spec_dirs",  # os.pathsep-separated list
+    "CDIGEN_CDI_KIND": "cdi_kind",
+    "CDIGEN_DEVICE_LIST_STRATEGY": "device_list_strategy",
+    "CDIGEN_POLICY_DIR": "policy_dir",
+    "CDIGEN_RESOURCE": "resource",
+    "CDIGEN_LOG_LEVEL": "log_level",
+    "CDIGEN_LOG_FORMAT": "log_format",
+    "CDIGEN_HEALTH_POLL_INTERVAL": "health_poll_interval",
+    "CDIGEN_IGNORED_XIDS": "ignored_xids",  # comma-separated
+    "CDIGEN_METRICS_ADDRESS": "metrics_address",
+}
+
+
+def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The overrides a validated config document asks for (keys as in :data:`ENV_VARS`)."""
+    out: dict[str, Any] = {}
+    simple = {
+        "node": "node",
+        "pluginDir": "plugin_dir",
+        "cdiKind": "cdi_kind",
+        "deviceListStrategy": "device_list_strategy",
+        "policyDir": "policy_dir",
+        "migStrategy": "mig_strategy",
+        "metricsAddress": "metrics_address",
+    }
+    for key, name in simple.items():
+        if key in doc:
+            out[name] = doc[key]
+    if "specDir" in doc:
+        spec = doc["specDir"]
+        out["spec_dirs"] = [spec] if isinstance(spec, str) else list(spec)
+    health = doc.get("health", {})
+    if "ignoredXids" in health:
+        out["ignored_xids"] = list(health["ignoredXids"])
+    if "pollIntervalSeconds" in health:
+        out["health_poll_interval"] = health["pollIntervalSeconds"]
+    if "recoverAfterSeconds" in health:
+        out["health_recover_after"] = health["recoverAfterSeconds"]
+    log = doc.get("log", {})
+    if "level" in log:
+        out["log_level"] = log["level"]
+    if "format" in log:
+        out["log_format"] = log["format"]
+    if "resources" in doc:
+        out["resources"] = [ResourceConfig(r["name"], r.get("policy")) for r in doc["resources"]]
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, name in ENV_VARS.items():
+        value = env.get(var)
+        if value is None or value == "":
+            continue
+        if name == "spec_dirs":
+            out[name] = [p for p in value.split(os.pathsep) if p]
+        elif name == "ignored_xids":
+            out[name] = _parse_xids(value, where=var)
+        elif name == "health_poll_interval":
+            out[name] = _parse_seconds(value, where=var)
+        elif name in _CHOICES:
+            choices, what = _CHOICES[name]
+            out[name] = _check_choice(value, choices, what=what, where=var)
+        else:
+            out[name] = value
+    return out
+
+
+def _parse_xids(text: str, *, where: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(
+            f"expected comma-separated Xid numbers, got {text!r}", where=where, hint="e.g. 13,31,43"
+        ) from None
+
+
+def _parse_seconds(value: Any, *, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise InputError(f"expected seconds in (0, 3600], got {value!r}", where=where)
+    return seconds
+
+
+def _check_choice(
+    value: str, choices: tuple[str, ...], *, what: str, where: str | None = None
+) -> str:
+    if value not in choices:
+        raise InputError(
+            f"unknown {what} {value!r}", where=where, hint=f"use one of: {', '.join(choices)}"
+        )
+    return value
+
+
+_CHOICES = {
+    "device_list_strategy": (STRATEGIES, "device list strategy"),
+    "log_level": (LOG_LEVELS, "log level"),
+    "log_format": (LOG_FORMATS, "log format"),
+}
+
+
+def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
+    changes: dict[str, Any] = {}
+    health = config.health
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name in ("plugin_dir", "policy_dir"):
+            changes[name] = Path(value)
+        elif name == "spec_dirs":
+            changes[name] = tuple(Path(v) for v in value)
+        elif name == "resource":
+            policy = config.resources[0].policy if len(config.resources) == 1 else None
+            changes["resources"] = (ResourceConfig(str(value), policy),)
+        elif name == "resources":
+            changes[name] = tuple(value)
+        elif name == "ignored_xids":
+            health = replace(health, ignored_xids=tuple(sorted(set(value))))
+        elif name == "health_poll_interval":
+            health = replace(health, poll_interval_s=_parse_seconds(value, where="poll interval"))
+        elif name == "health_recover_after":
+            health = replace(health, recover_after_s=float(value))
+        else:
+            changes[name] = value
+    return replace(config, health=health, **changes)
+
+
+def _validate(config: PluginConfig) -> PluginConfig:
+    _check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
+    _check_choice(config.log_level, LOG_LEVELS, what="log level")
+    _check_choice(config.log_format, LOG_FORMATS, what="log format")
+    _check_choice(config.mig_strategy, ("none",), what="MIG strategy")
+    from plugin.kubelet import resource_name_problem
+
+    for resource in config.resources:
+        problem = resource_name_problem(resource.name)
+        if problem:
+            raise InputError(
+                problem, where="resource name", hint="use DOMAIN/NAME, e.g. nvidia.com/gpu"
+            )
+    if len(config.resources) > 1:
+        # Without sharing or MIG strategies every resource would advertise the same GPUs, and
+        # the kubelet would hand each GPU out twice.
+        raise InputError(
+            f"{len(config.resources)} resources listed, but with migStrategy 'none' and no "
+            "sharing they would all advertise the same GPUs",
+            where="resources",
+            hint="list one resource",
+        )
+    from cdigen.cdi.names import kind_problem
+
+    problem = kind_problem(config.cdi_kind)
+    if problem:
+        raise InputError(problem, where="CDI kind")
+    return config
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> PluginConfig:
+    """Merge defaults, the config file, ``CDIGEN_*`` variables and flags, in rising precedence."""
+    from cdigen.fileio import read_document
+    from cdigen.schemas import validate
+
+    config = PluginConfig()
+    if path is not None:
+        doc = read_document(path, what="plugin config file")
+        if doc is None:
+            doc = {}
+        validate(doc, "plugin-config", where=str(path))
+        config = _apply(config, _from_file(doc))
+    config = _apply(config, _from_env(os.environ if env is None else env))
+    config = _apply(config, dict(flags or {}))
+    return _validate(config)

@@ -1,0 +1,393 @@
+"""Device health: one board of reasons per device, fed by independent watchers.
+
+A device is Healthy when no watcher holds a reason against it. Every watcher sets and clears
+only its own reasons, so a device whose Xid storm has passed returns to Healthy even while
+another watcher (a missing CDI name, say) still holds it down, and vice versa.
+
+Watchers:
+- :func:`node_reasons` — discovery errors and simulated ``healthy: false`` in a node file;
+  :class:`FileWatcher` re-reads the file when it changes.
+- :class:`XidHealth` — critical Xid errors from NVML events, with recovery after a quiet period
+  when the device still answers (NVIDIA's plugin never recovers).
+- :class:`SpecDirWatcher` — every CDI name the plugin can hand out must exist in the spec dirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from cdigen.model import Node
+
+log = logging.getLogger("cdigen.plugin")
+
+SOURCE_NODE = "node"
+SOURCE_XID = "xid"
+SOURCE_SPEC = "cdi-spec"
+
+
+class HealthBoard:
+    """Thread-safe health reasons per device ID, with a version that changes on every change."""
+
+    def __init__(self, device_ids: Iterable[str]) -> None:
+        self._reasons: dict[str, dict[str, str]] = {d: {} for d in device_ids}
+        self._version = 0
+        self._changed = threading.Condition()
+        self._listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
+
+    def subscribe(self, listener: Callable[[dict[str, tuple[str, ...]]], None]) -> None:
+        """Call ``listener(reasons)`` now and after every change (as :meth:`snapshot` gives)."""
+        self._listeners.append(listener)
+        listener(self.snapshot()[1])
+
+    @property
+    def version(self) -> int:
+        """Bumped on every health change."""
+        with self._changed:
+            return self._version
+
+    def set_reasons(self, source: str, reasons: Mapping[str, str | None]) -> bool:
+        """Set (reason) or clear (None) ``source``'s reason for each device; True if any changed."""
+        changed = False
+        with self._changed:
+            for device, reason in reasons.items():
+                held = self._reasons.get(device)
+                if held is None:
+                    continue  # not a device we advertise
+                if reason is None:
+                    if held.pop(source, None) is not None:
+                        changed = True
+                        if not held:
+                            log.info("device %s is Healthy again", device)
+                elif held.get(source) != reason:
+                    if not held:
+                        log.warning("device %s is Unhealthy: %s", device, reason)
+                    held[source] = reason
+                    changed = True
+            if changed:
+                self._version += 1
+                self._changed.notify_all()
+        if changed and self._listeners:
+            current = self.snapshot()[1]
+            for listener in self._listeners:
+                listener(current)
+        return changed
+
+    def healthy(self, device: str) -> bool:
+        """True when no watcher holds a reason against ``device``."""
+        with self._changed:
+            return not self._reasons.get(device)
+
+    def snapshot(self) -> tuple[int, dict[str, tuple[str, ...]]]:
+        """The version and every device's reasons (empty: Healthy), taken atomically."""
+        with self._changed:
+            return self._version, {d: tuple(r.values()) for d, r in self._reasons.items()}
+
+    def wake_waiters(self) -> None:
+        """Wake every :meth:`wait_for_change` caller (a stream ending) without a change."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_change(self, seen_version: int, timeout_s: float) -> int:
+        """Block until the version differs from ``seen_version`` or the timeout; the version."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._version != seen_version, timeout=timeout_s)
+            return self._version
+
+
+def node_reasons(node: Node) -> dict[str, str | None]:
+    """Per GPU UUID: why the node source says it is unhealthy, or None."""
+    out: dict[str, str | None] = {}
+    for gpu in node.gpus:
+        if gpu.error:
+            out[gpu.uuid] = f"discovery failed: {gpu.error}"
+        elif not gpu.healthy:
+            out[gpu.uuid] = "marked unhealthy by the node source"
+        else:
+            out[gpu.uuid] = None
+    return out
+
+
+class Pollable(Protocol):
+    """A watcher checked periodically by :class:`Poller`."""
+
+    def poll(self) -> None:
+        """Look once and report what changed."""
+
+
+class Poller:
+    """Calls ``poll()`` on each watcher every ``interval_s`` in one daemon thread."""
+
+    def __init__(self, watchers: Sequence[Pollable], interval_s: float) -> None:
+        self._watchers = list(watchers)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-poll", daemon=True)
+
+    def start(self) -> None:
+        """Start polling."""
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            for watcher in self._watchers:
+                try:
+                    watcher.poll()
+                except Exception:  # one broken watcher must not stop the others
+                    log.exception("health watcher %s failed", type(watcher).__name__)
+
+    def stop(self) -> None:
+        """Stop polling and wait for the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+def _file_signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class FileWatcher:
+    """Re-reads a node file when it changes and reports its health reasons to the board.
+
+    A file that fails to load is logged and the last good health stays in force.
+    """
+
+    def __init__(self, path: Path, load: Callable[[Path], Node], board: HealthBoard) -> None:
+        self.path = path
+        self._load = load
+        self._board = board
+        self._signature = _file_signature(path)
+
+    def poll(self) -> None:
+        """Reload the node file if it changed."""
+        signature = _file_signature(self.path)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        try:
+            node = self._load(self.path)
+        except Exception as exc:
+            log.error(
+                "node file %s could not be re-read (%s); keeping the last health", self.path, exc
+            )
+            return
+        self._board.set_reasons(SOURCE_NODE, node_reasons(node))
+
+
+def _dir_signature(dirs: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    entries: list[tuple[str, int, int]] = []
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            entries.append((str(directory), -1, -1))
+            continue
+        for name in names:
+            try:
+                st = os.stat(directory / name)
+            except OSError:
+                continue
+            entries.append((str(directory / name), st.st_mtime_ns, st.st_size))
+    return tuple(entries)
+
+
+class SpecDirWatcher:
+    """Checks that every CDI name the plugin can return exists in the spec dirs (on every change).
+
+    ``names`` maps each device ID to the CDI names Allocate may return for it; ``load_names``
+    returns the fully-qualified device names the spec dirs define (the loading code of
+    ``cdigen list``). A device with a missing name is held Unhealthy until the spec has it.
+    """
+
+    def __init__(
+        self,
+        spec_dirs: Sequence[Path],
+        names: Mapping[str, Sequence[str]],
+        load_names: Callable[[Sequence[Path]], set[str]],
+        board: HealthBoard,
+    ) -> None:
+        self.spec_dirs = tuple(spec_dirs)
+        self._names = names
+        self._load_names = load_names
+        self._board = board
+        self._signature: tuple[tuple[str, int, int], ...] | None = None
+
+    def poll(self) -> None:
+        """Re-check the names if any spec file changed (always on the first call)."""
+        signature = _dir_signature(self.spec_dirs)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        self.check()
+
+    def check(self) -> dict[str, list[str]]:
+        """Check now; the missing names per device."""
+        try:
+            known = self._load_names(self.spec_dirs)
+        except Exception as exc:  # an unreadable dir is a missing spec, not a crash
+            log.error("CDI spec dirs %s could not be loaded: %s", _show(self.spec_dirs), exc)
+            known = set()
+        missing = {d: [n for n in names if n not in known] for d, names in self._names.items()}
+        reasons: dict[str, str | None] = {}
+        for device, gone in missing.items():
+            if gone:
+                log.error(
+                    "CDI device %s is not defined in %s: device %s advertised Unhealthy until the "
+                    "spec has it (run 'cdigen generate --output-dir %s')",
+                    ", ".join(gone),
+                    _show(self.spec_dirs),
+                    device,
+                    self.spec_dirs[0] if self.spec_dirs else "DIR",
+                )
+                reasons[device] = f"CDI name {gone[0]} missing from the spec dirs"
+            else:
+                reasons[device] = None
+        self._board.set_reasons(SOURCE_SPEC, reasons)
+        return {d: g for d, g in missing.items() if g}
+
+
+def _show(dirs: Sequence[Path]) -> str:
+    return ", ".join(str(d) for d in dirs) or "(no spec dir)"
+
+
+@dataclass
+class _XidState:
+    last_xid: int
+    last_seen: float
+
+
+class XidHealth:
+    """Health from NVML Xid events: critical Xids mark a GPU Unhealthy; after ``recover_after_s``
+    without another critical Xid, a GPU that still answers a probe is Healthy again.
+
+    ``nvml`` is the ``pynvml`` module (or a double shaped like it); it is initialised by the caller.
+    """
+
+    def __init__(
+        self,
+        nvml: Any,
+        board: HealthBoard,
+        uuids: Sequence[str],
+        *,
+        ignored_xids: Iterable[int],
+        recover_after_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._nvml = nvml
+        self._board = board
+        self._uuids = tuple(uuids)
+        self._ignored = frozenset(ignored_xids)
+        self._recover_after_s = recover_after_s
+        self._clock = clock
+        self._xids: dict[str, _XidState] = {}
+        self._event_set: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def open(self) -> None:
+        """Create the event set and register every GPU for critical Xid events.
+
+        A GPU that cannot be registered is reported Unhealthy: without events we could not
+        tell when it fails.
+        """
+        nvml = self._nvml
+        self._event_set = nvml.nvmlEventSetCreate()
+        failed: dict[str, str | None] = {}
+        for uuid in self._uuids:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self._event_set
+                )
+            except nvml.NVMLError as exc:
+                failed[uuid] = f"cannot watch Xid events: {exc}"
+        if failed:
+            self._board.set_reasons(SOURCE_XID, failed)
+
+    def handle_event(self, uuid: str, xid: int) -> None:
+        """One Xid event on ``uuid``: critical ones mark it Unhealthy."""
+        if xid in self._ignored:
+            log.info("device %s: application Xid %d ignored", uuid, xid)
+            return
+        self._xids[uuid] = _XidState(xid, self._clock())
+        self._board.set_reasons(SOURCE_XID, {uuid: f"critical Xid {xid}"})
+
+    def wait_once(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for one event and handle it; True if one arrived."""
+        nvml = self._nvml
+        try:
+            data = nvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
+        except nvml.NVMLError_Timeout:
+            return False
+        if data.eventType != nvml.nvmlEventTypeXidCriticalError:
+            return True
+        try:
+            uuid = nvml.nvmlDeviceGetUUID(data.device)
+        except nvml.NVMLError as exc:
+            log.error("Xid %d on a device NVML cannot name (%s)", data.eventData, exc)
+            return True
+        if isinstance(uuid, bytes):
+            uuid = uuid.decode()
+        self.handle_event(str(uuid), int(data.eventData))
+        return True
+
+    def probe(self, uuid: str) -> str | None:
+        """Ask NVML about the GPU; the failure, or None when it answers."""
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            nvml.nvmlDeviceGetMemoryInfo(handle)
+        except nvml.NVMLError as exc:
+            return str(exc) or type(exc).__name__
+        return None
+
+    def poll(self) -> None:
+        """Periodic check: GPUs that stop answering go down; quiet ones that answer come back."""
+        now = self._clock()
+        reasons: dict[str, str | None] = {}
+        for uuid in self._uuids:
+            failure = self.probe(uuid)
+            state = self._xids.get(uuid)
+            if failure is not None:
+                reasons[uuid] = f"NVML probe failed: {failure}"
+            elif state is not None and now - state.last_seen < self._recover_after_s:
+                reasons[uuid] = f"critical Xid {state.last_xid}"
+            else:
+                self._xids.pop(uuid, None)
+                reasons[uuid] = None
+        self._board.set_reasons(SOURCE_XID, reasons)
+
+    def start(self) -> None:
+        """Wait for events in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.wait_once(500)
+            except Exception:
+                log.exception("waiting for NVML events failed; retrying in 1 s")
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        """Stop waiting and free the event set."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._event_set is not None:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None

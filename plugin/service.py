@@ -1,0 +1,313 @@
+"""The DevicePlugin servicer: kubelet messages in, library calls, kubelet messages out."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import uuid as uuidlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import grpc
+
+from cdigen.model import Node
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.health import HealthBoard
+
+if TYPE_CHECKING:
+    from plugin.metrics import Method, PluginMetrics
+
+log = logging.getLogger("cdigen.plugin")
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+ANNOTATION_PREFIX = "cdi.k8s.io/"
+PLUGIN_NAME = "cdigen"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class AdvertisedDevice:
+    """One device as the kubelet sees it."""
+
+    id: str  # the GPU UUID
+    numa_node: int | None
+
+
+def advertised_devices(node: Node) -> tuple[AdvertisedDevice, ...]:
+    """Every whole GPU of ``node``, in NVML index order."""
+    return tuple(
+        AdvertisedDevice(g.uuid, g.numa_node) for g in sorted(node.gpus, key=lambda g: g.index)
+    )
+
+
+@dataclass(frozen=True)
+class DeviceNodeEdit:
+    """A device node to create in the container (a CDI ``deviceNodes`` entry)."""
+
+    path: str
+    host_path: str
+    permissions: str = "rwm"
+
+
+@dataclass(frozen=True)
+class MountEdit:
+    """A bind mount (a CDI ``mounts`` entry)."""
+
+    host_path: str
+    container_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """The CDI container edits for a set of devices, merged in spec order."""
+
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNodeEdit, ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+    hooks: tuple[str, ...] = field(default=(), compare=False)  # hook names: not expressible
+
+
+class EditsLookup(Protocol):
+    """Resolves fully-qualified CDI names to their merged container edits (``native``)."""
+
+    def __call__(self, names: Sequence[str]) -> ContainerEdits:
+        """The merged edits of ``names``; raises KeyError naming a name the spec lacks."""
+        ...
+
+
+@dataclass(frozen=True)
+class Preference:
+    """A policy's preferred devices, with its link score where the policy computed one."""
+
+    devices: tuple[str, ...]
+    link_score: int | None = None
+    fallback: bool = False  # no set met the policy; the allocator fell back
+
+
+Preferrer = Callable[[tuple[str, ...], tuple[str, ...], int], Preference]
+
+
+class PreferenceFailed(Exception):
+    """The preferred-allocation request itself is invalid (reported to the kubelet)."""
+
+
+def fallback_preference(
+    available: tuple[str, ...], must_include: tuple[str, ...], size: int
+) -> tuple[str, ...]:
+    """A valid answer without any policy: the must-include devices, then the first available."""
+    chosen = list(dict.fromkeys(must_include))
+    for device in available:
+        if len(chosen) >= size:
+            break
+        if device not in chosen:
+            chosen.append(device)
+    return tuple(chosen[:size])
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
+    """Serves one resource: its device list, health stream, preferences and allocations."""
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        devices: Sequence[AdvertisedDevice],
+        board: HealthBoard,
+        cdi_kind: str,
+        strategy: str,
+        prefer: Callable[[], Preferrer],
+        edits: EditsLookup | None = None,
+        stop: threading.Event | None = None,
+        watch_tick_s: float = 1.0,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
+        self.resource = resource
+        self.devices = tuple(devices)
+        self._ids = frozenset(d.id for d in self.devices)
+        self._board = board
+        self.cdi_kind = cdi_kind
+        self.strategy = strategy
+        self._prefer = prefer
+        self._edits = edits
+        self._stop = stop or threading.Event()
+        self._watch_tick_s = watch_tick_s
+        self._metrics = metrics
+        self._options = pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    def wake_streams(self) -> None:
+        """Let open ListAndWatch streams notice that the server is stopping."""
+        self._board.wake_waiters()
+
+    def _observe(self, method: Method) -> contextlib.AbstractContextManager[None]:
+        """Counts and times one call (an exception inside, aborts included, counts as an error)."""
+        if self._metrics is None:
+            return contextlib.nullcontext()
+        return self._metrics.observe_request(method, self.resource)
+
+    def cdi_name(self, device_id: str) -> str:
+        """The fully-qualified CDI name Allocate returns for ``device_id``."""
+        return f"{self.cdi_kind}={device_id}"
+
+    # --- the DevicePlugin service -------------------------------------------------------------
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        """Our options: no PreStartContainer, GetPreferredAllocation available."""
+        return self._options
+
+    def device_list(self) -> pb.ListAndWatchResponse:
+        """The full device list with current health and NUMA affinity."""
+        _, reasons = self._board.snapshot()
+        return self._device_list(reasons)
+
+    def _device_list(self, reasons: dict[str, tuple[str, ...]]) -> pb.ListAndWatchResponse:
+        out = pb.ListAndWatchResponse()
+        for device in self.devices:
+            item = out.devices.add(
+                ID=device.id, health=UNHEALTHY if reasons.get(device.id) else HEALTHY
+            )
+            if device.numa_node is not None:
+                item.topology.nodes.add(ID=device.numa_node)
+        return out
+
+    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        """The full list now, then again after every health change, until the stream ends."""
+        sent = -1
+        context.add_callback(self._board.wake_waiters)  # a cancelled stream ends at once
+        while not self._stop.is_set() and context.is_active():
+            version, reasons = self._board.snapshot()
+            if version != sent:
+                sent = version
+                yield self._device_list(reasons)
+            self._board.wait_for_change(sent, self._watch_tick_s)
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Any
+    ) -> pb.PreferredAllocationResponse:
+        """One preferred set per container request, chosen by the allocation policy."""
+        out = pb.PreferredAllocationResponse()
+        with self._observe("GetPreferredAllocation"):
+            for index, creq in enumerate(request.container_requests):
+                try:
+                    chosen = self.preferred(
+                        tuple(creq.available_deviceIDs),
+                        tuple(creq.must_include_deviceIDs),
+                        int(creq.allocation_size),
+                    )
+                except PreferenceFailed as exc:
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"container request {index}: {exc}"
+                    )
+                out.container_responses.add(deviceIDs=list(chosen))
+        return out
+
+    def preferred(
+        self, available: tuple[str, ...], must_include: tuple[str, ...], size: int
+    ) -> tuple[str, ...]:
+        """The preferred devices; unknown available IDs are left out, never an error."""
+        unknown_must = [d for d in must_include if d not in self._ids]
+        if unknown_must:
+            raise PreferenceFailed(
+                f"must-include device {unknown_must[0]} is not advertised by {self.resource}"
+            )
+        ignored = [d for d in available if d not in self._ids]
+        if ignored:
+            log.warning(
+                "preferred allocation: ignoring unknown available IDs %s", ", ".join(ignored)
+            )
+        candidates = tuple(dict.fromkeys(d for d in available if d in self._ids))
+        pool = set(candidates) | set(must_include)
+        if size < 0 or size > len(pool):
+            raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
+        try:
+            answer = self._prefer()(candidates, must_include, size)
+        except Exception as exc:  # the policy must never fail the kubelet's request
+            log.error("allocation policy failed (%s); answering without it", exc)
+            return fallback_preference(candidates, must_include, size)
+        chosen = answer.devices
+        if len(chosen) != size or not set(chosen) <= pool or not set(must_include) <= set(chosen):
+            log.error("allocation policy gave an invalid answer %s; answering without it", chosen)
+            return fallback_preference(candidates, must_include, size)
+        if self._metrics is not None and answer.link_score is not None:
+            self._metrics.observe_link_score(
+                self.resource, answer.link_score, fallback=answer.fallback
+            )
+        return tuple(chosen)
+
+    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        """For each container: the devices, handed over as the configured strategy says."""
+        with self._observe("Allocate"):
+            return self._allocate(request, context)
+
+    def _allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        out = pb.AllocateResponse()
+        for index, creq in enumerate(request.container_requests):
+            ids = list(creq.devices_ids)
+            unknown = [d for d in ids if d not in self._ids]
+            if unknown:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"container request {index}: unknown device {unknown[0]} for {self.resource} "
+                    f"(advertised: {len(self._ids)} devices)",
+                )
+            try:
+                response = self.container_response(ids)
+            except KeyError as exc:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"container request {index}: {exc.args[0] if exc.args else exc}",
+                )
+            out.container_responses.append(response)
+            log.info("allocated %s to a container (%s)", ", ".join(ids), self.strategy)
+        return out
+
+    def container_response(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        """The response for one container, following the device list strategy."""
+        names = [self.cdi_name(d) for d in ids]
+        response = pb.ContainerAllocateResponse()
+        if self.strategy == "cdi-cri":
+            response.cdi_devices.extend(pb.CDIDevice(name=n) for n in names)
+        elif self.strategy == "cdi-annotations":
+            key = f"{ANNOTATION_PREFIX}{PLUGIN_NAME}_{uuidlib.uuid4()}"
+            response.annotations[key] = ",".join(names)
+        elif self.strategy == "envvar":
+            response.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+        elif self.strategy == "native":
+            if self._edits is None:
+                raise KeyError("the native strategy needs CDI specs; none were loaded")
+            fill_native(response, self._edits(names))
+        else:  # config validation keeps this from happening
+            raise KeyError(f"unknown device list strategy {self.strategy}")
+        return response
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Any
+    ) -> pb.PreStartContainerResponse:
+        """Nothing to do before a container starts."""
+        return pb.PreStartContainerResponse()
+
+
+def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -> None:
+    """Translate CDI container edits into the AllocateResponse's envs, devices and mounts."""
+    for entry in edits.env:
+        key, sep, value = entry.partition("=")
+        if sep:
+            response.envs[key] = value
+    for node in edits.device_nodes:
+        response.devices.add(
+            container_path=node.path,
+            host_path=node.host_path or node.path,
+            permissions=node.permissions or "rwm",
+        )
+    for mount in edits.mounts:
+        response.mounts.add(
+            container_path=mount.container_path,
+            host_path=mount.host_path,
+            read_only=mount.read_only,
+        )

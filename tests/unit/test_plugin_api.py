@@ -1,0 +1,86 @@
+"""The committed v1beta1 stubs are what the proto generates; the wire format is the kubelet's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.api.generate import GENERATED, REPO_ROOT, generate
+
+
+def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
+    written = generate(tmp_path)
+    assert [p.name for p in written] == list(GENERATED)
+    for path in written:
+        committed = REPO_ROOT / "plugin" / "api" / path.name
+        assert committed.read_bytes() == path.read_bytes(), (
+            f"{committed} is stale: run 'python -m plugin.api.generate' and commit the result"
+        )
+
+
+def test_stubs_import_through_the_package() -> None:
+    text = (REPO_ROOT / "plugin" / "api" / "deviceplugin_pb2_grpc.py").read_text()
+    assert "from plugin.api import deviceplugin_pb2" in text
+
+
+def test_field_numbers_are_the_kubelets() -> None:
+    numbers = {
+        pb.DevicePluginOptions: {"pre_start_required": 1, "get_preferred_allocation_available": 2},
+        pb.RegisterRequest: {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4},
+        pb.ListAndWatchResponse: {"devices": 1},
+        pb.TopologyInfo: {"nodes": 1},
+        pb.NUMANode: {"ID": 1},
+        pb.Device: {"ID": 1, "health": 2, "topology": 3},
+        pb.PreStartContainerRequest: {"devices_ids": 1},
+        pb.PreferredAllocationRequest: {"container_requests": 1},
+        pb.ContainerPreferredAllocationRequest: {
+            "available_deviceIDs": 1,
+            "must_include_deviceIDs": 2,
+            "allocation_size": 3,
+        },
+        pb.PreferredAllocationResponse: {"container_responses": 1},
+        pb.ContainerPreferredAllocationResponse: {"deviceIDs": 1},
+        pb.AllocateRequest: {"container_requests": 1},
+        pb.ContainerAllocateRequest: {"devices_ids": 1},
+        pb.CDIDevice: {"name": 1},
+        pb.AllocateResponse: {"container_responses": 1},
+        pb.ContainerAllocateResponse: {
+            "envs": 1,
+            "mounts": 2,
+            "devices": 3,
+            "annotations": 4,
+            "cdi_devices": 5,
+        },
+        pb.Mount: {"container_path": 1, "host_path": 2, "read_only": 3},
+        pb.DeviceSpec: {"container_path": 1, "host_path": 2, "permissions": 3},
+    }
+    for message, expected in numbers.items():
+        got = {f.name: f.number for f in message.DESCRIPTOR.fields}
+        assert got == expected, message.DESCRIPTOR.full_name
+
+
+def test_services_and_package() -> None:
+    file = pb.DESCRIPTOR
+    assert file.package == "v1beta1"
+    registration = file.services_by_name["Registration"]
+    assert [m.name for m in registration.methods] == ["Register"]
+    plugin = file.services_by_name["DevicePlugin"]
+    methods = {m.name: m for m in plugin.methods}
+    assert set(methods) == {
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    }
+    assert methods["ListAndWatch"].server_streaming  # type: ignore[attr-defined]
+    # The wire name the kubelet calls:
+    assert plugin.full_name == "v1beta1.DevicePlugin"
+
+
+def test_a_kubelet_encoded_allocate_response_decodes() -> None:
+    # Bytes as the Go kubelet would encode ContainerAllocateResponse{CdiDevices: [{Name: "a/b=c"}]}:
+    # field 5, wire type 2 -> tag 0x2a; nested CDIDevice field 1 -> tag 0x0a.
+    wire = bytes([0x2A, 0x07, 0x0A, 0x05]) + b"a/b=c"
+    response = pb.ContainerAllocateResponse.FromString(wire)
+    assert [d.name for d in response.cdi_devices] == ["a/b=c"]

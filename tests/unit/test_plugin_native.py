@@ -1,0 +1,100 @@
+"""The native strategy: CDI spec edits, found through the registry, as AllocateResponse fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdigen.cdi.validate import spec_problems
+from cdigen.fileio import parse_document
+from plugin.api import deviceplugin_pb2 as pb
+from plugin.native import SpecEdits
+from plugin.service import fill_native
+
+SPEC = """\
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: GPU-aaaa
+  containerEdits:
+    deviceNodes:
+    - {path: /dev/nvidia0}
+    env: [GPU_SPECIFIC=a]
+- name: GPU-bbbb
+  containerEdits:
+    deviceNodes:
+    - {path: /dev/nvidia1, hostPath: /host/dev/nvidia1, permissions: rw}
+containerEdits:
+  env: [NVIDIA_VISIBLE_DEVICES=void, CUDA_X=1]
+  deviceNodes:
+  - {path: /dev/nvidiactl}
+  - {path: /dev/nvidia-uvm}
+  mounts:
+  - {hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15,
+     containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15, options: [ro, nosuid, bind]}
+  - {hostPath: /host/libcuda.so.1, containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.1,
+     options: [ro, bind]}
+  - {hostPath: /run/nvidia-persistenced/socket, containerPath: /run/nvidia-persistenced/socket,
+     options: [rw, bind]}
+  hooks:
+  - {hookName: createContainer, path: /usr/bin/nvidia-cdi-hook,
+     args: [nvidia-cdi-hook, update-ldcache]}
+"""
+
+
+@pytest.fixture
+def spec_dir(tmp_path: Path) -> Path:
+    doc = parse_document(SPEC, where="SPEC")
+    assert spec_problems(doc) == []  # the fixture is a spec a runtime would load
+    (tmp_path / "nvidia.yaml").write_text(SPEC)
+    return tmp_path
+
+
+def test_edits_merge_spec_wide_then_per_device(spec_dir: Path) -> None:
+    edits = SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"])
+    assert [n.path for n in edits.device_nodes] == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+    ]
+    assert edits.device_nodes[3].host_path == "/host/dev/nvidia1"
+    assert edits.device_nodes[3].permissions == "rw"
+    assert edits.env == ("NVIDIA_VISIBLE_DEVICES=void", "CUDA_X=1", "GPU_SPECIFIC=a")
+    assert edits.hooks == ("createContainer",)
+
+
+def test_response_fields_carry_the_edits(spec_dir: Path) -> None:
+    response = pb.ContainerAllocateResponse()
+    fill_native(response, SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-aaaa"]))
+    assert dict(response.envs) == {
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "CUDA_X": "1",
+        "GPU_SPECIFIC": "a",
+    }
+    assert [(d.container_path, d.host_path, d.permissions) for d in response.devices] == [
+        ("/dev/nvidiactl", "/dev/nvidiactl", "rwm"),
+        ("/dev/nvidia-uvm", "/dev/nvidia-uvm", "rwm"),
+        ("/dev/nvidia0", "/dev/nvidia0", "rwm"),
+    ]
+    mounts = {m.container_path: (m.host_path, m.read_only) for m in response.mounts}
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"] == ("/host/libcuda.so.1", True)
+    assert mounts["/run/nvidia-persistenced/socket"][1] is False
+    assert len(mounts) == 3
+
+
+def test_unknown_name_is_a_key_error_naming_it(spec_dir: Path) -> None:
+    with pytest.raises(KeyError, match="GPU-cccc"):
+        SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-cccc"])
+
+
+def test_spec_changes_are_picked_up(spec_dir: Path) -> None:
+    lookup = SpecEdits([spec_dir])
+    with pytest.raises(KeyError):
+        lookup(["nvidia.com/gpu=GPU-cccc"])
+    (spec_dir / "more.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        "- name: GPU-cccc\n  containerEdits:\n    deviceNodes: [{path: /dev/nvidia2}]\n"
+    )
+    assert [n.path for n in lookup(["nvidia.com/gpu=GPU-cccc"]).device_nodes] == ["/dev/nvidia2"]

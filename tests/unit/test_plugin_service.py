@@ -1,0 +1,234 @@
+"""The DevicePlugin servicer over a real unix socket, driven by the kubelet simulator."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cdigen.model import Gpu, Node
+from plugin.health import SOURCE_NODE, HealthBoard
+from plugin.kubelet import register, socket_name
+from plugin.serve import ResourceServer
+from plugin.service import (
+    ContainerEdits,
+    DeviceNodeEdit,
+    DevicePluginService,
+    MountEdit,
+    Preference,
+    Preferrer,
+    advertised_devices,
+)
+from tests.kubelet_sim import KubeletSimulator
+
+RESOURCE = "nvidia.com/gpu"
+NUMA = (3, 3, 1, 1, 7, 7, None, 0)
+
+
+def make_node() -> Node:
+    """Eight GPUs; GPU 6 has no known NUMA node and GPU 7 is on NUMA node 0."""
+    gpus = tuple(
+        Gpu(
+            index=i,
+            minor=i,
+            uuid=f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd",
+            name="NVIDIA A100-SXM4-80GB",
+            architecture="Ampere",
+            cuda_compute_capability="8.0",
+            memory_bytes=80 * 2**30,
+            pci_bus_id=f"0000:0{i}:00.0",
+            numa_node=NUMA[i],
+        )
+        for i in range(8)
+    )
+    return Node(gpus=gpus, driver_version="550.54.15", name="test-8gpu")
+
+
+NODE = make_node()
+UUIDS = [g.uuid for g in NODE.gpus]
+
+
+def last_two(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    """A stand-in policy with a visible preference: must-include, then the last available."""
+    rest = [d for d in reversed(available) if d not in must]
+    return Preference(tuple(list(must) + rest)[:size], link_score=0)
+
+
+class Harness:
+    """A servicer on a real socket plus a kubelet simulator in one temp plugin dir."""
+
+    def __init__(
+        self, plugin_dir: Path, *, strategy: str = "cdi-cri", edits: object = None
+    ) -> None:
+        self.plugin_dir = plugin_dir
+        self.board = HealthBoard(UUIDS)
+        self.prefer: Preferrer = last_two
+
+        def make(stop: threading.Event) -> DevicePluginService:
+            return DevicePluginService(
+                resource=RESOURCE,
+                devices=advertised_devices(NODE),
+                board=self.board,
+                cdi_kind="nvidia.com/gpu",
+                strategy=strategy,
+                prefer=lambda: self.prefer,
+                edits=edits,  # type: ignore[arg-type]
+                stop=stop,
+                watch_tick_s=0.05,
+            )
+
+        self.server = ResourceServer(plugin_dir, make)
+        self.kubelet = KubeletSimulator(plugin_dir)
+
+    def __enter__(self) -> Harness:
+        self.kubelet.start()
+        self.server.start()
+        register(self.plugin_dir, endpoint=self.server.socket_path.name, resource_name=RESOURCE)
+        self.kubelet.wait_registered(RESOURCE)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.stop()
+        self.kubelet.stop()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    with Harness(tmp_path) as h:
+        yield h
+
+
+def test_registration_carries_version_endpoint_and_options(harness: Harness) -> None:
+    reg = harness.kubelet.registrations[0]
+    assert reg.resource == RESOURCE
+    assert reg.endpoint == socket_name(RESOURCE) == "cdigen-nvidia.com-gpu.sock"
+    assert reg.options.get_preferred_allocation_available
+    assert not reg.options.pre_start_required
+    assert (harness.plugin_dir / reg.endpoint).exists()
+
+
+def test_list_and_watch_sends_every_device_with_numa(harness: Harness) -> None:
+    devices = harness.kubelet.wait_devices(RESOURCE, lambda d: len(d) == 8)
+    assert [d.ID for d in devices] == UUIDS
+    assert all(d.health == "Healthy" for d in devices)
+    numa = [[n.ID for n in d.topology.nodes] for d in devices]
+    assert numa == [[3], [3], [1], [1], [7], [7], [], [0]]
+    assert not devices[6].HasField("topology")  # unknown: no topology at all
+    assert devices[7].HasField("topology")  # NUMA node 0 is still sent
+
+
+def test_health_change_sends_a_new_full_list_and_recovers(harness: Harness) -> None:
+    harness.kubelet.wait_devices(RESOURCE, lambda d: len(d) == 8)
+    harness.board.set_reasons(SOURCE_NODE, {UUIDS[2]: "test flip"})
+    down = harness.kubelet.wait_devices(RESOURCE, lambda d: d[2].health == "Unhealthy")
+    assert len(down) == 8 and [d.ID for d in down if d.health == "Unhealthy"] == [UUIDS[2]]
+    harness.board.set_reasons(SOURCE_NODE, {UUIDS[2]: None})
+    up = harness.kubelet.wait_devices(RESOURCE, lambda d: d[2].health == "Healthy")
+    assert all(d.health == "Healthy" for d in up)
+    assert len(harness.kubelet.device_lists(RESOURCE)) == 3
+
+
+def test_allocate_cdi_cri_returns_fully_qualified_names(harness: Harness) -> None:
+    response = harness.kubelet.allocate(RESOURCE, [[UUIDS[0], UUIDS[1]], [UUIDS[5]]])
+    first, second = response.container_responses
+    assert [d.name for d in first.cdi_devices] == [
+        f"nvidia.com/gpu={UUIDS[0]}",
+        f"nvidia.com/gpu={UUIDS[1]}",
+    ]
+    assert [d.name for d in second.cdi_devices] == [f"nvidia.com/gpu={UUIDS[5]}"]
+    assert not first.envs and not first.annotations and not first.devices and not first.mounts
+
+
+def test_unknown_id_is_invalid_argument_and_the_server_keeps_serving(harness: Harness) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        harness.kubelet.allocate(RESOURCE, [[UUIDS[0], "GPU-not-here"]])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GPU-not-here" in (info.value.details() or "")
+    response = harness.kubelet.allocate(RESOURCE, [[UUIDS[3]]])
+    assert [d.name for d in response.container_responses[0].cdi_devices] == [
+        f"nvidia.com/gpu={UUIDS[3]}"
+    ]
+
+
+def test_preferred_allocation_uses_the_policy(harness: Harness) -> None:
+    chosen = harness.kubelet.preferred(RESOURCE, UUIDS[:6], 2, must_include=[UUIDS[1]])
+    assert chosen == [UUIDS[1], UUIDS[5]]
+
+
+def test_preferred_allocation_ignores_unknown_available_ids(harness: Harness) -> None:
+    chosen = harness.kubelet.preferred(RESOURCE, [UUIDS[0], "GPU-stranger", UUIDS[4]], 2)
+    assert sorted(chosen) == sorted([UUIDS[0], UUIDS[4]])
+
+
+def test_preferred_allocation_survives_a_failing_policy(harness: Harness) -> None:
+    def broken(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+        raise RuntimeError("policy blew up")
+
+    harness.prefer = broken
+    chosen = harness.kubelet.preferred(RESOURCE, UUIDS[2:6], 3, must_include=[UUIDS[4]])
+    assert len(chosen) == 3 and UUIDS[4] in chosen and set(chosen) <= set(UUIDS[2:6])
+
+
+def test_preferred_allocation_too_big_is_invalid_argument(harness: Harness) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        harness.kubelet.preferred(RESOURCE, UUIDS[:2], 3)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("strategy", ["cdi-annotations", "envvar"])
+def test_allocate_other_strategies(tmp_path: Path, strategy: str) -> None:
+    with Harness(tmp_path, strategy=strategy) as h:
+        response = h.kubelet.allocate(RESOURCE, [[UUIDS[0], UUIDS[7]]])
+    (container,) = response.container_responses
+    assert not container.cdi_devices
+    if strategy == "envvar":
+        assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[0]},{UUIDS[7]}"}
+    else:
+        ((key, value),) = container.annotations.items()
+        assert key.startswith("cdi.k8s.io/cdigen_") and len(key.split("/", 1)[1]) <= 63
+        assert value == f"nvidia.com/gpu={UUIDS[0]},nvidia.com/gpu={UUIDS[7]}"
+
+
+def test_allocate_native_translates_edits(tmp_path: Path) -> None:
+    asked: list[list[str]] = []
+
+    def edits(names: object) -> ContainerEdits:
+        asked.append(list(names))  # type: ignore[call-overload]
+        return ContainerEdits(
+            env=("NVIDIA_VISIBLE_DEVICES=void", "A=1=2"),
+            device_nodes=(DeviceNodeEdit("/dev/nvidia0", "/dev/nvidia0", "rw"),),
+            mounts=(MountEdit("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", True),),
+        )
+
+    with Harness(tmp_path, strategy="native", edits=edits) as h:
+        response = h.kubelet.allocate(RESOURCE, [[UUIDS[0]]])
+    (container,) = response.container_responses
+    assert asked == [[f"nvidia.com/gpu={UUIDS[0]}"]]
+    assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": "void", "A": "1=2"}
+    assert [(d.container_path, d.host_path, d.permissions) for d in container.devices] == [
+        ("/dev/nvidia0", "/dev/nvidia0", "rw")
+    ]
+    assert [(m.container_path, m.host_path, m.read_only) for m in container.mounts] == [
+        ("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", True)
+    ]
+
+
+def test_native_missing_name_is_failed_precondition(tmp_path: Path) -> None:
+    def edits(names: object) -> ContainerEdits:
+        raise KeyError("CDI device nvidia.com/gpu=X is not defined in /nowhere")
+
+    with Harness(tmp_path, strategy="native", edits=edits) as h:
+        with pytest.raises(grpc.RpcError) as info:
+            h.kubelet.allocate(RESOURCE, [[UUIDS[0]]])
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "not defined" in (info.value.details() or "")
+
+
+def test_stop_removes_the_socket_and_ends_the_stream(harness: Harness) -> None:
+    harness.kubelet.wait_devices(RESOURCE)
+    path = harness.server.socket_path
+    harness.server.stop()
+    assert not path.exists()
