@@ -1,0 +1,33 @@
+# cdigen: the CDI generator, policy engine and kubelet device plugin in one image.
+#   docker build -t cdigen:0.1.0 .
+# Every dependency ships as a binary wheel, so neither stage needs a compiler; the build stage
+# exists to keep pip's caches, the source tree and setuptools out of the final image.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY cdigen/ cdigen/
+COPY policies/ policies/
+COPY plugin/ plugin/
+COPY schemas/ schemas/
+RUN python -m venv /opt/cdigen \
+    && /opt/cdigen/bin/pip install --no-cache-dir . \
+    && /opt/cdigen/bin/pip uninstall --yes pip \
+    && /opt/cdigen/bin/cdigen --version
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="cdigen" \
+      org.opencontainers.image.description="CDI specs, topology-aware GPU allocation policies and a Kubernetes device plugin for NVIDIA GPUs" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/cdigen /opt/cdigen
+ENV PATH=/opt/cdigen/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Non-root by default. The DaemonSet runs its containers as uid 0 on purpose (the kubelet's plugin
+# directory and /etc/cdi belong to root), with every capability dropped.
+USER 65532:65532
+ENTRYPOINT ["cdigen"]
+CMD ["--help"]
