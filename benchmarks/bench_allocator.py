@@ -4,7 +4,10 @@ In-process, warm (an engine built once per node and policy, as the plugin holds 
 medians, p99 and the ratio to the baseline measured in the same run. Goals (issue 4), p99:
 8 GPUs <= 100 µs (warm: a memoized lookup); 16 GPUs <= 20 ms exact (every request new to the
 engine); 8 GPUs x 16 replicas <= 1 ms; a policy with a selector and a constraint within 2x of
-the default. Quality on every 8-GPU sample over all availability patterns, sizes and single
+the default. Sharing (issue 7), p99 <= 5 ms first sight: 8 GPUs x 16 replicas (spread and
+pack), one 24 GB GPU and eight of them in 1 GiB memory slices; and how often a slice request
+lands on one GPU, beside the kubelet's own choice (the first IDs offered) when a plugin gives
+no preference. Quality on every 8-GPU sample over all availability patterns, sizes and single
 must-include devices: valid answers, best link score, avoidable NUMA-span excess.
 
     python benchmarks/bench_allocator.py [--quick]
@@ -29,7 +32,8 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from policies.allocator import AllocationRequest, Allocator
 from policies.graph import Topology
-from policies.policy import load_policy
+from policies.policy import builtin_policy, load_policy
+from policies.shares import gpu_part, slice_count, slice_ids
 
 EIGHT_GPU_SAMPLES = (
     "dgx1-v100",
@@ -167,6 +171,60 @@ def speed(quick: bool) -> None:
     )
 
 
+def slice_requests(node: Node, count: int, seed: int) -> list[AllocationRequest]:
+    """Random slice states (each GPU 0..all slices free) and 1..8-slice requests that fit."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        free: list[str] = []
+        for gpu in node.gpus:
+            ids = slice_ids(gpu.uuid, slice_count(gpu, 1024))
+            free += rng.sample(ids, rng.randint(0, len(ids)))
+        size = rng.randint(1, 8)
+        if size <= len(free):
+            out.append(AllocationRequest(tuple(sorted(free)), (), size))
+    return out
+
+
+def sharing(quick: bool) -> None:
+    print("== sharing (issue 7): first sight, every request new to the engine; goal p99 <= 5 ms")
+    node = load_node(f"builtin:{EIGHT_GPU_SAMPLES[0]}")
+    whole = Allocator(node)
+    whole.prefer(random_requests(node, 1, seed=99)[0])
+    base = [timed_us(lambda r=r: whole.prefer(r)) for r in random_requests(node, 300, seed=5)]
+    report("reference: 8 whole GPUs, first sight", base)
+    count = 200 if quick else 1000
+    for name in ("spread", "pack"):
+        allocator = Allocator(node, builtin_policy(name))
+        requests = random_requests(node, count, seed=3, replicas=16)
+        allocator.prefer(requests[0])
+        times = [timed_us(lambda r=r, a=allocator: a.prefer(r)) for r in requests[1:]]
+        report(f"8 GPUs x 16 replicas, {name}", times, base)
+    for sample in ("rtx4090", "pcie-8x4090"):
+        shared = load_node(f"builtin:{sample}")
+        allocator = Allocator(shared)
+        requests = slice_requests(shared, count, seed=7)
+        allocator.prefer(requests[0])
+        times = [timed_us(lambda r=r, a=allocator: a.prefer(r)) for r in requests[1:]]
+        label = f"{len(shared.gpus)} x 24 GB in 1 GiB slices ({sample})"
+        report(label, times, base)
+        fits = ours_one = kubelet_one = 0
+        for r in requests:
+            per_gpu: dict[str, int] = {}
+            for i in r.available:
+                per_gpu[gpu_part(i)] = per_gpu.get(gpu_part(i), 0) + 1
+            if max(per_gpu.values()) < r.size:
+                continue
+            fits += 1
+            ours_one += len({gpu_part(i) for i in allocator.prefer(r).devices}) == 1
+            kubelet_one += len({gpu_part(i) for i in r.available[: r.size]}) == 1
+        print(
+            f"{'':4}requests one GPU could hold: {fits}; on one GPU: ours {ours_one} "
+            f"({100 * ours_one / fits:.1f}%), kubelet's first-offered {kubelet_one} "
+            f"({100 * kubelet_one / fits:.1f}%)"
+        )
+
+
 def _brute(topology: Topology, free: Sequence[int], must: Sequence[int], size: int):  # type: ignore[no-untyped-def]
     rest = [p for p in free if p not in must]
     return [
@@ -229,6 +287,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests; skip quality")
     args = parser.parse_args()
     speed(args.quick)
+    sharing(args.quick)
     if not args.quick:
         quality()
 

@@ -11,6 +11,13 @@ by that static key. A request walks the sorted list of its size, skips subsets t
 devices or miss a must-include device, and stops as soon as no later subset can win; only ties
 are compared on fragmentation. Answers are memoized per (available, must_include, size).
 
+Shared devices (``policies.shares``): replicas ``<gpu>::<k>``, memory slices
+``<gpu>::slice-<k>`` and MIG devices count as shares of their GPU. Memory slices, and every
+share under the ``pack`` policy, go on one GPU when one has room: the best fit (the fewest free
+shares left on it), then the GPU least linked to the other free GPUs. Slices that must span
+GPUs come back with a fallback reason (the plugin's Allocate refuses such a set). Under
+``spread`` (the default) a request for several replicas gets distinct GPUs, by topology.
+
 Above the limit: when at most ``EXACT_LIMIT`` GPUs are available the same exact table is built
 for them (cached); otherwise a greedy construction followed by 1-swap local search runs in
 O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not guaranteed optimal.
@@ -30,13 +37,14 @@ from cdigen.model import Node
 from policies.cel import allocation_value, device_value
 from policies.graph import Topology, build_topology
 from policies.policy import Policy, builtin_policy
+from policies.shares import SHARE_SEPARATOR, share_kind
 
 log = logging.getLogger("cdigen.allocator")
 
 EXACT_LIMIT = 16
 MAX_SWAP_PASSES = 4
 MEMO_LIMIT = 65536
-REPLICA_SEPARATOR = "::"
+REPLICA_SEPARATOR = SHARE_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -285,19 +293,40 @@ class Allocator:
             return self._answer(tuple(chosen), notes, order=available)
         if slots == 0:
             return self._answer(tuple(parsed.must_bad), notes, order=available)
-        positions = self._choose_positions(parsed, slots, notes)
-        chosen_ids = self._assign(parsed, positions, slots) + parsed.must_bad
+        pack = self._packs(parsed)
+        positions = self._choose_positions(parsed, slots, notes, pack)
+        chosen_ids = self._assign(parsed, positions, slots, pack) + parsed.must_bad
         return self._answer(tuple(chosen_ids), notes, order=available)
 
-    def _choose_positions(self, parsed: _Parsed, slots: int, notes: list[str]) -> tuple[int, ...]:
+    @staticmethod
+    def _is_slices(parsed: _Parsed) -> bool:
+        return any(share_kind(i) == "slice" for ids in parsed.groups.values() for i in ids)
+
+    def _packs(self, parsed: _Parsed) -> bool:
+        """Whether shares go on as few GPUs as possible: memory slices always, else the policy."""
+        return self._is_slices(parsed) or self.policy.replicas == "pack"
+
+    def _choose_positions(
+        self, parsed: _Parsed, slots: int, notes: list[str], pack: bool
+    ) -> tuple[int, ...]:
         avail_positions = sorted(parsed.groups)
         must_positions = sorted(parsed.must_groups)
         replicas = any(len(ids) > 1 for ids in parsed.groups.values())
         counts = {p: len(ids) for p, ids in parsed.groups.items()}
         found: tuple[int, ...] | None = None
+        slices = self._is_slices(parsed)
+        if pack and (replicas or slices):
+            fit = self._best_fit(counts, must_positions, slots, avail_positions)
+            if fit is not None:
+                return (fit,)
+            if slices:
+                notes.append(
+                    f"no single GPU has {slots} free slices (at most {max(counts.values())} "
+                    "on one GPU); the answer spans GPUs and Allocate will refuse it"
+                )
         if not replicas:
             found = self._best(avail_positions, must_positions, slots, None, notes)
-        elif self.policy.replicas == "pack":
+        elif pack:
             for k in range(max(1, len(must_positions)), len(avail_positions) + 1):
                 if sum(sorted(counts.values(), reverse=True)[:k]) < slots:
                     continue
@@ -306,11 +335,46 @@ class Allocator:
                     break
         else:
             k = max(len(must_positions), min(slots, len(avail_positions)))
-            found = self._best(avail_positions, must_positions, k, (counts, slots), notes)
+            found = self._best(
+                avail_positions, must_positions, k, (counts, slots), notes, balance=counts
+            )
         if found is None:  # not expected for a valid request; stay valid anyway
             notes.append("no candidate set found; used every available GPU")
             found = tuple(avail_positions)
         return found
+
+    def _best_fit(
+        self,
+        counts: dict[int, int],
+        must_positions: Sequence[int],
+        slots: int,
+        avail_positions: Sequence[int],
+    ) -> int | None:
+        """The one GPU for ``slots`` shares: best fit (fewest free shares left), else None.
+
+        GPUs passing the selector and the constraints come first; ties after the best fit go to
+        the GPU least linked to the other free GPUs (keeping the well-connected ones for
+        multi-GPU requests), then to the lowest index.
+        """
+        if len(must_positions) > 1:
+            return None
+        fits = [
+            p
+            for p, free in counts.items()
+            if free >= slots and (not must_positions or must_positions[0] == p)
+        ]
+        if not fits:
+            return None
+        scores = self.topology.scores
+
+        constraints = bool(self.policy.constraints)
+
+        def key(p: int) -> tuple[bool, bool, int, int, int]:
+            failed = constraints and not self._constraints_ok((p,))[0]
+            degree = sum(scores[p][q] for q in avail_positions if q != p)
+            return (p in self._fail_positions, failed, counts[p] - slots, degree, p)
+
+        return min(fits, key=key)
 
     def _table_for(self, avail_positions: Sequence[int]) -> _Table | None:
         if self._table is not None:
@@ -334,8 +398,13 @@ class Allocator:
         k: int,
         capacity: tuple[dict[int, int], int] | None,
         notes: list[str],
+        balance: dict[int, int] | None = None,
     ) -> tuple[int, ...] | None:
-        """The best ``k`` GPU positions, or None if no set fits (must-include, capacity)."""
+        """The best ``k`` GPU positions, or None if no set fits (must-include, capacity).
+
+        ``balance`` (free shares per GPU, for ``spread``): among sets equal on the topology,
+        prefer the one with the most free shares, so that pods spread over the GPUs.
+        """
         table = self._table_for(avail_positions)
         if table is None:
             return self._greedy(avail_positions, must_positions, k, capacity)
@@ -351,7 +420,8 @@ class Allocator:
                 capacity_of = _BitSums([counts.get(p, 0) for p in table.universe])
         # what a set cuts from the rest: its links to the other free devices (+ 2 x its score)
         degree: _BitSums | None = None
-        best_key: tuple[int, bool, int, int, int] | None = None
+        free_of = _BitSums([balance.get(p, 0) for p in table.universe]) if balance else None
+        best_key: tuple[int, bool, int, int, int, int] | None = None
         best_mask = -1
         best_ok = False
         constraints = bool(self.policy.constraints)
@@ -371,7 +441,8 @@ class Allocator:
                 continue
             if degree is None:
                 degree = _BitSums(_degrees(table.weights, avail))
-            candidate = (fails, not ok, neg_score, span, degree(mask) + 2 * neg_score)
+            load = -free_of(mask) if free_of is not None else 0
+            candidate = (fails, not ok, neg_score, span, load, degree(mask) + 2 * neg_score)
             if best_key is None or candidate < best_key:
                 best_key, best_mask, best_ok = candidate, mask, ok
         if best_key is None:
@@ -451,12 +522,14 @@ class Allocator:
             return None
         return tuple(sorted(chosen))
 
-    def _assign(self, parsed: _Parsed, positions: Sequence[int], slots: int) -> list[str]:
+    def _assign(
+        self, parsed: _Parsed, positions: Sequence[int], slots: int, pack: bool
+    ) -> list[str]:
         """Pick ``slots`` IDs on the chosen GPUs: must-include first, then spread or pack."""
         picked: dict[int, list[str]] = {p: list(parsed.must_groups.get(p, [])) for p in positions}
         left = slots - sum(len(v) for v in picked.values())
         spare = {p: [i for i in parsed.groups[p] if i not in set(picked[p])] for p in positions}
-        if self.policy.replicas == "pack":
+        if pack:
             for p in sorted(positions, key=lambda p: -len(parsed.groups[p])):
                 take = spare[p][:left]
                 picked[p].extend(take)

@@ -46,9 +46,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help="a policy file or builtin:NAME (default, single-numa, pack, spread)",
         )
 
+    def shares(parser: argparse.ArgumentParser) -> None:
+        group = parser.add_mutually_exclusive_group()
+        group.add_argument(
+            "--replicas",
+            type=int,
+            metavar="N",
+            help="each GPU is advertised as N time-slicing replicas <gpu>::<k>",
+        )
+        group.add_argument(
+            "--slice-mib",
+            type=int,
+            metavar="M",
+            help="each GPU is advertised as floor(memory/M) memory slices <gpu>::slice-<k>",
+        )
+
     explain = commands.add_parser("explain", help="show the preferred set and why others lost")
     common(explain)
-    explain.add_argument("--available", required=True, metavar="IDS", help="e.g. 0,2,3,5")
+    shares(explain)
+    explain.add_argument(
+        "--available",
+        required=True,
+        metavar="IDS",
+        help="e.g. 0,2,3,5; share IDs (0::1, 0::slice-3); with --replicas or --slice-mib a GPU "
+        "stands for all its shares and GPU=N for N free ones",
+    )
     explain.add_argument("--size", required=True, type=int, metavar="N")
     explain.add_argument("--must", default="", metavar="IDS", help="IDs that must be included")
     explain.add_argument("--format", choices=["text", "json"], default="text")
@@ -61,9 +83,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.set_defaults(func=_replay)
 
     simulate = commands.add_parser(
-        "simulate", help="random 1/2/4/8-GPU jobs: our figures beside the best-effort baseline"
+        "simulate",
+        help="random 1/2/4/8-GPU jobs (or pods asking for shares): our figures beside a baseline",
     )
     common(simulate)
+    shares(simulate)
     simulate.add_argument("--seed", type=int, default=1)
     simulate.add_argument("--steps", type=int, default=2000)
     simulate.set_defaults(func=_simulate)
@@ -141,11 +165,71 @@ def _answer_doc(answer: AllocationAnswer) -> dict[str, Any]:
     return doc
 
 
+def _expand_shares(
+    allocator: Allocator, ids: tuple[str, ...], args: argparse.Namespace
+) -> tuple[str, ...]:
+    """With --replicas or --slice-mib: each GPU (``0``) becomes all its shares, ``0=5`` its
+    last 5 (as if the first ones were taken); share IDs (``0::slice-3``) stay as they are."""
+    from policies.shares import replica_ids, share_kind, slice_count, slice_ids
+
+    replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
+    for flag, value in (("--replicas", replicas), ("--slice-mib", slice_mib)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    if replicas is None and slice_mib is None:
+        return ids
+    out: list[str] = []
+    for device_id in ids:
+        if share_kind(device_id) != "gpu":
+            out.append(device_id)
+            continue
+        gpu_id, _, count_text = device_id.partition("=")
+        position = allocator.position_of(gpu_id)
+        if position is None:
+            raise InputError(
+                f"unknown GPU {gpu_id} on node {allocator.node.name or '?'}",
+                where="--available",
+                hint="use GPU indexes or UUIDs from 'cdigen discover'",
+            )
+        gpu = allocator.topology.gpus[position]
+        shares = (
+            replica_ids(gpu_id, replicas)
+            if replicas is not None
+            else slice_ids(gpu_id, slice_count(gpu, slice_mib or 1))
+        )
+        if count_text:
+            if not count_text.isdigit() or int(count_text) > len(shares):
+                raise InputError(
+                    f"{device_id}: expected GPU=N with N free shares, at most {len(shares)}",
+                    where="--available",
+                )
+            shares = shares[len(shares) - int(count_text) :]  # the first ones are taken
+        out.extend(shares)
+    return tuple(out)
+
+
+def _shares_per_gpu(
+    allocator: Allocator, available: tuple[str, ...], chosen: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Free and chosen shares per GPU, for requests over replicas or slices."""
+    from policies.shares import gpu_part
+
+    rows: dict[str, dict[str, Any]] = {}
+    for device_id in available:
+        row = rows.setdefault(gpu_part(device_id), {"gpu": gpu_part(device_id), "free": 0})
+        row["free"] += 1
+        row.setdefault("chosen", 0)
+    for device_id in chosen:
+        rows[gpu_part(device_id)]["chosen"] += 1
+    return list(rows.values())
+
+
 def _explain(args: argparse.Namespace) -> int:
     from policies.allocator import why_lost
+    from policies.shares import share_kind
 
     allocator = _allocator(args)
-    available = _ids(args.available, "--available")
+    available = _expand_shares(allocator, _ids(args.available, "--available"), args)
     request = _request(allocator, available, _ids(args.must, "--must"), args.size, "--available")
     answer = allocator.prefer(request)
     id_of: dict[int, str] = {}
@@ -174,10 +258,14 @@ def _explain(args: argparse.Namespace) -> int:
         for p, reason in sorted({**allocator.selector_failures, **allocator.unusable}.items())
         if p in id_of
     ]
+    shared = any(share_kind(i) != "gpu" for i in available)
+    per_gpu = _shares_per_gpu(allocator, available, answer.devices) if shared else []
     if args.format == "json":
         doc = _answer_doc(answer)
         doc["alternatives"] = alternatives
         doc["selectorFailures"] = failures
+        if shared:
+            doc["sharesPerGpu"] = per_gpu
         print(json.dumps(doc, indent=2))
         return 0
     node = allocator.node.name or args.node
@@ -188,6 +276,13 @@ def _explain(args: argparse.Namespace) -> int:
     )
     if answer.fallback_reason:
         print(f"fallback: {answer.fallback_reason}")
+    if per_gpu:
+        print("shares per GPU:")
+        for row in per_gpu:
+            print(
+                f"  {row['gpu']}: {row['free']} free, {row['chosen']} chosen, "
+                f"{row['free'] - row['chosen']} left"
+            )
     if alternatives:
         print("next best:")
         for alt in alternatives:
@@ -256,6 +351,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, got {args.steps}")
     allocator = _allocator(args)
+    if args.replicas is not None or args.slice_mib is not None:
+        return _simulate_shares(args, allocator)
     ours, theirs = simulate(allocator.node, allocator, seed=args.seed, steps=args.steps)
     node = allocator.node.name or args.node
     print(
@@ -279,4 +376,50 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"{label:44}{value(ours):>14}{right:>14}")
     if theirs.skipped:
         print(f"baseline {theirs.skipped}")
+    return 0
+
+
+def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:
+    from policies.simulate import ShareFigures, simulate_shares
+
+    for flag, value in (("--replicas", args.replicas), ("--slice-mib", args.slice_mib)):
+        if value is not None and value < 1:
+            raise InputError(f"{flag} must be at least 1, got {value}")
+    ours, theirs = simulate_shares(
+        allocator.node,
+        allocator,
+        replicas=args.replicas,
+        slice_mib=args.slice_mib,
+        seed=args.seed,
+        steps=args.steps,
+    )
+    node = allocator.node.name or args.node
+    what = (
+        f"{args.replicas} replicas per GPU, pods asking 1/2 (80/20%)"
+        if args.replicas is not None
+        else f"{args.slice_mib} MiB slices, pods asking 1/2/3/4/8 (30/25/20/15/10%)"
+    )
+    print(
+        f"node {node} ({allocator.topology.size} GPUs), policy {allocator.policy.name}, "
+        f"seed {args.seed}, {args.steps} steps; {what}"
+    )
+    rows: list[tuple[str, Callable[[ShareFigures], str]]] = [
+        ("pods (admitted)", lambda f: f"{f.pods} ({f.admitted})"),
+        ("rejected: fewer free shares than asked", lambda f: str(f.insufficient)),
+    ]
+    if args.slice_mib is not None:
+        rows += [
+            ("refused in Allocate: slices on 2+ GPUs", lambda f: str(f.refused)),
+            ("  ... although one GPU had room", lambda f: str(f.avoidable_refusals)),
+        ]
+    else:
+        rows.append(
+            (
+                "multi-replica pods on distinct GPUs",
+                lambda f: f"{f.multi_distinct}/{f.multi}",
+            )
+        )
+    print(f"{'':44}{'cdigen':>14}{'no preference':>14}")
+    for label, value in rows:
+        print(f"{label:44}{value(ours):>14}{value(theirs):>14}")
     return 0

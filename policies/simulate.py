@@ -173,3 +173,104 @@ def simulate(
     return our_figures, run(
         node, theirs, "best-effort baseline", topology, best, seed=seed, steps=steps
     )
+
+
+SLICE_JOB_SIZES = (1, 2, 3, 4, 8)
+SLICE_JOB_WEIGHTS = (0.3, 0.25, 0.2, 0.15, 0.1)
+REPLICA_JOB_SIZES = (1, 2)
+REPLICA_JOB_WEIGHTS = (0.8, 0.2)
+
+
+@dataclass
+class ShareFigures:
+    """What one chooser achieved for pods asking for shares (slices or replicas)."""
+
+    engine: str
+    pods: int = 0
+    admitted: int = 0
+    insufficient: int = 0  # fewer free shares than asked, in all: the kubelet rejects the pod
+    refused: int = 0  # slices on several GPUs: Allocate refuses, the pod fails
+    avoidable_refusals: int = 0  # ... although one GPU had enough free slices
+    multi: int = 0  # admitted pods asking for more than one share
+    multi_distinct: int = 0  # ... whose shares are on distinct GPUs
+
+
+def share_ids(node: Node, *, replicas: int | None, slice_mib: int | None) -> list[str]:
+    """Every share ID of ``node`` for a resource with ``replicas`` or ``slice_mib`` set."""
+    from policies.shares import replica_ids, slice_count, slice_ids
+
+    out: list[str] = []
+    for gpu in sorted(node.gpus, key=lambda g: g.index):
+        if replicas is not None:
+            out += replica_ids(gpu.uuid, replicas)
+        elif slice_mib is not None:
+            out += slice_ids(gpu.uuid, slice_count(gpu, slice_mib))
+    return out
+
+
+def simulate_shares(
+    node: Node,
+    allocator: Allocator,
+    *,
+    replicas: int | None = None,
+    slice_mib: int | None = None,
+    seed: int = 1,
+    steps: int = 2000,
+) -> tuple[ShareFigures, ShareFigures]:
+    """Pods asking for slices or replicas: our preference beside the kubelet's own pick.
+
+    Without a preference the kubelet takes the first free IDs it holds (here: in advertised
+    order). A slice set that spans GPUs is refused in Allocate, as the plugin does. Pods
+    leave with a probability that grows with the number running, so the node stays near full.
+    """
+    from policies.shares import gpu_part
+
+    everything = share_ids(node, replicas=replicas, slice_mib=slice_mib)
+    order = {i: n for n, i in enumerate(everything)}
+    slices = slice_mib is not None
+    sizes, weights = (
+        (SLICE_JOB_SIZES, SLICE_JOB_WEIGHTS) if slices else (REPLICA_JOB_SIZES, REPLICA_JOB_WEIGHTS)
+    )
+
+    def ours(free: list[str], size: int) -> tuple[str, ...]:
+        return allocator.prefer(AllocationRequest(tuple(free), (), size)).devices
+
+    def kubelet(free: list[str], size: int) -> tuple[str, ...]:
+        return tuple(free[:size])
+
+    # departures become likelier as the node fills: it hovers near full, where choices matter
+    mean_size = sum(s * w for s, w in zip(sizes, weights, strict=True))
+    target = max(1.0, 2 * len(everything) / mean_size)  # balance (p = 0.5) at a full node
+    results = []
+    for name, choose in (("cdigen", ours), ("kubelet, no preference", kubelet)):
+        rng = random.Random(seed)
+        figures = ShareFigures(name)
+        free = set(everything)
+        running: list[tuple[str, ...]] = []
+        for _ in range(steps):
+            if running and rng.random() < min(0.95, len(running) / target):
+                free.update(running.pop(rng.randrange(len(running))))
+                continue
+            size = rng.choices(sizes, weights)[0]
+            figures.pods += 1
+            if size > len(free):
+                figures.insufficient += 1
+                continue
+            ordered = sorted(free, key=order.__getitem__)
+            chosen = choose(ordered, size)
+            gpus = {gpu_part(i) for i in chosen}
+            if slices and len(gpus) > 1:
+                figures.refused += 1
+                per_gpu: dict[str, int] = {}
+                for i in ordered:
+                    per_gpu[gpu_part(i)] = per_gpu.get(gpu_part(i), 0) + 1
+                figures.avoidable_refusals += max(per_gpu.values()) >= size
+                continue
+            figures.admitted += 1
+            if size > 1:
+                figures.multi += 1
+                figures.multi_distinct += len(gpus) == size
+            free.difference_update(chosen)
+            running.append(chosen)
+        results.append(figures)
+    return results[0], results[1]

@@ -1,0 +1,49 @@
+"""Share IDs: how one GPU is advertised as several devices (time-slicing replicas, memory slices).
+
+The grammar, shared by the allocator, ``cdigen policy`` and the plugin:
+
+- a whole GPU: its UUID (or, on the command line, its index);
+- a replica: ``<gpu>::<k>`` (``k`` from 0), as NVIDIA's time-slicing plugin names them;
+- a memory slice: ``<gpu>::slice-<k>`` (``k`` from 0), so that a recorded request says by its
+  IDs alone that its devices are slices (and ``policy replay`` treats them as such).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from cdigen.model import Gpu
+
+SHARE_SEPARATOR = "::"
+SLICE_MARKER = "slice-"
+MIB = 1 << 20
+
+ShareKind = Literal["gpu", "replica", "slice"]
+
+
+def gpu_part(device_id: str) -> str:
+    """The GPU part of an ID (the ID itself for a whole GPU)."""
+    return device_id.split(SHARE_SEPARATOR, 1)[0]
+
+
+def share_kind(device_id: str) -> ShareKind:
+    """Whether ``device_id`` names a whole GPU, a replica or a memory slice."""
+    _, sep, rest = device_id.partition(SHARE_SEPARATOR)
+    if not sep:
+        return "gpu"
+    return "slice" if rest.startswith(SLICE_MARKER) else "replica"
+
+
+def replica_ids(gpu_id: str, replicas: int) -> tuple[str, ...]:
+    """The ``replicas`` replica IDs of one GPU."""
+    return tuple(f"{gpu_id}{SHARE_SEPARATOR}{k}" for k in range(replicas))
+
+
+def slice_count(gpu: Gpu, slice_mib: int) -> int:
+    """How many whole slices of ``slice_mib`` MiB the GPU's memory holds (floor)."""
+    return (gpu.memory_bytes // MIB) // slice_mib
+
+
+def slice_ids(gpu_id: str, count: int) -> tuple[str, ...]:
+    """The ``count`` memory-slice IDs of one GPU."""
+    return tuple(f"{gpu_id}{SHARE_SEPARATOR}{SLICE_MARKER}{k}" for k in range(count))
