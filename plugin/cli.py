@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from plugin.config import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, STRATEGIES
+from plugin.config import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +48,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--cdi-kind", metavar="VENDOR/CLASS", help="CDI kind (default nvidia.com/gpu)"
     )
     serve.add_argument("--device-list-strategy", choices=STRATEGIES, help="default: cdi-cri")
+    serve.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        help="none: whole GPUs; single: MIG devices as the GPU resource; mixed: one resource "
+        "per profile, nvidia.com/mig-<profile> (default none)",
+    )
+    serve.add_argument(
+        "--generate-specs",
+        action="store_const",
+        const=True,
+        help="write the CDI spec into the first --spec-dir at start and on every new MIG layout",
+    )
+    serve.add_argument("--driver-root", metavar="DIR", help="driver root for --generate-specs")
+    serve.add_argument("--dev-root", metavar="DIR", help="device-node root for --generate-specs")
     serve.add_argument(
         "--health-poll-interval",
         type=float,
@@ -120,6 +134,10 @@ def _serve(args: argparse.Namespace) -> int:
         "log_level": args.plugin_log_level,
         "log_format": args.log_format,
         "metrics_address": args.metrics_address,
+        "mig_strategy": args.mig_strategy,
+        "generate_specs": args.generate_specs,
+        "driver_root": args.driver_root,
+        "dev_root": args.dev_root,
     }
     config = load_config(args.config, flags=flags)
     setup_logging(config.log_level, config.log_format)

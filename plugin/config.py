@@ -14,6 +14,7 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 DEFAULT_CDI_KIND = "nvidia.com/gpu"
+MIG_STRATEGIES = ("none", "single", "mixed")
 STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "native")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -57,6 +58,25 @@ class PluginConfig:
     log_format: str = "text"
     resources: tuple[ResourceConfig, ...] = (ResourceConfig(),)
     metrics_address: str | None = None  # HOST:PORT for /metrics and /healthz; None: off
+    generate_specs: bool = False  # rewrite the CDI spec in spec_dirs[0] on a new MIG layout
+    driver_root: str = "/"  # for generation
+    dev_root: str = "/"  # for generation
+    rescan_interval_s: float = 30.0  # how often NVML is asked for a new MIG layout
+    sysfs_root: str = "/sys"  # NVML discovery: NUMA fallback
+    proc_root: str = "/proc"  # NVML discovery: driver/nvidia-caps/mig-minors
+
+    @property
+    def gpu_resource(self) -> str:
+        """The resource name of whole GPUs (and of MIG devices under ``single``)."""
+        for resource in self.resources:
+            if not is_mig_resource(resource.name):
+                return resource.name
+        return DEFAULT_RESOURCE
+
+
+def is_mig_resource(name: str) -> bool:
+    """True for a per-profile MIG resource name such as ``nvidia.com/mig-1g.10gb``."""
+    return name.partition("/")[2].startswith("mig-")
 
 
 # Environment variables and the overrides they map to (same value rules as the flags).
@@ -73,6 +93,8 @@ ENV_VARS = {
     "CDIGEN_HEALTH_POLL_INTERVAL": "health_poll_interval",
     "CDIGEN_IGNORED_XIDS": "ignored_xids",  # comma-separated
     "CDIGEN_METRICS_ADDRESS": "metrics_address",
+    "CDIGEN_MIG_STRATEGY": "mig_strategy",
+    "CDIGEN_GENERATE_SPECS": "generate_specs",  # true/false
 }
 
 
@@ -87,6 +109,12 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
         "policyDir": "policy_dir",
         "migStrategy": "mig_strategy",
         "metricsAddress": "metrics_address",
+        "generateSpecs": "generate_specs",
+        "driverRoot": "driver_root",
+        "devRoot": "dev_root",
+        "rescanIntervalSeconds": "rescan_interval_s",
+        "sysfsRoot": "sysfs_root",
+        "procRoot": "proc_root",
     }
     for key, name in simple.items():
         if key in doc:
@@ -123,6 +151,8 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             out[name] = _parse_xids(value, where=var)
         elif name == "health_poll_interval":
             out[name] = _parse_seconds(value, where=var)
+        elif name == "generate_specs":
+            out[name] = _parse_bool(value, where=var)
         elif name in _CHOICES:
             choices, what = _CHOICES[name]
             out[name] = _check_choice(value, choices, what=what, where=var)
@@ -138,6 +168,15 @@ def _parse_xids(text: str, *, where: str) -> list[int]:
         raise InputError(
             f"expected comma-separated Xid numbers, got {text!r}", where=where, hint="e.g. 13,31,43"
         ) from None
+
+
+def _parse_bool(text: str, *, where: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise InputError(f"expected true or false, got {text!r}", where=where)
 
 
 def _parse_seconds(value: Any, *, where: str) -> float:
@@ -164,6 +203,7 @@ _CHOICES = {
     "device_list_strategy": (STRATEGIES, "device list strategy"),
     "log_level": (LOG_LEVELS, "log level"),
     "log_format": (LOG_FORMATS, "log format"),
+    "mig_strategy": (MIG_STRATEGIES, "MIG strategy"),
 }
 
 
@@ -186,6 +226,8 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":
             health = replace(health, poll_interval_s=_parse_seconds(value, where="poll interval"))
+        elif name == "rescan_interval_s":
+            changes[name] = _parse_seconds(value, where="rescanIntervalSeconds")
         elif name == "health_recover_after":
             health = replace(health, recover_after_s=float(value))
         else:
@@ -197,7 +239,7 @@ def _validate(config: PluginConfig) -> PluginConfig:
     _check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
     _check_choice(config.log_level, LOG_LEVELS, what="log level")
     _check_choice(config.log_format, LOG_FORMATS, what="log format")
-    _check_choice(config.mig_strategy, ("none",), what="MIG strategy")
+    _check_choice(config.mig_strategy, MIG_STRATEGIES, what="MIG strategy")
     from plugin.kubelet import resource_name_problem
 
     for resource in config.resources:
@@ -206,14 +248,23 @@ def _validate(config: PluginConfig) -> PluginConfig:
             raise InputError(
                 problem, where="resource name", hint="use DOMAIN/NAME, e.g. nvidia.com/gpu"
             )
-    if len(config.resources) > 1:
-        # Without sharing or MIG strategies every resource would advertise the same GPUs, and
-        # the kubelet would hand each GPU out twice.
+    gpu_resources = [r for r in config.resources if not is_mig_resource(r.name)]
+    mig_resources = [r for r in config.resources if is_mig_resource(r.name)]
+    if mig_resources and config.mig_strategy != "mixed":
         raise InputError(
-            f"{len(config.resources)} resources listed, but with migStrategy 'none' and no "
-            "sharing they would all advertise the same GPUs",
+            f"resource {mig_resources[0].name} is a per-profile MIG resource, but migStrategy "
+            f"is {config.mig_strategy!r}",
             where="resources",
-            hint="list one resource",
+            hint="set migStrategy: mixed, or drop the mig- resource",
+        )
+    if len(gpu_resources) > 1:
+        # Without sharing every GPU resource would advertise the same GPUs, and the kubelet
+        # would hand each GPU out twice. (Per-profile MIG entries only choose policies.)
+        raise InputError(
+            f"{len(gpu_resources)} GPU resources listed, but without sharing they would all "
+            "advertise the same GPUs",
+            where="resources",
+            hint="list one GPU resource (per-profile nvidia.com/mig-* entries may be added)",
         )
     from cdigen.cdi.names import kind_problem
 

@@ -6,7 +6,8 @@ another watcher (a missing CDI name, say) still holds it down, and vice versa.
 
 Watchers:
 - :func:`node_reasons` — discovery errors and simulated ``healthy: false`` in a node file;
-  :class:`FileWatcher` re-reads the file when it changes.
+  :class:`NodeWatcher` re-reads the file when it changes (or re-runs NVML discovery
+  periodically) and hands the node to the plugin, which also applies a new MIG layout.
 - :class:`XidHealth` — critical Xid errors from NVML events, with recovery after a quiet period
   when the device still answers (NVIDIA's plugin never recovers).
 - :class:`SpecDirWatcher` — every CDI name the plugin can hand out must exist in the spec dirs.
@@ -34,10 +35,18 @@ SOURCE_SPEC = "cdi-spec"
 
 
 class HealthBoard:
-    """Thread-safe health reasons per device ID, with a version that changes on every change."""
+    """Thread-safe health reasons per device ID, with a version that changes on every change.
 
-    def __init__(self, device_ids: Iterable[str]) -> None:
+    ``parents`` maps a device ID to the GPU UUIDs it lives on (a MIG device: its parent GPU):
+    a reason reported against a GPU UUID that is not itself a device applies to every device on
+    that GPU, so an Xid on a MIG-enabled GPU marks all its MIG devices Unhealthy.
+    """
+
+    def __init__(
+        self, device_ids: Iterable[str], parents: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
         self._reasons: dict[str, dict[str, str]] = {d: {} for d in device_ids}
+        self._children = _children(self._reasons, parents or {})
         self._version = 0
         self._changed = threading.Condition()
         self._listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
@@ -53,11 +62,40 @@ class HealthBoard:
         with self._changed:
             return self._version
 
+    def reset_devices(
+        self, device_ids: Iterable[str], parents: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
+        """Track ``device_ids`` from now on (a new layout): devices that stay keep their reasons,
+        new ones start Healthy; a GPU's reasons pass to the devices now on it. Always a change."""
+        with self._changed:
+            old_reasons, old_children = self._reasons, self._children
+            self._reasons = {d: dict(old_reasons.get(d, {})) for d in device_ids}
+            self._children = _children(self._reasons, parents or {})
+            for gpu, devices in self._children.items():
+                inherited: dict[str, str] = {}
+                for old in old_children.get(gpu, (gpu,)):
+                    inherited.update(old_reasons.get(old, {}))
+                for device in devices:
+                    for source, reason in inherited.items():
+                        self._reasons[device].setdefault(source, reason)
+            self._version += 1
+            self._changed.notify_all()
+        current = self.snapshot()[1]
+        for listener in self._listeners:
+            listener(current)
+
     def set_reasons(self, source: str, reasons: Mapping[str, str | None]) -> bool:
-        """Set (reason) or clear (None) ``source``'s reason for each device; True if any changed."""
+        """Set (reason) or clear (None) ``source``'s reason for each device or GPU UUID; True if
+        any changed."""
         changed = False
         with self._changed:
-            for device, reason in reasons.items():
+            expanded: dict[str, str | None] = {}
+            for key, reason in reasons.items():
+                for device in self._children.get(key, (key,)):
+                    # a device named directly wins over its GPU's entry in the same report
+                    if device == key or device not in reasons:
+                        expanded[device] = reason
+            for device, reason in expanded.items():
                 held = self._reasons.get(device)
                 if held is None:
                     continue  # not a device we advertise
@@ -90,6 +128,12 @@ class HealthBoard:
         with self._changed:
             return self._version, {d: tuple(r.values()) for d, r in self._reasons.items()}
 
+    def touch(self) -> None:
+        """Bump the version without a health change: open streams resend their device lists."""
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
+
     def wake_waiters(self) -> None:
         """Wake every :meth:`wait_for_change` caller (a stream ending) without a change."""
         with self._changed:
@@ -100,6 +144,18 @@ class HealthBoard:
         with self._changed:
             self._changed.wait_for(lambda: self._version != seen_version, timeout=timeout_s)
             return self._version
+
+
+def _children(
+    devices: Mapping[str, object], parents: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, ...]]:
+    """GPU UUID -> the devices on it, for GPUs that are not devices themselves."""
+    out: dict[str, list[str]] = {}
+    for device, gpus in parents.items():
+        for gpu in gpus:
+            if gpu != device and gpu not in devices:
+                out.setdefault(gpu, []).append(device)
+    return {gpu: tuple(ids) for gpu, ids in out.items()}
 
 
 def node_reasons(node: Node) -> dict[str, str | None]:
@@ -158,32 +214,46 @@ def _file_signature(path: Path) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-class FileWatcher:
-    """Re-reads a node file when it changes and reports its health reasons to the board.
+class NodeWatcher:
+    """Re-discovers the node (a node file when it changes, NVML every ``interval_s``) and hands
+    each new Node to ``apply`` (health and MIG layout); a failed discovery is logged and the
+    last good node stays in force."""
 
-    A file that fails to load is logged and the last good health stays in force.
-    """
-
-    def __init__(self, path: Path, load: Callable[[Path], Node], board: HealthBoard) -> None:
-        self.path = path
+    def __init__(
+        self,
+        load: Callable[[], Node],
+        apply: Callable[[Node], object],
+        *,
+        path: Path | None = None,
+        interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._load = load
-        self._board = board
-        self._signature = _file_signature(path)
+        self._apply = apply
+        self._path = path
+        self._interval_s = interval_s
+        self._clock = clock
+        self._signature = _file_signature(path) if path is not None else None
+        self._next = clock() + interval_s
 
     def poll(self) -> None:
-        """Reload the node file if it changed."""
-        signature = _file_signature(self.path)
-        if signature == self._signature:
-            return
-        self._signature = signature
+        """Re-discover when due (file changed, or the rescan interval passed)."""
+        if self._path is not None:
+            signature = _file_signature(self._path)
+            if signature == self._signature:
+                return
+            self._signature = signature
+        else:
+            now = self._clock()
+            if now < self._next:
+                return
+            self._next = now + self._interval_s
         try:
-            node = self._load(self.path)
+            node = self._load()
         except Exception as exc:
-            log.error(
-                "node file %s could not be re-read (%s); keeping the last health", self.path, exc
-            )
+            log.error("re-discovering the node failed (%s); keeping the current layout", exc)
             return
-        self._board.set_reasons(SOURCE_NODE, node_reasons(node))
+        self._apply(node)
 
 
 def _dir_signature(dirs: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
@@ -223,6 +293,12 @@ class SpecDirWatcher:
         self._load_names = load_names
         self._board = board
         self._signature: tuple[tuple[str, int, int], ...] | None = None
+
+    def set_names(self, names: Mapping[str, Sequence[str]]) -> None:
+        """Check these names from now on (a new layout), and check them now."""
+        self._names = names
+        self._signature = _dir_signature(self.spec_dirs)
+        self.check()
 
     def poll(self) -> None:
         """Re-check the names if any spec file changed (always on the first call)."""

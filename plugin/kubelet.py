@@ -183,6 +183,7 @@ class Registrar:
         self._clock = clock
         self._watcher = PluginDirWatcher(plugin_dir, lambda: [p for _, p in endpoints()])
         self.registered = threading.Event()
+        self._done: set[str] = set()  # resources the kubelet has taken since the last restart
         self.registrations = 0  # accepted rounds, for logs and tests
         self._delay: float | None = None
         self._next_attempt = 0.0
@@ -190,28 +191,40 @@ class Registrar:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def forget(self, resource: str) -> None:
+        """``resource`` is no longer served (its server stopped): stop tracking it."""
+        self._done.discard(resource)
+
     def step(self) -> None:
-        """One round: restart if the kubelet restarted, then register if needed and due."""
+        """One round: restart if the kubelet restarted, then register what is not yet
+        registered (new resources after a layout change, too) when due."""
         reason = self._watcher.check()
-        if reason and (self.registered.is_set() or "removed" in reason):
+        if reason and (self._done or "removed" in reason):
             log.warning("%s: restarting the plugin server and re-registering", reason)
             self.registered.clear()
+            self._done.clear()
             if self._observer is not None:
                 self._observer.mark_unregistered(None)
             self._restart()
             self._delay, self._next_attempt = None, 0.0
         elif reason:  # the kubelet appeared while we waited for it: register now
             self._delay, self._next_attempt = None, 0.0
-        if self.registered.is_set() or not self._watcher.kubelet_present():
+        endpoints = list(self._endpoints())
+        pending = [(r, p) for r, p in endpoints if r not in self._done]
+        if not pending:
+            if endpoints:
+                self.registered.set()
             return
-        if self._clock() < self._next_attempt:
+        self.registered.clear()
+        if not self._watcher.kubelet_present() or self._clock() < self._next_attempt:
             return
         self._watcher.rebase()
         started = self._clock()
         resource = ""
         try:
-            for resource, path in self._endpoints():
+            for resource, path in pending:
                 register(self.plugin_dir, endpoint=path.name, resource_name=resource, timeout_s=2.0)
+                self._done.add(resource)
                 if self._observer is not None:
                     self._observer.observe_registration(resource, ok=True)
                     self._observer.mark_registered(resource)
@@ -232,7 +245,7 @@ class Registrar:
         self._failures = 0
         self._delay = None
         self.registered.set()
-        names = ", ".join(r for r, _ in self._endpoints())
+        names = ", ".join(r for r, _ in pending)
         log.info(
             "registered %s with the kubelet in %.0f ms", names, (self._clock() - started) * 1000
         )

@@ -206,6 +206,15 @@ class PluginMetrics:
         if ok:
             self.mark_registered(resource)
 
+    def retire_resource(self, resource: str) -> None:
+        """``resource`` is no longer served (its MIG profile disappeared): it no longer counts
+        for readiness, and its device and registration gauges drop to zero."""
+        with self._lock:
+            self._resources.pop(resource, None)
+        for health in HEALTH_STATES:
+            self._devices.labels(resource, health).set(0)
+        self._registered.labels(resource).set(0)
+
     def mark_registered(self, resource: str | None = None) -> None:
         """The kubelet accepted ``resource``; None: every declared resource (or the plugin)."""
         self._set_registered(resource, True)

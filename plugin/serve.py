@@ -23,8 +23,8 @@ from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig
 from plugin.health import (
     SOURCE_NODE,
-    FileWatcher,
     HealthBoard,
+    NodeWatcher,
     Pollable,
     Poller,
     SpecDirWatcher,
@@ -32,13 +32,14 @@ from plugin.health import (
     node_reasons,
 )
 from plugin.kubelet import Registrar, socket_name
-from plugin.service import (
+from plugin.resources import (
     AdvertisedDevice,
-    DevicePluginService,
-    Preference,
-    Preferrer,
-    advertised_devices,
+    Resource,
+    cdi_names,
+    device_parents,
+    plan_resources,
 )
+from plugin.service import DevicePluginService, Preference, Preferrer
 
 if TYPE_CHECKING:
     from plugin.metrics import MetricsServer, PluginMetrics
@@ -48,11 +49,14 @@ log = logging.getLogger("cdigen.plugin")
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def load_node(source: str) -> Node:
-    """The node from ``nvml``, ``builtin:NAME`` or a node file (discovery's loader)."""
+def load_node(
+    source: str, *, sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc"
+) -> Node:
+    """The node from ``nvml``, ``builtin:NAME`` or a node file (discovery's loader); the roots
+    are read by NVML discovery only (NUMA fallback, MIG capability minors)."""
     from cdigen.discover import load_node as discover
 
-    return discover(source)
+    return discover(source, sysfs_root=sysfs_root, proc_root=proc_root)
 
 
 def is_node_file(source: str) -> bool:
@@ -70,9 +74,9 @@ class PolicySet:
     by_name: Mapping[str, Any]
     files: Mapping[str, Path]
 
-    def for_resource(self, resource: ResourceConfig) -> Any:
+    def for_resource(self, resource: ResourceConfig, default: str = "default") -> Any:
         """The policy ``resource`` asks for: by name (dir, then built-in), else one for its
-        resource name in the dir, else the built-in default."""
+        resource name in the dir, else the built-in ``default``."""
         from policies.policy import BUILTIN_NAMES, builtin_policy
 
         if resource.policy:
@@ -89,7 +93,7 @@ class PolicySet:
         for policy in self.by_name.values():
             if getattr(policy, "resource", None) == resource.name:
                 return policy
-        return builtin_policy("default")
+        return builtin_policy(default)
 
 
 def load_policy_set(policy_dir: Path | None) -> PolicySet:
@@ -128,10 +132,13 @@ class Preferences:
         node: Node,
         resources: Sequence[ResourceConfig],
         metrics: PluginMetrics | None = None,
+        defaults: Mapping[str, str] | None = None,
     ) -> None:
         self._node = node
         self._metrics = metrics
         self._resources = tuple(resources)
+        self._defaults = dict(defaults or {})
+        self._policy_names: dict[str, str] = {}
         self._lock = threading.Lock()
         self._allocators: dict[str, Any] = {}
         self.policy_set = PolicySet({}, {})
@@ -142,7 +149,10 @@ class Preferences:
 
         try:
             policy_set = load_policy_set(policy_dir)
-            policies = {r.name: policy_set.for_resource(r) for r in self._resources}
+            policies = {
+                r.name: policy_set.for_resource(r, self._defaults.get(r.name, "default"))
+                for r in self._resources
+            }
             allocators = {name: Allocator(self._node, p) for name, p in policies.items()}
         except Exception:
             if self._metrics is not None:
@@ -152,10 +162,23 @@ class Preferences:
             self._allocators = allocators
             self.policy_set = policy_set
         names = {r: str(getattr(p, "name", p)) for r, p in policies.items()}
+        self._policy_names = names
         if self._metrics is not None:
             self._metrics.observe_policy_reload(ok=True)
             self._metrics.set_policies(names)
         log.info("policies in force: %s", names)
+
+    def policy_for(self, resource: str) -> str | None:
+        """The name of the policy in force for ``resource`` (None before the first load)."""
+        return self._policy_names.get(resource)
+
+    def update(
+        self, node: Node, resources: Sequence[ResourceConfig], defaults: Mapping[str, str]
+    ) -> None:
+        """Use ``node`` and ``resources`` from the next :meth:`load` on (a new layout)."""
+        self._node = node
+        self._resources = tuple(resources)
+        self._defaults = dict(defaults)
 
     def preferrer(self, resource: str) -> Callable[[], Preferrer]:
         """A getter for ``resource``'s current preference function."""
@@ -265,6 +288,38 @@ class ResourceServer:
                 self.socket_path.unlink()
 
 
+# --- layout changes ---------------------------------------------------------------------------
+
+
+def write_specs(node: Node, config: PluginConfig) -> Path:
+    """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
+    from cdigen.cdi.host import find_hook
+    from cdigen.cdi.names import spec_file_name, split_kind
+    from cdigen.cdi.spec import SpecOptions, generate
+    from cdigen.cdi.write import write_spec
+
+    if not config.spec_dirs:
+        raise InputError("generateSpecs needs a spec dir", where="specDir")
+    vendor, cls = split_kind(config.cdi_kind)
+    options = SpecOptions(
+        vendor=vendor,
+        cls=cls,
+        driver_root=config.driver_root,
+        dev_root=config.dev_root,
+        hook_path=find_hook(config.driver_root),
+    )
+    spec = generate(node, options)
+    target = config.spec_dirs[0] / spec_file_name(vendor, cls, "yaml")
+    result = write_spec(spec, target, "yaml")
+    log.info(
+        "%s CDI spec %s (%d devices)",
+        "wrote" if result.changed else "unchanged",
+        result.path,
+        len(spec["devices"]),
+    )
+    return result.path
+
+
 # --- the whole plugin -------------------------------------------------------------------------
 
 
@@ -278,32 +333,71 @@ class Plugin:
         node: Node | None = None,
         nvml: Any = None,
         watch_interval_s: float = 0.1,
+        rediscover: Callable[[], Node] | None = None,
     ) -> None:
         self.config = config
-        self.node = node if node is not None else load_node(config.node)
+        self.node = node if node is not None else self._discover(config.node)
         self._nvml = nvml
+        self._rediscover = rediscover
+        self.resources: tuple[Resource, ...] = self._plan(self.node)
         self.metrics: PluginMetrics | None = None
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:
             from plugin.metrics import PluginMetrics
 
             self.metrics = PluginMetrics()
-            for resource in config.resources:
+            for resource in self.resources:
                 self.metrics.declare_resource(resource.name)
-        self.devices: tuple[AdvertisedDevice, ...] = advertised_devices(self.node)
-        self.board = HealthBoard(d.id for d in self.devices)
+        self.board = HealthBoard((d.id for d in self.devices), device_parents(self.resources))
         self.board.set_reasons(SOURCE_NODE, node_reasons(self.node))
-        self.preferences = Preferences(self.node, config.resources, self.metrics)
+        self.preferences = Preferences(
+            self.node, self._resource_configs(), self.metrics, self._default_policies()
+        )
         self.servers: list[ResourceServer] = []
+        self._layout_lock = threading.Lock()
+        self.layout_changes = 0  # applied re-advertisements, for logs and tests
+        self._spec_watcher: SpecDirWatcher | None = None
         self._poller: Poller | None = None
         self._xid: XidHealth | None = None
         self.registrar = Registrar(
             config.plugin_dir,
-            lambda: [(s.resource, s.socket_path) for s in self.servers],
+            lambda: [(s.resource, s.socket_path) for s in list(self.servers)],
             self._restart_servers,
             interval_s=watch_interval_s,
             observer=self.metrics,
         )
+
+    def _discover(self, source: str) -> Node:
+        config = self.config
+        return load_node(source, sysfs_root=config.sysfs_root, proc_root=config.proc_root)
+
+    # --- the resource model -------------------------------------------------------------------
+
+    def _plan(self, node: Node) -> tuple[Resource, ...]:
+        config = self.config
+        return plan_resources(
+            node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
+        )
+
+    @property
+    def devices(self) -> tuple[AdvertisedDevice, ...]:
+        """Every advertised device, over all resources."""
+        return tuple(d for r in self.resources for d in r.devices)
+
+    def resource(self, name: str) -> Resource:
+        """The planned resource ``name`` (KeyError if the layout has none)."""
+        for resource in self.resources:
+            if resource.name == name:
+                return resource
+        raise KeyError(name)
+
+    def _resource_configs(self) -> tuple[ResourceConfig, ...]:
+        configured = {r.name: r for r in self.config.resources}
+        return tuple(configured.get(r.name, ResourceConfig(r.name)) for r in self.resources)
+
+    def _default_policies(self) -> dict[str, str]:
+        # MIG devices are shares of their GPU: packing them keeps whole GPUs free.
+        return {r.name: "pack" for r in self.resources if r.mig_profile is not None}
 
     def _service_factory(self, resource: str) -> Callable[[threading.Event], DevicePluginService]:
         config = self.config
@@ -316,7 +410,7 @@ class Plugin:
         def make(stop: threading.Event) -> DevicePluginService:
             return DevicePluginService(
                 resource=resource,
-                devices=self.devices,
+                devices=self.resource(resource).devices,
                 board=self.board,
                 cdi_kind=config.cdi_kind,
                 strategy=config.device_list_strategy,
@@ -332,18 +426,26 @@ class Plugin:
         config = self.config
         watchers: list[Pollable] = []
         if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
-            kind = config.cdi_kind
-            names = {d.id: [f"{kind}={d.id}"] for d in self.devices}
+            names = cdi_names(self.resources, config.cdi_kind)
             spec = SpecDirWatcher(config.spec_dirs, names, spec_device_names, self.board)
             spec.poll()  # at startup, before the first device list goes out
+            self._spec_watcher = spec
             watchers.append(spec)
         if is_node_file(config.node):
-            watchers.append(FileWatcher(Path(config.node), lambda p: load_node(str(p)), self.board))
+            path = Path(config.node)
+            watchers.append(
+                NodeWatcher(lambda: self._discover(str(path)), self.apply_node, path=path)
+            )
+        elif self._rediscover is not None or (config.node == "nvml" and self._nvml is not None):
+            rediscover = self._rediscover or (lambda: self._discover(config.node))
+            watchers.append(
+                NodeWatcher(rediscover, self.apply_node, interval_s=config.rescan_interval_s)
+            )
         if self._nvml is not None:
             self._xid = XidHealth(
                 self._nvml,
                 self.board,
-                [d.id for d in self.devices],
+                [g.uuid for g in sorted(self.node.gpus, key=lambda g: g.index)],
                 ignored_xids=config.health.ignored_xids,
                 recover_after_s=config.health.recover_after_s,
             )
@@ -354,6 +456,8 @@ class Plugin:
     def start(self) -> None:
         """Load policies, start the servers, register them, and start watching."""
         config = self.config
+        if config.generate_specs:
+            write_specs(self.node, config)
         if self.metrics is not None and config.metrics_address is not None:
             self._metrics_server, _ = self.metrics.start_http_server(config.metrics_address)
             self.board.subscribe(self._report_devices)
@@ -367,29 +471,92 @@ class Plugin:
                 where=str(config.plugin_dir),
                 hint="pass --plugin-dir with a writable directory",
             ) from None
-        for resource in config.resources:
-            server = ResourceServer(config.plugin_dir, self._service_factory(resource.name))
-            server.start()
-            self.servers.append(server)
+        for resource in self.resources:
+            self._start_server(resource.name)
         self._poller.start()
         if self._xid is not None:
             self._xid.start()
         self.registrar.start()
 
+    def _start_server(self, name: str) -> None:
+        server = ResourceServer(self.config.plugin_dir, self._service_factory(name))
+        server.start()  # listening before the registrar can see it
+        self.servers.append(server)
+
+    def apply_node(self, node: Node) -> bool:
+        """Take a re-discovered node: health always; on a new MIG layout, regenerate the spec
+        (when configured), re-advertise, start servers for new resources and stop those whose
+        profile disappeared. True when the layout changed."""
+        with self._layout_lock:
+            try:
+                resources = self._plan(node)
+            except CdigenError as exc:
+                log.error("new layout not applied, keeping the current one: %s", exc)
+                return False
+            if resources == self.resources:
+                self.node = node
+                self.board.set_reasons(SOURCE_NODE, node_reasons(node))
+                return False
+            self._apply_layout(node, resources)
+            return True
+
+    def _apply_layout(self, node: Node, resources: tuple[Resource, ...]) -> None:
+        config = self.config
+        old = {r.name for r in self.resources}
+        new = {r.name for r in resources}
+        log.info(
+            "new MIG layout: %s",
+            ", ".join(f"{r.name} ({len(r.devices)})" for r in resources) or "no resources",
+        )
+        if config.generate_specs:
+            try:
+                write_specs(node, config)
+            except CdigenError as exc:
+                log.error("regenerating the CDI spec failed: %s", exc)
+        self.node = node
+        self.resources = resources
+        self.preferences.update(node, self._resource_configs(), self._default_policies())
+        try:
+            self.preferences.load(config.policy_dir)
+        except Exception as exc:
+            log.error("policies for the new layout failed to load: %s", exc)
+        self.board.reset_devices((d.id for d in self.devices), device_parents(resources))
+        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
+        for server in list(self.servers):
+            if server.resource in new and server.service is not None:
+                server.service.set_devices(self.resource(server.resource).devices)
+        if self._spec_watcher is not None:
+            self._spec_watcher.set_names(cdi_names(resources, config.cdi_kind))
+        for name in sorted(old - new):
+            server = next(s for s in self.servers if s.resource == name)
+            self.servers.remove(server)  # first: the registrar must not miss its socket
+            server.stop()
+            self.registrar.forget(name)
+            if self.metrics is not None:
+                self.metrics.retire_resource(name)
+            log.info("stopped serving %s: its devices are gone", name)
+        for name in sorted(new - old):
+            if self.metrics is not None:
+                self.metrics.declare_resource(name)
+            self._start_server(name)
+        self.board.touch()  # every open ListAndWatch stream sends its new list
+        self.layout_changes += 1
+
     def _report_devices(self, reasons: dict[str, tuple[str, ...]]) -> None:
         if self.metrics is None:
             return
-        unhealthy = sum(1 for d in self.devices if reasons.get(d.id))
-        for resource in self.config.resources:
+        for resource in self.resources:
+            unhealthy = sum(1 for d in resource.devices if reasons.get(d.id))
             self.metrics.set_devices(
-                resource.name, healthy=len(self.devices) - unhealthy, unhealthy=unhealthy
+                resource.name, healthy=len(resource.devices) - unhealthy, unhealthy=unhealthy
             )
 
     def _restart_servers(self) -> None:
         """Restart every server on a fresh socket (the kubelet restarted)."""
-        for server in self.servers:
-            server.stop()
-            server.start()
+        with self._layout_lock:  # not while a layout change starts or stops servers
+            for server in list(self.servers):
+                server.stop()
+                server.start()
 
     def reload_policies(self) -> bool:
         """Reload the policy directory (SIGHUP); a bad file is reported and the old set stays."""
@@ -403,10 +570,10 @@ class Plugin:
     def stop(self) -> None:
         """Stop everything and remove our sockets."""
         self.registrar.stop()  # first: no restart may race with the shutdown
+        if self._poller is not None:
+            self._poller.stop()  # no layout change may start a server after this
         for server in self.servers:
             server.stop()
-        if self._poller is not None:
-            self._poller.stop()
         if self._xid is not None:
             self._xid.stop()
         if self._metrics_server is not None:

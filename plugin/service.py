@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
-from cdigen.model import Node
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.health import HealthBoard
+from plugin.resources import AdvertisedDevice
+from plugin.resources import advertised_devices as advertised_devices  # re-exported
 
 if TYPE_CHECKING:
     from plugin.metrics import Method, PluginMetrics
@@ -27,21 +28,6 @@ UNHEALTHY = "Unhealthy"
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 PLUGIN_NAME = "cdigen"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-
-
-@dataclass(frozen=True)
-class AdvertisedDevice:
-    """One device as the kubelet sees it."""
-
-    id: str  # the GPU UUID
-    numa_node: int | None
-
-
-def advertised_devices(node: Node) -> tuple[AdvertisedDevice, ...]:
-    """Every whole GPU of ``node``, in NVML index order."""
-    return tuple(
-        AdvertisedDevice(g.uuid, g.numa_node) for g in sorted(node.gpus, key=lambda g: g.index)
-    )
 
 
 @dataclass(frozen=True)
@@ -129,6 +115,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self.resource = resource
         self.devices = tuple(devices)
         self._ids = frozenset(d.id for d in self.devices)
+        self._names = {d.id: d.cdi_names for d in self.devices}
         self._board = board
         self.cdi_kind = cdi_kind
         self.strategy = strategy
@@ -140,6 +127,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._options = pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
         )
+
+    def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
+        """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next
+        health-board change."""
+        devices = tuple(devices)
+        self._names = {d.id: d.cdi_names for d in devices}
+        self._ids = frozenset(d.id for d in devices)
+        self.devices = devices
 
     def wake_streams(self) -> None:
         """Let open ListAndWatch streams notice that the server is stopping."""
@@ -153,7 +148,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def cdi_name(self, device_id: str) -> str:
         """The fully-qualified CDI name Allocate returns for ``device_id``."""
-        return f"{self.cdi_kind}={device_id}"
+        names = self._names.get(device_id)
+        return names[0] if names else f"{self.cdi_kind}={device_id}"
 
     # --- the DevicePlugin service -------------------------------------------------------------
 
@@ -269,7 +265,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def container_response(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         """The response for one container, following the device list strategy."""
-        names = [self.cdi_name(d) for d in ids]
+        # several shares of one GPU carry the same CDI name: hand it over once
+        names = list(
+            dict.fromkeys(n for d in ids for n in (self._names.get(d) or (self.cdi_name(d),)))
+        )
         response = pb.ContainerAllocateResponse()
         if self.strategy == "cdi-cri":
             response.cdi_devices.extend(pb.CDIDevice(name=n) for n in names)

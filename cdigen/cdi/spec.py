@@ -99,7 +99,9 @@ def _device_entries(
             ]
             entries.append((_gpu_names(gpu, options.name_strategies), [parent, *drm]))
             continue
-        for position, mig in enumerate(gpu.mig_devices):
+        # by GI and CI ID: the names must not depend on the order discovery listed them in
+        migs = sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
+        for position, mig in enumerate(migs):
             caps = [
                 node_doc(hostmod.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}"))
                 for n in mig.cap_minors

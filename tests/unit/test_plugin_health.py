@@ -15,8 +15,8 @@ from plugin.health import (
     SOURCE_NODE,
     SOURCE_SPEC,
     SOURCE_XID,
-    FileWatcher,
     HealthBoard,
+    NodeWatcher,
     SpecDirWatcher,
     XidHealth,
     node_reasons,
@@ -59,7 +59,7 @@ def test_node_reasons_from_health_flag_and_discovery_error() -> None:
     assert "GPU_IS_LOST" in (reasons["GPU-c"] or "")
 
 
-def test_file_watcher_rereads_on_change_and_keeps_health_on_a_bad_file(tmp_path: Path) -> None:
+def test_node_watcher_rereads_on_change_and_keeps_health_on_a_bad_file(tmp_path: Path) -> None:
     path = tmp_path / "node.yaml"
     path.write_text("healthy")
     board = HealthBoard(UUIDS)
@@ -68,13 +68,15 @@ def test_file_watcher_rereads_on_change_and_keeps_health_on_a_bad_file(tmp_path:
         "sick": Node(gpus=(_gpu(0), _gpu(1, healthy=False))),
     }
 
-    def load(p: Path) -> Node:
-        text = p.read_text()
+    def load() -> Node:
+        text = path.read_text()
         if text not in contents:
             raise ValueError("bad node file")
         return contents[text]
 
-    watcher = FileWatcher(path, load, board)
+    watcher = NodeWatcher(
+        load, lambda node: board.set_reasons(SOURCE_NODE, node_reasons(node)), path=path
+    )
     watcher.poll()
     assert board.healthy("GPU-b")
     path.write_text("sick")

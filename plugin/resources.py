@@ -1,0 +1,147 @@
+"""The plugin's resource model: which extended resources a node's layout advertises.
+
+A resource is a name and its devices; each device carries its ID (what the kubelet sees), the
+physical GPU UUID(s) it lives on (health and topology), its NUMA node and the CDI names Allocate
+returns. The MIG strategy decides how MIG devices become resources:
+
+- ``none``: whole GPUs only; MIG-enabled GPUs are not advertised.
+- ``single``: every GPU is MIG-enabled with one profile; the MIG devices go under the GPU
+  resource name. A node without any MIG-enabled GPU advertises whole GPUs, as NVIDIA's plugin does.
+- ``mixed``: one resource per profile, ``nvidia.com/mig-<profile>``; GPUs without MIG stay under
+  the GPU resource name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cdigen.errors import InputError
+from cdigen.model import Gpu, Node
+
+MIG_STRATEGIES = ("none", "single", "mixed")
+MIG_RESOURCE_PREFIX = "mig-"
+
+
+@dataclass(frozen=True)
+class AdvertisedDevice:
+    """One device as the kubelet sees it."""
+
+    id: str  # a GPU UUID or a MIG UUID
+    numa_node: int | None
+    gpu_uuids: tuple[str, ...] = ()  # the physical GPU(s) it lives on; () means (id,)
+    cdi_names: tuple[str, ...] = ()  # fully-qualified names Allocate returns; () means kind=id
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """The physical GPU UUIDs whose health this device shares."""
+        return self.gpu_uuids or (self.id,)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One extended resource and the devices it advertises."""
+
+    name: str
+    devices: tuple[AdvertisedDevice, ...]
+    mig_profile: str | None = None  # the profile of a MIG resource; None: whole GPUs
+
+
+def _sorted_gpus(node: Node) -> list[Gpu]:
+    return sorted(node.gpus, key=lambda g: g.index)
+
+
+def whole_gpu(gpu: Gpu, cdi_kind: str) -> AdvertisedDevice:
+    """A whole GPU as an advertised device."""
+    return AdvertisedDevice(gpu.uuid, gpu.numa_node, (gpu.uuid,), (f"{cdi_kind}={gpu.uuid}",))
+
+
+def mig_devices_of(gpu: Gpu, cdi_kind: str) -> list[tuple[str, AdvertisedDevice]]:
+    """(profile, device) for each MIG device of ``gpu``; NUMA comes from the parent."""
+    return [
+        (m.profile, AdvertisedDevice(m.uuid, gpu.numa_node, (gpu.uuid,), (f"{cdi_kind}={m.uuid}",)))
+        for m in sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
+    ]
+
+
+def advertised_devices(
+    node: Node, cdi_kind: str = "nvidia.com/gpu"
+) -> tuple[AdvertisedDevice, ...]:
+    """Every whole GPU of ``node`` that is not MIG-enabled, in NVML index order."""
+    return tuple(whole_gpu(g, cdi_kind) for g in _sorted_gpus(node) if not g.mig_enabled)
+
+
+def mig_resource_name(gpu_resource: str, profile: str) -> str:
+    """``nvidia.com/mig-1g.10gb`` for profile ``1g.10gb`` next to ``nvidia.com/gpu``."""
+    domain = gpu_resource.partition("/")[0]
+    return f"{domain}/{MIG_RESOURCE_PREFIX}{profile}"
+
+
+def plan_resources(
+    node: Node, strategy: str, *, gpu_resource: str, cdi_kind: str
+) -> tuple[Resource, ...]:
+    """The resources ``node`` advertises under ``strategy``; InputError when ``single`` cannot
+    hold (mixed profiles, or some GPUs without MIG)."""
+    gpus = _sorted_gpus(node)
+    whole = Resource(gpu_resource, advertised_devices(node, cdi_kind))
+    if strategy == "none":
+        return (whole,)
+    mig_gpus = [g for g in gpus if g.mig_enabled]
+    if strategy == "single":
+        if not mig_gpus:
+            return (whole,)
+        plain = [g for g in gpus if not g.mig_enabled]
+        if plain:
+            raise InputError(
+                f"migStrategy 'single' needs every GPU MIG-enabled, but GPU {plain[0].index} "
+                f"({plain[0].uuid}) is not ({len(mig_gpus)} of {len(gpus)} are)",
+                where=node.name or "node",
+                hint="enable MIG on every GPU, or use migStrategy 'mixed'",
+            )
+        devices = [d for g in mig_gpus for d in mig_devices_of(g, cdi_kind)]
+        profiles = sorted({p for p, _ in devices})
+        if len(profiles) > 1:
+            raise InputError(
+                f"migStrategy 'single' needs one MIG profile, but the node has "
+                f"{', '.join(profiles)}",
+                where=node.name or "node",
+                hint="repartition with one profile (nvidia-smi mig), or use migStrategy 'mixed'",
+            )
+        if not profiles:
+            raise InputError(
+                "migStrategy 'single': MIG is enabled but no MIG devices exist",
+                where=node.name or "node",
+                hint="create MIG devices (nvidia-smi mig -cgi ... -C)",
+            )
+        return (Resource(gpu_resource, tuple(d for _, d in devices), profiles[0]),)
+    if strategy != "mixed":
+        raise InputError(
+            f"unknown MIG strategy {strategy!r}",
+            where="migStrategy",
+            hint=f"use one of: {', '.join(MIG_STRATEGIES)}",
+        )
+    by_profile: dict[str, list[AdvertisedDevice]] = {}
+    for gpu in mig_gpus:
+        for profile, device in mig_devices_of(gpu, cdi_kind):
+            by_profile.setdefault(profile, []).append(device)
+    out = [whole] if whole.devices else []
+    out += [
+        Resource(mig_resource_name(gpu_resource, p), tuple(by_profile[p]), p)
+        for p in sorted(by_profile)
+    ]
+    return tuple(out)
+
+
+def device_parents(resources: Sequence[Resource]) -> dict[str, tuple[str, ...]]:
+    """Per device ID: the GPU UUIDs whose health it shares."""
+    return {d.id: d.parents for r in resources for d in r.devices}
+
+
+def cdi_names(resources: Sequence[Resource], cdi_kind: str) -> dict[str, list[str]]:
+    """Per device ID: the CDI names Allocate may return for it."""
+    return {d.id: list(d.cdi_names) or [f"{cdi_kind}={d.id}"] for r in resources for d in r.devices}
+
+
+def by_name(resources: Sequence[Resource]) -> Mapping[str, Resource]:
+    """The resources keyed by name."""
+    return {r.name: r for r in resources}
