@@ -14,7 +14,6 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from importlib.metadata import entry_points
 from typing import cast
 
 from cdigen import __version__
@@ -33,10 +32,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def _registrars() -> list[Register]:
-    found: list[Register] = []
-    for name in CORE_COMMAND_MODULES:
-        found.append(importlib.import_module(name).register)
+def _registrars(*, wings: bool) -> list[Register]:
+    found: list[Register] = [importlib.import_module(n).register for n in CORE_COMMAND_MODULES]
+    if not wings:
+        return found
+    from importlib.metadata import entry_points
+
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             found.append(ep.load())
@@ -45,8 +46,8 @@ def _registrars() -> list[Register]:
     return found
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser with every registered subcommand."""
+def build_parser(*, wings: bool = True) -> argparse.ArgumentParser:
+    """The argument parser: core subcommands, and those of the wings unless ``wings`` is False."""
     parser = _Parser(
         prog="cdigen",
         description=(
@@ -69,14 +70,27 @@ def build_parser() -> argparse.ArgumentParser:
         "argparse._SubParsersAction[argparse.ArgumentParser]",
         parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser),
     )
-    for register in _registrars():
+    for register in _registrars(wings=wings):
         register(sub)
     return parser
 
 
+def _parser_for(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The core-only parser when ``argv`` names a core subcommand, else the full one.
+
+    Scanning installed entry points costs tens of milliseconds at every start; a node runs
+    ``cdigen generate`` at boot, so core commands skip it.
+    """
+    words = [w for w in argv if not w.startswith("-")]
+    core = build_parser(wings=False)
+    sub = next(a for a in core._actions if isinstance(a, argparse._SubParsersAction))
+    return core if words and words[0] in sub.choices else build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser_for(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
