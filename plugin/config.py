@@ -6,9 +6,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
+
+if TYPE_CHECKING:  # plugin.sharing is imported when a config file is read: --help stays fast
+    from plugin.sharing import Sharing
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -31,6 +34,7 @@ class ResourceConfig:
 
     name: str = DEFAULT_RESOURCE
     policy: str | None = None  # None: the built-in default policy
+    sharing: Sharing | None = None  # None: whole GPUs (or MIG devices)
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,20 @@ class PluginConfig:
     def gpu_resource(self) -> str:
         """The resource name of whole GPUs (and of MIG devices under ``single``)."""
         for resource in self.resources:
-            if not is_mig_resource(resource.name):
+            if not is_mig_resource(resource.name) and resource.sharing is None:
                 return resource.name
         return DEFAULT_RESOURCE
+
+    @property
+    def advertises_whole_gpus(self) -> bool:
+        """False when every GPU resource listed is a sharing one: GPUs go out as shares only."""
+        gpu_resources = [r for r in self.resources if not is_mig_resource(r.name)]
+        return not gpu_resources or any(r.sharing is None for r in gpu_resources)
+
+    @property
+    def sharing_resources(self) -> tuple[ResourceConfig, ...]:
+        """The resources that advertise shares of GPUs, in config order."""
+        return tuple(r for r in self.resources if r.sharing is not None)
 
 
 def is_mig_resource(name: str) -> bool:
@@ -135,7 +150,16 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     if "format" in log:
         out["log_format"] = log["format"]
     if "resources" in doc:
-        out["resources"] = [ResourceConfig(r["name"], r.get("policy")) for r in doc["resources"]]
+        from plugin.sharing import sharing_from_doc
+
+        out["resources"] = [
+            ResourceConfig(
+                r["name"],
+                r.get("policy"),
+                sharing_from_doc(r.get("sharing"), where=f"resources[{i}].sharing"),
+            )
+            for i, r in enumerate(doc["resources"])
+        ]
     return out
 
 
@@ -218,8 +242,8 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "spec_dirs":
             changes[name] = tuple(Path(v) for v in value)
         elif name == "resource":
-            policy = config.resources[0].policy if len(config.resources) == 1 else None
-            changes["resources"] = (ResourceConfig(str(value), policy),)
+            only = config.resources[0] if len(config.resources) == 1 else ResourceConfig()
+            changes["resources"] = (ResourceConfig(str(value), only.policy, only.sharing),)
         elif name == "resources":
             changes[name] = tuple(value)
         elif name == "ignored_xids":
@@ -248,7 +272,17 @@ def _validate(config: PluginConfig) -> PluginConfig:
             raise InputError(
                 problem, where="resource name", hint="use DOMAIN/NAME, e.g. nvidia.com/gpu"
             )
-    gpu_resources = [r for r in config.resources if not is_mig_resource(r.name)]
+    names = [r.name for r in config.resources]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputError(
+            f"resource {twice[0]} is listed more than once",
+            where="resources",
+            hint="give each resource its own name (each is served on its own socket)",
+        )
+    gpu_resources = [
+        r for r in config.resources if not is_mig_resource(r.name) and r.sharing is None
+    ]
     mig_resources = [r for r in config.resources if is_mig_resource(r.name)]
     if mig_resources and config.mig_strategy != "mixed":
         raise InputError(
@@ -264,7 +298,15 @@ def _validate(config: PluginConfig) -> PluginConfig:
             f"{len(gpu_resources)} GPU resources listed, but without sharing they would all "
             "advertise the same GPUs",
             where="resources",
-            hint="list one GPU resource (per-profile nvidia.com/mig-* entries may be added)",
+            hint="list one whole-GPU resource; add sharing: {replicas: N} or "
+            "sharing: {memorySliceMiB: M} to the others",
+        )
+    shared_mig = [r.name for r in config.resources if r.sharing and is_mig_resource(r.name)]
+    if shared_mig:
+        raise InputError(
+            f"resource {shared_mig[0]} is a per-profile MIG resource and cannot be shared",
+            where="resources",
+            hint="give the sharing resource a name such as nvidia.com/gpu.shared",
         )
     from cdigen.cdi.names import kind_problem
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from cdigen.errors import InputError
 from cdigen.model import Gpu, Node
+from plugin.sharing import Sharing, share_devices
 
 MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_RESOURCE_PREFIX = "mig-"
@@ -45,6 +46,7 @@ class Resource:
     name: str
     devices: tuple[AdvertisedDevice, ...]
     mig_profile: str | None = None  # the profile of a MIG resource; None: whole GPUs
+    sharing: Sharing | None = None  # how the GPUs are shared; None: whole GPUs or MIG devices
 
 
 def _sorted_gpus(node: Node) -> list[Gpu]:
@@ -130,6 +132,15 @@ def plan_resources(
         for p in sorted(by_profile)
     ]
     return tuple(out)
+
+
+def shared_resource(node: Node, name: str, sharing: Sharing, cdi_kind: str) -> Resource:
+    """A sharing resource: every share of every GPU, each handed out as its GPU's CDI name."""
+    devices = tuple(
+        AdvertisedDevice(d.id, d.numa_node, (d.gpu_uuid,), (f"{cdi_kind}={d.gpu_uuid}",))
+        for d in share_devices(node, sharing)
+    )
+    return Resource(name, devices, sharing=sharing)
 
 
 def device_parents(resources: Sequence[Resource]) -> dict[str, tuple[str, ...]]:

@@ -38,8 +38,10 @@ from plugin.resources import (
     cdi_names,
     device_parents,
     plan_resources,
+    shared_resource,
 )
-from plugin.service import DevicePluginService, Preference, Preferrer
+from plugin.service import DevicePluginService, Preference, Preferrer, ShareAllocator
+from plugin.sharing import ShareAllocation, advisory_warning, allocate_shares
 
 if TYPE_CHECKING:
     from plugin.metrics import MetricsServer, PluginMetrics
@@ -375,9 +377,17 @@ class Plugin:
 
     def _plan(self, node: Node) -> tuple[Resource, ...]:
         config = self.config
-        return plan_resources(
+        planned = plan_resources(
             node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
         )
+        if not config.advertises_whole_gpus:  # only shares of the whole GPUs go out
+            planned = tuple(r for r in planned if r.mig_profile is not None)
+        shared = tuple(
+            shared_resource(node, r.name, r.sharing, config.cdi_kind)
+            for r in config.sharing_resources
+            if r.sharing is not None
+        )
+        return planned + shared
 
     @property
     def devices(self) -> tuple[AdvertisedDevice, ...]:
@@ -396,8 +406,25 @@ class Plugin:
         return tuple(configured.get(r.name, ResourceConfig(r.name)) for r in self.resources)
 
     def _default_policies(self) -> dict[str, str]:
-        # MIG devices are shares of their GPU: packing them keeps whole GPUs free.
-        return {r.name: "pack" for r in self.resources if r.mig_profile is not None}
+        # MIG devices are shares of their GPU: packing them keeps whole GPUs free. Replicas
+        # spread: a pod gets the GPU with the most free replicas (slices are packed anyway).
+        defaults = {r.name: "pack" for r in self.resources if r.mig_profile is not None}
+        defaults.update(
+            {r.name: "spread" for r in self.resources if r.sharing and r.sharing.replicas}
+        )
+        return defaults
+
+    def _share_allocator(self, resource: str) -> ShareAllocator | None:
+        """Allocate's hand-out for a sharing resource, on the node in force; None otherwise."""
+        sharing = self.resource(resource).sharing
+        if sharing is None:
+            return None
+        kind = self.config.cdi_kind
+
+        def share(ids: Sequence[str]) -> ShareAllocation:
+            return allocate_shares(ids, self.node, sharing, cdi_kind=kind, resource=resource)
+
+        return share
 
     def _service_factory(self, resource: str) -> Callable[[threading.Event], DevicePluginService]:
         config = self.config
@@ -418,6 +445,7 @@ class Plugin:
                 edits=edits,
                 stop=stop,
                 metrics=self.metrics,
+                share=self._share_allocator(resource),
             )
 
         return make
@@ -472,6 +500,11 @@ class Plugin:
                 hint="pass --plugin-dir with a writable directory",
             ) from None
         for resource in self.resources:
+            warning = (
+                advisory_warning(resource.sharing, resource.name) if resource.sharing else None
+            )
+            if warning:
+                log.warning("%s", warning)
             self._start_server(resource.name)
         self._poller.start()
         if self._xid is not None:

@@ -17,6 +17,7 @@ from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.health import HealthBoard
 from plugin.resources import AdvertisedDevice
 from plugin.resources import advertised_devices as advertised_devices  # re-exported
+from plugin.sharing import ShareAllocation, ShareRefused
 
 if TYPE_CHECKING:
     from plugin.metrics import Method, PluginMetrics
@@ -76,6 +77,8 @@ class Preference:
 
 
 Preferrer = Callable[[tuple[str, ...], tuple[str, ...], int], Preference]
+# Turns the share IDs allocated to one container into what it gets; raises ShareRefused.
+ShareAllocator = Callable[[Sequence[str]], ShareAllocation]
 
 
 class PreferenceFailed(Exception):
@@ -111,8 +114,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         stop: threading.Event | None = None,
         watch_tick_s: float = 1.0,
         metrics: PluginMetrics | None = None,
+        share: ShareAllocator | None = None,
     ) -> None:
         self.resource = resource
+        self._share = share
         self.devices = tuple(devices)
         self._ids = frozenset(d.id for d in self.devices)
         self._names = {d.id: d.cdi_names for d in self.devices}
@@ -254,6 +259,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 )
             try:
                 response = self.container_response(ids)
+            except ShareRefused as exc:
+                context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION, f"container request {index}: {exc}"
+                )
             except KeyError as exc:
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -264,11 +273,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         return out
 
     def container_response(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
-        """The response for one container, following the device list strategy."""
-        # several shares of one GPU carry the same CDI name: hand it over once
-        names = list(
-            dict.fromkeys(n for d in ids for n in (self._names.get(d) or (self.cdi_name(d),)))
-        )
+        """The response for one container, following the device list strategy; shares of a
+        GPU add their limits (environment) and the MPS pipe directory (mount)."""
+        shared = self._share(ids) if self._share is not None else None
+        if shared is not None:
+            names = list(shared.cdi_names)
+            visible = ",".join(shared.gpu_uuids)
+        else:
+            # several IDs of one GPU carry the same CDI name: hand it over once
+            names = list(
+                dict.fromkeys(n for d in ids for n in (self._names.get(d) or (self.cdi_name(d),)))
+            )
+            visible = ",".join(ids)
         response = pb.ContainerAllocateResponse()
         if self.strategy == "cdi-cri":
             response.cdi_devices.extend(pb.CDIDevice(name=n) for n in names)
@@ -276,13 +292,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             key = f"{ANNOTATION_PREFIX}{PLUGIN_NAME}_{uuidlib.uuid4()}"
             response.annotations[key] = ",".join(names)
         elif self.strategy == "envvar":
-            response.envs[VISIBLE_DEVICES_ENV] = ",".join(ids)
+            response.envs[VISIBLE_DEVICES_ENV] = visible
         elif self.strategy == "native":
             if self._edits is None:
                 raise KeyError("the native strategy needs CDI specs; none were loaded")
             fill_native(response, self._edits(names))
         else:  # config validation keeps this from happening
             raise KeyError(f"unknown device list strategy {self.strategy}")
+        if shared is not None:
+            response.envs.update(shared.env_dict())
+            for mount in shared.mounts:
+                response.mounts.add(
+                    container_path=mount.container_path,
+                    host_path=mount.host_path,
+                    read_only=mount.read_only,
+                )
         return response
 
     def PreStartContainer(

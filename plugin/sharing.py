@@ -1,0 +1,264 @@
+"""Sharing one GPU between pods: advertised share devices and what Allocate hands out for them.
+
+Pure functions and frozen records, no gRPC. A resource with ``sharing: {replicas: N}`` advertises
+each GPU as N devices ``<uuid>::<k>`` (time-slicing); one with ``sharing: {memorySliceMiB: M}``
+advertises floor(memory / M) devices ``<uuid>::slice-<k>`` (see :mod:`policies.shares`).
+:func:`allocate_shares` turns the IDs the kubelet allocated into the GPU's CDI name (once per
+GPU), the MPS limits in the environment and the MPS pipe-directory mount, or refuses with
+:class:`ShareRefused` (the service answers it with ``FAILED_PRECONDITION``).
+
+Without an MPS control daemon the limits are advisory: nothing stops a pod from using the
+whole GPU's memory and compute (see docs/sharing.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cdigen.errors import CdigenError, InputError
+from cdigen.model import Gpu, Node
+from policies.shares import gpu_part, replica_ids, share_kind, slice_count, slice_ids
+
+MAX_REPLICAS = 1024
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+
+
+class ShareRefused(CdigenError):
+    """Allocate cannot honour a set of shares (slices on several GPUs, too many replicas)."""
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """A resource's ``sharing`` block: exactly one of ``replicas`` and ``memory_slice_mib``."""
+
+    replicas: int | None = None
+    memory_slice_mib: int | None = None
+    fail_requests_greater_than_one: bool = False
+    mps_pipe_directory: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``replica`` or ``slice``: the share kind this resource advertises."""
+        return "replica" if self.replicas is not None else "slice"
+
+
+@dataclass(frozen=True)
+class ShareDevice:
+    """One advertised share: its ID, its GPU (whose health it follows) and NUMA node."""
+
+    id: str
+    gpu_uuid: str
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount for the container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ShareAllocation:
+    """What one container gets for its shares."""
+
+    gpu_uuids: tuple[str, ...]  # each GPU once, in the order of the request
+    cdi_names: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    mounts: tuple[Mount, ...]
+    shares_per_gpu: tuple[int, ...]
+
+    def env_dict(self) -> dict[str, str]:
+        """The environment as a mapping."""
+        return dict(self.env)
+
+
+def _positive_int(doc: Mapping[str, Any], key: str, where: str, top: int | None = None) -> int:
+    value = doc[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError(f"{key} must be a positive integer, got {value!r}", where=where)
+    if top is not None and value > top:
+        raise InputError(f"{key} must be at most {top}, got {value}", where=where)
+    return value
+
+
+def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | None:
+    """The :class:`Sharing` of a config ``sharing`` block (None when there is none)."""
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        raise InputError("sharing must be a mapping", where=where)
+    known = {"replicas", "memorySliceMiB", "failRequestsGreaterThanOne", "mps"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise InputError(
+            f"unknown sharing keys {unknown}", where=where, hint=f"use {', '.join(sorted(known))}"
+        )
+    if ("replicas" in doc) == ("memorySliceMiB" in doc):
+        raise InputError(
+            "sharing needs exactly one of replicas and memorySliceMiB",
+            where=where,
+            hint="e.g. sharing: {replicas: 4} or sharing: {memorySliceMiB: 1024}",
+        )
+    fail = doc.get("failRequestsGreaterThanOne", False)
+    if not isinstance(fail, bool):
+        raise InputError("failRequestsGreaterThanOne must be true or false", where=where)
+    if fail and "replicas" not in doc:
+        raise InputError(
+            "failRequestsGreaterThanOne applies to replicas only",
+            where=where,
+            hint="a memory-slice request is always for one GPU",
+        )
+    mps = doc.get("mps") or {}
+    if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory"}:
+        raise InputError("mps must be a mapping with pipeDirectory only", where=f"{where}.mps")
+    pipe = mps.get("pipeDirectory")
+    if pipe is not None and (not isinstance(pipe, str) or not pipe.startswith("/")):
+        raise InputError(
+            f"mps.pipeDirectory must be an absolute path, got {pipe!r}",
+            where=where,
+            hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
+        )
+    return Sharing(
+        replicas=_positive_int(doc, "replicas", where, MAX_REPLICAS) if "replicas" in doc else None,
+        memory_slice_mib=(
+            _positive_int(doc, "memorySliceMiB", where) if "memorySliceMiB" in doc else None
+        ),
+        fail_requests_greater_than_one=fail,
+        mps_pipe_directory=pipe,
+    )
+
+
+def shares_of_gpu(gpu: Gpu, sharing: Sharing) -> tuple[str, ...]:
+    """The share IDs one GPU is advertised as (none for a GPU smaller than one slice)."""
+    if sharing.replicas is not None:
+        return replica_ids(gpu.uuid, sharing.replicas)
+    assert sharing.memory_slice_mib is not None
+    return slice_ids(gpu.uuid, slice_count(gpu, sharing.memory_slice_mib))
+
+
+def share_devices(node: Node, sharing: Sharing) -> tuple[ShareDevice, ...]:
+    """Every share of every GPU of ``node``, GPUs in NVML index order.
+
+    MIG-enabled GPUs are left out: their memory belongs to their MIG devices.
+    """
+    return tuple(
+        ShareDevice(share, gpu.uuid, gpu.numa_node)
+        for gpu in sorted(node.gpus, key=lambda g: g.index)
+        if not gpu.mig_enabled
+        for share in shares_of_gpu(gpu, sharing)
+    )
+
+
+def shares_by_gpu(devices: Iterable[ShareDevice]) -> dict[str, tuple[str, ...]]:
+    """GPU UUID -> its share IDs: a GPU's health applies to all of them."""
+    out: dict[str, list[str]] = {}
+    for device in devices:
+        out.setdefault(device.gpu_uuid, []).append(device.id)
+    return {uuid: tuple(ids) for uuid, ids in out.items()}
+
+
+def advisory_warning(sharing: Sharing, resource: str) -> str | None:
+    """The start-up warning when limits are not enforced (no MPS pipe directory), else None."""
+    if sharing.mps_pipe_directory is not None:
+        return None
+    if sharing.kind == "slice":
+        return (
+            f"{resource}: memory slices without sharing.mps.pipeDirectory: "
+            f"{MPS_MEMORY_ENV} is advisory, nothing enforces it; a pod can use the whole GPU"
+        )
+    return (
+        f"{resource}: time-sliced replicas without MPS: pods share the GPU's memory and "
+        "compute with no limits and no isolation"
+    )
+
+
+def allocate_shares(
+    ids: Sequence[str], node: Node, sharing: Sharing, *, cdi_kind: str, resource: str
+) -> ShareAllocation:
+    """What a container gets for the share IDs the kubelet allocated to it.
+
+    Raises ShareRefused for a slice set on several GPUs, for more than one replica when
+    ``failRequestsGreaterThanOne`` is set, and for IDs that are not this resource's shares.
+    """
+    gpus = {g.uuid: g for g in node.gpus}
+    per_gpu: dict[str, int] = {}
+    for device_id in ids:
+        uuid = gpu_part(device_id)
+        if uuid not in gpus or share_kind(device_id) != sharing.kind:
+            raise ShareRefused(
+                f"{device_id} is not a {sharing.kind} of a GPU on this node",
+                where=resource,
+                hint="expected IDs like <uuid>::0"
+                if sharing.kind == "replica"
+                else "expected IDs like <uuid>::slice-0",
+            )
+        per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
+    if sharing.kind == "replica":
+        if sharing.fail_requests_greater_than_one and len(ids) > 1:
+            raise ShareRefused(
+                f"request for {resource}: {len(ids)} too large: failRequestsGreaterThanOne "
+                "allows one replica per container",
+                where=resource,
+                hint=f"ask for {resource}: 1, or use whole GPUs",
+            )
+    elif len(per_gpu) > 1:
+        size = sharing.memory_slice_mib
+        raise ShareRefused(
+            f"no single GPU has {len(ids)} free slices ({len(ids) * (size or 0)} MiB) for one "
+            f"container; the offered slices span GPUs {', '.join(per_gpu)}",
+            where=resource,
+            hint="wait for slices to free up on one GPU, or ask for fewer",
+        )
+    uuids = tuple(per_gpu)
+    env = _mps_env(uuids, per_gpu, gpus, sharing)
+    mounts: tuple[Mount, ...] = ()
+    if sharing.mps_pipe_directory is not None:
+        pipe = sharing.mps_pipe_directory
+        mounts = (Mount(pipe, pipe),)
+    return ShareAllocation(
+        gpu_uuids=uuids,
+        cdi_names=tuple(f"{cdi_kind}={uuid}" for uuid in uuids),
+        env=env,
+        mounts=mounts,
+        shares_per_gpu=tuple(per_gpu[u] for u in uuids),
+    )
+
+
+def _mps_env(
+    uuids: Sequence[str], per_gpu: Mapping[str, int], gpus: Mapping[str, Gpu], sharing: Sharing
+) -> tuple[tuple[str, str], ...]:
+    """The MPS client limits: memory per GPU, and a thread share proportional to the request.
+
+    Slices always carry them (advisory without MPS); replicas only when MPS is configured,
+    since plain time-slicing has no limits to state.
+    """
+    if sharing.kind == "replica" and sharing.mps_pipe_directory is None:
+        return ()
+    limits = []
+    fractions = []
+    for uuid in uuids:
+        gpu = gpus[uuid]
+        total_mib = gpu.memory_bytes >> 20
+        if sharing.kind == "slice":
+            assert sharing.memory_slice_mib is not None
+            count = slice_count(gpu, sharing.memory_slice_mib)
+            limit_mib = per_gpu[uuid] * sharing.memory_slice_mib
+        else:
+            assert sharing.replicas is not None
+            count = sharing.replicas
+            limit_mib = total_mib * per_gpu[uuid] // count
+        limits.append(f"{uuid}={limit_mib}M")
+        fractions.append(per_gpu[uuid] / count)
+    # one percentage per client process: the smallest share, so no GPU gets more than its part
+    percent = max(1, min(100, int(100 * min(fractions))))
+    env = [(MPS_MEMORY_ENV, ",".join(limits)), (MPS_THREADS_ENV, str(percent))]
+    if sharing.mps_pipe_directory is not None:
+        env.append((MPS_PIPE_ENV, sharing.mps_pipe_directory))
+    return tuple(env)

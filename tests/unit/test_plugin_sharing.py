@@ -1,0 +1,223 @@
+"""Sharing in the plugin: config, resource planning, and Allocate under every strategy.
+
+The plugin runs in-process on real unix sockets, seen through the kubelet simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cdigen.cli import main
+from cdigen.discover import load_node
+from cdigen.errors import InputError
+from cdigen.model import Node
+from plugin.config import PluginConfig, ResourceConfig, load_config
+from plugin.serve import Plugin
+from plugin.sharing import Sharing
+from tests.kubelet_sim import KubeletSimulator
+
+SLICES = "nvidia.com/gpu-memory"
+REPLICAS = "nvidia.com/gpu.shared"
+RTX = "builtin:rtx4090"
+
+SHARING_YAML = f"""\
+resources:
+  - name: nvidia.com/gpu
+  - name: {REPLICAS}
+    policy: pack
+    sharing: {{replicas: 4, failRequestsGreaterThanOne: true}}
+  - name: {SLICES}
+    sharing:
+      memorySliceMiB: 1024
+      mps: {{pipeDirectory: /run/nvidia/mps}}
+"""
+
+
+def config_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plugin.yaml"
+    path.write_text(text)
+    return path
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def test_whole_gpus_replicas_and_slices_may_be_served_together(tmp_path: Path) -> None:
+    config = load_config(config_file(tmp_path, SHARING_YAML), env={})
+    assert config.resources == (
+        ResourceConfig("nvidia.com/gpu"),
+        ResourceConfig(REPLICAS, "pack", Sharing(replicas=4, fail_requests_greater_than_one=True)),
+        ResourceConfig(
+            SLICES, None, Sharing(memory_slice_mib=1024, mps_pipe_directory="/run/nvidia/mps")
+        ),
+    )
+    assert config.gpu_resource == "nvidia.com/gpu" and config.advertises_whole_gpus
+    assert [r.name for r in config.sharing_resources] == [REPLICAS, SLICES]
+
+
+def test_resource_flag_keeps_a_single_resource_sharing(tmp_path: Path) -> None:
+    path = config_file(tmp_path, f"resources:\n  - name: {SLICES}\n    sharing: {{replicas: 2}}\n")
+    config = load_config(path, env={}, flags={"resource": "example.com/gpu.shared"})
+    assert config.resources == (ResourceConfig("example.com/gpu.shared", None, Sharing(2)),)
+    assert not config.advertises_whole_gpus
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "resources:\n  - name: a.com/gpu\n  - name: b.com/gpu\n",
+            "without sharing they would all advertise the same GPUs",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2}}\n"
+            "  - {name: a.com/x, sharing: {memorySliceMiB: 512}}\n",
+            "resource a.com/x is listed more than once",
+        ),
+        (
+            "migStrategy: mixed\nresources:\n  - {name: nvidia.com/mig-1g.10gb, "
+            "sharing: {replicas: 2}}\n",
+            "per-profile MIG resource and cannot be shared",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {}}\n",
+            "resources[0].sharing: sharing needs exactly one of replicas and memorySliceMiB",
+        ),
+        (
+            "resources:\n  - {name: a.com/y}\n  - {name: a.com/x, sharing: {replicas: 2000}}\n",
+            "resources[1].sharing.replicas",
+        ),
+        ("resources:\n  - {name: a.com/x, sharing: {slices: 3}}\n", "slices"),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {pipeDirectory: r}}}\n",
+            "pipeDirectory",
+        ),
+    ],
+)
+def test_bad_sharing_configs_are_one_line_input_errors(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(InputError, match=re.escape(message)) as caught:
+        load_config(config_file(tmp_path, text), env={})
+    assert "\n" not in str(caught.value)
+
+
+# --- resource planning ------------------------------------------------------------------------
+
+
+def plan(node: Node, *resources: ResourceConfig, **kw: object) -> dict[str, list[str]]:
+    config = dataclasses.replace(PluginConfig(), resources=resources, **kw)  # type: ignore[arg-type]
+    plugin = Plugin(config, node=node)
+    return {r.name: [d.id for d in r.devices] for r in plugin.resources}
+
+
+def test_sharing_only_configs_do_not_advertise_whole_gpus_as_well() -> None:
+    node = load_node(RTX)
+    uuid = node.gpus[0].uuid
+    shared = ResourceConfig(REPLICAS, sharing=Sharing(replicas=2))
+    assert plan(node, shared) == {REPLICAS: [f"{uuid}::0", f"{uuid}::1"]}
+    assert plan(node, ResourceConfig(), shared) == {
+        "nvidia.com/gpu": [uuid],
+        REPLICAS: [f"{uuid}::0", f"{uuid}::1"],
+    }
+
+
+def test_mig_enabled_gpus_are_not_shared() -> None:
+    node = load_node("builtin:dgx-a100-mig-mixed")
+    plain = [g.uuid for g in node.gpus if not g.mig_enabled]
+    assert plain and len(plain) < len(node.gpus)
+    planned = plan(node, ResourceConfig(REPLICAS, sharing=Sharing(replicas=2)))
+    assert sorted({i.split("::")[0] for i in planned[REPLICAS]}) == sorted(plain)
+
+
+# --- Allocate, in-process ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cdi")
+    assert main(["generate", "--node", RTX, "--output-dir", str(out)]) == 0
+    return out
+
+
+def serve(tmp_path: Path, spec_dir: Path, strategy: str) -> Iterator[KubeletSimulator]:
+    config = load_config(
+        config_file(tmp_path, SHARING_YAML),
+        env={},
+        flags={
+            "plugin_dir": tmp_path / "plugins",
+            "spec_dirs": [str(spec_dir)],
+            "device_list_strategy": strategy,
+        },
+    )
+    plugin = Plugin(config, node=load_node(RTX))
+    with KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            for name in ("nvidia.com/gpu", REPLICAS, SLICES):
+                kubelet.wait_registered(name)
+            yield kubelet
+        finally:
+            plugin.stop()
+
+
+@pytest.fixture
+def cdi_cri(tmp_path: Path, spec_dir: Path) -> Iterator[KubeletSimulator]:
+    yield from serve(tmp_path, spec_dir, "cdi-cri")
+
+
+def ids(kubelet: KubeletSimulator, resource: str) -> list[str]:
+    return [d.ID for d in kubelet.wait_devices(resource)]
+
+
+def test_pods_on_each_resource_get_the_same_card(cdi_cri: KubeletSimulator) -> None:
+    uuid = load_node(RTX).gpus[0].uuid
+    whole = cdi_cri.allocate("nvidia.com/gpu", [ids(cdi_cri, "nvidia.com/gpu")])
+    replica = cdi_cri.allocate(REPLICAS, [ids(cdi_cri, REPLICAS)[:1]])
+    sliced = cdi_cri.allocate(SLICES, [ids(cdi_cri, SLICES)[:4], ids(cdi_cri, SLICES)[4:5]])
+    names = [
+        [d.name for d in c.cdi_devices]
+        for r in (whole, replica, sliced)
+        for c in r.container_responses
+    ]
+    assert names == [[f"nvidia.com/gpu={uuid}"]] * 4
+    limits = [c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for c in sliced.container_responses]
+    assert limits == [f"{uuid}=4096M", f"{uuid}=1024M"]
+    assert not whole.container_responses[0].envs and not whole.container_responses[0].mounts
+
+
+def test_a_refused_container_names_its_index(cdi_cri: KubeletSimulator) -> None:
+    replicas = ids(cdi_cri, REPLICAS)
+    with pytest.raises(grpc.RpcError) as caught:
+        cdi_cri.allocate(REPLICAS, [replicas[:1], replicas[1:3]])
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (caught.value.details() or "").startswith("container request 1: ")
+
+
+def test_a_whole_gpu_id_is_not_a_share(cdi_cri: KubeletSimulator) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        cdi_cri.allocate(SLICES, [ids(cdi_cri, "nvidia.com/gpu")])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("strategy", ["envvar", "native", "cdi-annotations"])
+def test_shares_under_other_strategies(tmp_path: Path, spec_dir: Path, strategy: str) -> None:
+    uuid = load_node(RTX).gpus[0].uuid
+    for kubelet in serve(tmp_path, spec_dir, strategy):
+        response = kubelet.allocate(SLICES, [ids(kubelet, SLICES)[:3]]).container_responses[0]
+        assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=3072M"
+        assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps"
+        mounts = [(m.host_path, m.container_path) for m in response.mounts]
+        assert ("/run/nvidia/mps", "/run/nvidia/mps") in mounts
+        if strategy == "envvar":
+            assert response.envs["NVIDIA_VISIBLE_DEVICES"] == uuid  # the GPU, not the slices
+        elif strategy == "native":
+            assert [d.container_path for d in response.devices] == ["/dev/nvidia0"]
+        else:
+            assert list(response.annotations.values()) == [f"nvidia.com/gpu={uuid}"]
