@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from plugin.config import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
+from plugin.defaults import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

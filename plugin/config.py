@@ -9,18 +9,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
+from plugin.defaults import (
+    DEFAULT_CDI_KIND,
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_RESOURCE,
+    DEFAULT_SPEC_DIRS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MIG_STRATEGIES,
+    STRATEGIES,
+)
 
 if TYPE_CHECKING:  # plugin.sharing is imported when a config file is read: --help stays fast
     from plugin.sharing import Sharing
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-DEFAULT_RESOURCE = "nvidia.com/gpu"
-DEFAULT_CDI_KIND = "nvidia.com/gpu"
-MIG_STRATEGIES = ("none", "single", "mixed")
-STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "native")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
 # Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
 # skips the same set.
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)

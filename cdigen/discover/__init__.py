@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from cdigen.model import Node
+if TYPE_CHECKING:  # the CLI imports this package to register commands: keep that cheap
+    from cdigen.model import Node
 
 NVML = "nvml"
 
