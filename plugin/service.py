@@ -85,6 +85,22 @@ class PreferenceFailed(Exception):
     """The preferred-allocation request itself is invalid (reported to the kubelet)."""
 
 
+def describe_response(response: pb.ContainerAllocateResponse) -> str:
+    """What one container is handed, in one short phrase for the Allocate log line."""
+    parts = []
+    if response.cdi_devices:
+        parts.append("cdi_devices=[" + ",".join(d.name for d in response.cdi_devices) + "]")
+    if response.annotations:
+        parts.append("annotations=" + ",".join(f"{k}={v}" for k, v in response.annotations.items()))
+    if response.envs:
+        parts.append("envs=" + ",".join(f"{k}={v}" for k, v in sorted(response.envs.items())))
+    if response.devices:
+        parts.append(f"{len(response.devices)} device node(s)")
+    if response.mounts:
+        parts.append(f"{len(response.mounts)} mount(s)")
+    return "; ".join(parts) or "nothing"
+
+
 def fallback_preference(
     available: tuple[str, ...], must_include: tuple[str, ...], size: int
 ) -> tuple[str, ...]:
@@ -239,6 +255,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             self._metrics.observe_link_score(
                 self.resource, answer.link_score, fallback=answer.fallback
             )
+        log.debug(
+            "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] (link score %s%s)",
+            self.resource,
+            ",".join(candidates),
+            ",".join(must_include),
+            size,
+            ",".join(chosen),
+            answer.link_score,
+            ", policy fell back" if answer.fallback else "",
+        )
         return tuple(chosen)
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
@@ -269,7 +295,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                     f"container request {index}: {exc.args[0] if exc.args else exc}",
                 )
             out.container_responses.append(response)
-            log.info("allocated %s to a container (%s)", ", ".join(ids), self.strategy)
+            log.info(
+                "Allocate %s: [%s] -> %s (%s)",
+                self.resource,
+                ",".join(ids),
+                describe_response(response),
+                self.strategy,
+            )
         return out
 
     def container_response(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:

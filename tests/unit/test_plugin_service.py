@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +157,24 @@ def test_unknown_id_is_invalid_argument_and_the_server_keeps_serving(harness: Ha
 def test_preferred_allocation_uses_the_policy(harness: Harness) -> None:
     chosen = harness.kubelet.preferred(RESOURCE, UUIDS[:6], 2, must_include=[UUIDS[1]])
     assert chosen == [UUIDS[1], UUIDS[5]]
+
+
+def test_each_request_logs_one_line_with_request_and_answer(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="cdigen")
+    harness.kubelet.preferred(RESOURCE, UUIDS[:6], 2, must_include=[UUIDS[1]])
+    harness.kubelet.allocate(RESOURCE, [[UUIDS[1], UUIDS[5]]])
+    preferred = [r for r in caplog.records if r.getMessage().startswith("GetPreferredAllocation")]
+    allocated = [r for r in caplog.records if r.getMessage().startswith("Allocate")]
+    assert len(preferred) == 1 and preferred[0].levelno == logging.DEBUG
+    assert f"must=[{UUIDS[1]}] size=2 -> [{UUIDS[1]},{UUIDS[5]}]" in preferred[0].getMessage()
+    assert "link score 0" in preferred[0].getMessage()
+    assert len(allocated) == 1 and allocated[0].levelno == logging.INFO
+    assert allocated[0].getMessage() == (
+        f"Allocate {RESOURCE}: [{UUIDS[1]},{UUIDS[5]}] -> "
+        f"cdi_devices=[nvidia.com/gpu={UUIDS[1]},nvidia.com/gpu={UUIDS[5]}] (cdi-cri)"
+    )
 
 
 def test_preferred_allocation_ignores_unknown_available_ids(harness: Harness) -> None:
