@@ -387,7 +387,9 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, spec_dir: Path) -> No
         kubelet.stop()
     records = [json.loads(line) for line in plugin.logs().splitlines()]
     assert {"time", "level", "logger", "msg"} <= set(records[0])
-    assert any(r["msg"].startswith("allocated GPU-") for r in records)
+    allocated = [r for r in records if r["msg"].startswith(f"Allocate {RESOURCE}: [GPU-")]
+    assert len(allocated) == 1 and allocated[0]["level"] == "info"
+    assert "-> cdi_devices=[nvidia.com/gpu=GPU-" in allocated[0]["msg"]
     assert any("signal SIGTERM" in r["msg"] for r in records)
 
 
