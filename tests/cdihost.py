@@ -122,6 +122,17 @@ def _mknod(path: Path, major: int, minor: int, mode: int = 0o666) -> bool:
         return False
 
 
+def _bind_socket(path: Path) -> None:
+    """A unix socket file at ``path``, bound by a short relative name (sun_path is 108 bytes)."""
+    cwd = os.getcwd()
+    os.chdir(path.parent)
+    try:
+        with contextlib.closing(socket.socket(socket.AF_UNIX)) as s:
+            s.bind(path.name)
+    finally:
+        os.chdir(cwd)
+
+
 def write_ld_cache(path: Path, entries: list[tuple[str, str]]) -> None:
     """Write a glibc ``ld.so.cache`` (new format 1.1) listing x86-64 ``(soname, path)`` entries."""
     header_size, entry_size = 48, 24
@@ -144,14 +155,19 @@ def write_ld_cache(path: Path, entries: list[tuple[str, str]]) -> None:
 
 
 def _libraries(
-    driver_root: Path, directory: str, libs: tuple[tuple[str, str | None], ...], version: str
+    driver_root: Path,
+    directory: str,
+    libs: tuple[tuple[str, str | None], ...],
+    version: str,
+    absolute_links: bool = False,
 ) -> list[tuple[str, str | None]]:
     made = []
     for stem, soname in libs:
         versioned = f"{stem}.so.{version}"
         _write(_under(driver_root, f"{directory}/{versioned}"), f"fake {versioned}\n", 0o755)
         if soname:
-            os.symlink(versioned, _under(driver_root, f"{directory}/{soname}"))
+            target = f"{directory}/{versioned}" if absolute_links else versioned
+            os.symlink(target, _under(driver_root, f"{directory}/{soname}"))
         made.append((f"{directory}/{versioned}", soname))
     return made
 
@@ -164,20 +180,33 @@ def build_host(
     dev_nodes: bool = True,
     hook: bool = False,
     ipc: bool = True,
+    merged: bool = False,
+    absolute_links: bool = False,
 ) -> FakeHost:
-    """Build a fake host under ``base`` for ``node`` (default: :func:`make_node`)."""
+    """Build a fake host under ``base`` for ``node`` (default: :func:`make_node`).
+
+    ``merged``: one tree, as a host's ``/`` mounted at ``base`` (driver and dev root ``base``,
+    sysfs ``base/sys``); else three trees ``driver``, ``devroot`` and ``sys``.
+    ``absolute_links`` (merged only): ``/lib`` and the SONAME links point at absolute host paths
+    (``libcuda.so.1 -> /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15``), as some distributions
+    ship them; they resolve correctly only inside ``base``.
+    """
+    if absolute_links and not merged:
+        raise ValueError("absolute_links needs merged=True: the links name host paths")
     node = node or make_node()
     version = node.driver_version or DRIVER_VERSION
-    driver_root, dev_root, sysfs_root = base / "driver", base / "devroot", base / "sys"
+    if merged:
+        driver_root, dev_root, sysfs_root = base, base, base / "sys"
+    else:
+        driver_root, dev_root, sysfs_root = base / "driver", base / "devroot", base / "sys"
     for d in (driver_root / "usr/lib/x86_64-linux-gnu", dev_root / "dev", sysfs_root):
         d.mkdir(parents=True, exist_ok=True)
-    os.symlink("usr/lib", driver_root / "lib")  # merged /usr: /lib/... is the same directory
 
     extra = tuple(
         (f"libnvidia-extra{i:02d}", f"libnvidia-extra{i:02d}.so.1") for i in range(extra_libraries)
     )
-    libs = _libraries(driver_root, LIB_DIR, DRIVER_LIBRARIES + extra, version)
-    libs += _libraries(driver_root, EXTRA_LIB_DIR, EXTRA_DIR_LIBRARIES, version)
+    libs = _libraries(driver_root, LIB_DIR, DRIVER_LIBRARIES + extra, version, absolute_links)
+    libs += _libraries(driver_root, EXTRA_LIB_DIR, EXTRA_DIR_LIBRARIES, version, absolute_links)
     os.symlink("libcuda.so.1", _under(driver_root, f"{LIB_DIR}/libcuda.so"))  # linker link
     _write(_under(driver_root, f"{LIB_DIR}/libz.so.1.2.13"), "not a driver library\n")
     os.symlink("libz.so.1.2.13", _under(driver_root, f"{LIB_DIR}/libz.so.1"))
@@ -189,14 +218,16 @@ def build_host(
     for name in BINARIES:
         _write(_under(driver_root, f"/usr/bin/{name}"), f"#!/bin/sh\necho fake {name}\n", 0o755)
     for name in FIRMWARE:
-        _write(_under(driver_root, f"/lib/firmware/nvidia/{version}/{name}"), f"fw {name}\n")
+        _write(_under(driver_root, f"/usr/lib/firmware/nvidia/{version}/{name}"), f"fw {name}\n")
     if hook:
         _write(_under(driver_root, "/usr/bin/nvidia-cdi-hook"), "#!/bin/sh\nexit 0\n", 0o755)
     if ipc:
         sock_path = _under(driver_root, "/run/nvidia-persistenced/socket")
         sock_path.parent.mkdir(parents=True)
-        with contextlib.closing(socket.socket(socket.AF_UNIX)) as s:
-            s.bind(str(sock_path))
+        _bind_socket(sock_path)
+    # merged /usr: /lib/... is the same directory. Made last: written through, an absolute link
+    # would lead this process into its own /usr/lib.
+    os.symlink("/usr/lib" if absolute_links else "usr/lib", driver_root / "lib")
 
     real = True
     if dev_nodes:
@@ -214,7 +245,11 @@ def build_host(
                     real &= _mknod(dev / f"nvidia-caps/nvidia-cap{cap}", CAPS_MAJOR, cap, 0o444)
     for gpu in node.gpus:
         bdf = sysfs_bdf(gpu.pci_bus_id)
-        pci = sysfs_root / "bus/pci/devices" / bdf
+        # as in sysfs: bus/pci/devices/<bdf> is a relative link into devices/
+        pci = sysfs_root / "devices/pci0000:00" / bdf
+        link = sysfs_root / "bus/pci/devices" / bdf
+        link.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(f"../../../devices/pci0000:00/{bdf}", link)
         (pci / "drm" / f"card{gpu.index + 1}").mkdir(parents=True)
         (pci / "drm" / f"renderD{128 + gpu.index}").mkdir()
         (pci / "drm" / "version").write_text("1.1.0 20060810\n")  # not a node: must be ignored

@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
+
+if TYPE_CHECKING:
+    from cdigen.cdi.host import HostFS
 
 DEFAULT_OUTPUT_DIR = "/etc/cdi"
 
@@ -26,6 +30,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gen.add_argument("--driver-root", default="/", metavar="DIR", help="driver root (default: /)")
     gen.add_argument("--dev-root", default="/", metavar="DIR", help="device-node root (default: /)")
     gen.add_argument("--sysfs-root", default="/sys", metavar="DIR", help="sysfs (default: /sys)")
+    gen.add_argument(
+        "--host-root",
+        default="/",
+        metavar="DIR",
+        help="where the host's / is mounted when run in a container (e.g. /host): the three "
+        "roots above are host paths, read under DIR, and the spec names host paths; symlinks "
+        "resolve inside DIR (default: /)",
+    )
     gen.add_argument(
         "--output-dir",
         default=DEFAULT_OUTPUT_DIR,
@@ -100,6 +112,7 @@ def run_generate(args: argparse.Namespace) -> int:
             where="--hook-path",
             hint="runtimes run hooks by absolute host path, e.g. /usr/bin/nvidia-cdi-hook",
         )
+    fs = _host_fs(args)
     options = SpecOptions(
         vendor=args.vendor,
         cls=args.cls,
@@ -107,10 +120,13 @@ def run_generate(args: argparse.Namespace) -> int:
         driver_root=args.driver_root,
         dev_root=args.dev_root,
         sysfs_root=args.sysfs_root,
-        hook_path=args.hook_path or find_hook(args.driver_root),
+        host_root=fs.root,
+        hook_path=args.hook_path or find_hook(args.driver_root, fs),
         cdi_version=args.cdi_version,
     )
-    node = load_node(args.node, sysfs_root=args.sysfs_root)
+    node = load_node(
+        args.node, sysfs_root=_located(fs, args.sysfs_root), proc_root=_located(fs, "/proc")
+    )
     spec = generate(node, options)
     if args.dry_run or args.output == "-":
         check_spec(spec, where="generated spec")
@@ -127,6 +143,45 @@ def run_generate(args: argparse.Namespace) -> int:
         f"{status} {result.path} ({len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']})"
     )
     return EXIT_OK
+
+
+def _host_fs(args: argparse.Namespace) -> HostFS:
+    """The view of the host for ``--host-root``; InputError if it cannot be used."""
+    from cdigen.cdi.host import HostFS
+
+    fs = HostFS(args.host_root)
+    if not fs.confined:
+        return fs
+    if not Path(args.host_root).is_dir():
+        raise InputError(
+            f"{args.host_root!r} is not a directory",
+            where="--host-root",
+            hint="mount the host's / there (e.g. hostPath / at /host) or leave --host-root out",
+        )
+    for flag, value in (
+        ("--driver-root", args.driver_root),
+        ("--dev-root", args.dev_root),
+        ("--sysfs-root", args.sysfs_root),
+    ):
+        if not value.startswith("/"):
+            raise InputError(
+                f"{value!r} is not an absolute path",
+                where=flag,
+                hint=f"with --host-root, {flag} is the path on the host, e.g. / or /sys",
+            )
+    return fs
+
+
+def _located(fs: HostFS, path: str) -> str:
+    """``path`` on the host as this process reaches it (itself when not under a host root)."""
+    try:
+        return fs.locate(path)
+    except OSError as e:  # a symlink loop: following it further could leave the root
+        raise InputError(
+            f"cannot resolve {path}: {e.strerror}",
+            where=f"--host-root {fs.root}",
+            hint="fix the symlinks on the host",
+        ) from e
 
 
 def run_validate(args: argparse.Namespace) -> int:

@@ -3,15 +3,22 @@
 Every function takes its root as a parameter and returns *container* paths (the path as seen from
 inside that root) beside the host path, so that a driver installed under ``/run/nvidia/driver``
 is mounted at ``/usr/lib/...`` in the container.
+
+All file access goes through a :class:`HostFS`. Run on the host, it is plain ``os``. Run in a
+container with the host's ``/`` mounted at ``DIR`` (``cdigen generate --host-root DIR``), it
+reads ``DIR/<path>`` for the host path ``<path>`` and resolves every symlink inside ``DIR``, as
+``chroot DIR`` would: absolute targets start at ``DIR`` and ``..`` stops there, so nothing outside
+``DIR`` is read and the paths returned are the host's own.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CONTROL_NODES = (
@@ -55,6 +62,128 @@ _LD_CACHE_OLD_MAGIC = b"ld.so-1.7.0"
 _LD_FLAG_ELF_LIBC6 = 0x0003
 # 64-bit library flags in ld.so.cache (glibc's ldconfig.h): x86-64, powerpc64, s390x, aarch64.
 _LD_FLAGS_64BIT = frozenset({0x0300, 0x0500, 0x0600, 0x0A00})
+_MAX_SYMLINKS = 40  # as Linux's MAXSYMLINKS: more links in one lookup is ELOOP
+
+
+@dataclass(frozen=True)
+class HostFS:
+    """Reads the host's files by host path, with the host's ``/`` at ``root`` in this process.
+
+    Confined lookups remember resolved directories: make one per scan of the host.
+    """
+
+    root: str = "/"
+    # directory (host path) -> its resolved components under root
+    _dirs: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def confined(self) -> bool:
+        """Whether paths are looked up under another root (else they are used as they are)."""
+        return self.root not in ("", "/")
+
+    def locate(self, path: str, *, follow: bool = True) -> str:
+        """Where the host path ``path`` is for this process, symlinks resolved inside the root
+        (the last one only if ``follow``); OSError(ELOOP) on a symlink loop."""
+        if not self.confined:
+            return path
+        parent, _, name = path.rstrip("/").rpartition("/")
+        parts = self._directory(parent)
+        if not follow and name not in ("", ".", ".."):
+            return os.path.join(self.root, *parts, name)
+        return os.path.join(self.root, *self._walk(list(parts), [name], path))
+
+    def _directory(self, path: str) -> tuple[str, ...]:
+        """The resolved components of the directory ``path``, remembered for the next lookup."""
+        cached = self._dirs.get(path)
+        if cached is None:
+            cached = self._dirs[path] = tuple(self._walk([], path.split("/")[::-1], path))
+        return cached
+
+    def _walk(self, done: list[str], pending: list[str], path: str) -> list[str]:
+        """Append ``pending`` (a reversed list of components) to the resolved ``done``."""
+        hops = 0
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if done:
+                    done.pop()
+                continue
+            try:
+                target = os.readlink(os.path.join(self.root, *done, name))
+            except OSError:  # not a symlink, or missing: the name stays as it is
+                done.append(name)
+                continue
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                raise OSError(errno.ELOOP, "too many levels of symbolic links", path)
+            if target.startswith("/"):
+                done.clear()
+            pending.extend(target.split("/")[::-1])
+        return done
+
+    def stat(self, path: str) -> os.stat_result:
+        """``os.stat`` of a host path (follows symlinks)."""
+        return os.stat(self.locate(path))
+
+    def listdir(self, path: str) -> list[str]:
+        """``os.listdir`` of a host path."""
+        return os.listdir(self.locate(path))
+
+    def readlink(self, path: str) -> str:
+        """``os.readlink`` of a host path: the link text, unresolved."""
+        return os.readlink(self.locate(path, follow=False))
+
+    def read_bytes(self, path: str) -> bytes:
+        """The content of a host file."""
+        return Path(self.locate(path)).read_bytes()
+
+    def realpath(self, path: str) -> str:
+        """A canonical name for ``path`` (under the root when confined), for spotting aliases."""
+        try:
+            return self.locate(path) if self.confined else os.path.realpath(path)
+        except OSError:
+            return path
+
+    def _try_locate(self, path: str, *, follow: bool = True) -> str | None:
+        try:
+            return self.locate(path, follow=follow)
+        except OSError:  # a symlink loop: like ELOOP from the kernel, nothing is there
+            return None
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists (following symlinks)."""
+        where = self._try_locate(path)
+        return where is not None and os.path.exists(where)
+
+    def lexists(self, path: str) -> bool:
+        """Whether ``path`` exists as anything, a broken symlink included."""
+        where = self._try_locate(path, follow=False)
+        return where is not None and os.path.lexists(where)
+
+    def isfile(self, path: str) -> bool:
+        """Whether ``path`` is a regular file (following symlinks)."""
+        where = self._try_locate(path)
+        return where is not None and os.path.isfile(where)
+
+    def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (following symlinks)."""
+        where = self._try_locate(path)
+        return where is not None and os.path.isdir(where)
+
+    def islink(self, path: str) -> bool:
+        """Whether ``path`` itself is a symlink."""
+        where = self._try_locate(path, follow=False)
+        return where is not None and os.path.islink(where)
+
+    def is_executable(self, path: str) -> bool:
+        """Whether ``path`` is a regular file this process may execute."""
+        where = self._try_locate(path)
+        return where is not None and os.path.isfile(where) and os.access(where, os.X_OK)
+
+
+HOST = HostFS()
 
 
 @dataclass(frozen=True)
@@ -109,11 +238,11 @@ def host_path(root: str | Path, path: str) -> str:
     return str(Path(root_text) / path.lstrip("/"))
 
 
-def device_node(dev_root: str | Path, path: str) -> DeviceNodeInfo:
+def device_node(dev_root: str | Path, path: str, fs: HostFS = HOST) -> DeviceNodeInfo:
     """The node ``path`` (e.g. ``/dev/nvidia0``) under ``dev_root``; stat fields None if absent."""
     where = host_path(dev_root, path)
     try:
-        st = os.stat(where)
+        st = fs.stat(where)
     except OSError:
         return DeviceNodeInfo(path=path, host_path=where)
     if stat.S_ISCHR(st.st_mode):
@@ -135,14 +264,16 @@ def device_node(dev_root: str | Path, path: str) -> DeviceNodeInfo:
     )
 
 
-def node_exists(dev_root: str | Path, path: str) -> bool:
+def node_exists(dev_root: str | Path, path: str, fs: HostFS = HOST) -> bool:
     """Whether ``path`` exists under ``dev_root`` (as anything)."""
-    return os.path.lexists(host_path(dev_root, path))
+    return fs.lexists(host_path(dev_root, path))
 
 
-def control_nodes(dev_root: str | Path) -> tuple[DeviceNodeInfo, ...]:
+def control_nodes(dev_root: str | Path, fs: HostFS = HOST) -> tuple[DeviceNodeInfo, ...]:
     """The NVIDIA control nodes that exist under ``dev_root``."""
-    return tuple(device_node(dev_root, p) for p in CONTROL_NODES if node_exists(dev_root, p))
+    return tuple(
+        device_node(dev_root, p, fs) for p in CONTROL_NODES if node_exists(dev_root, p, fs)
+    )
 
 
 def sysfs_bus_id(pci_bus_id: str) -> str:
@@ -155,11 +286,11 @@ def sysfs_bus_id(pci_bus_id: str) -> str:
         return pci_bus_id.lower()
 
 
-def drm_nodes(sysfs_root: str | Path, pci_bus_id: str) -> tuple[str, ...]:
+def drm_nodes(sysfs_root: str | Path, pci_bus_id: str, fs: HostFS = HOST) -> tuple[str, ...]:
     """``/dev/dri/cardN`` and ``renderDN`` of a GPU, from ``<sysfs>/bus/pci/devices/<bdf>/drm``."""
     drm = Path(sysfs_root) / "bus" / "pci" / "devices" / sysfs_bus_id(pci_bus_id) / "drm"
     try:
-        names = os.listdir(drm)
+        names = fs.listdir(str(drm))
     except OSError:
         return ()
     found = [n for n in names if re.fullmatch(r"card\d+|renderD\d+", n)]
@@ -168,14 +299,14 @@ def drm_nodes(sysfs_root: str | Path, pci_bus_id: str) -> tuple[str, ...]:
     return tuple(f"/dev/dri/{n}" for n in found)
 
 
-def read_ld_cache(path: str | Path) -> list[tuple[str, str]]:
+def read_ld_cache(path: str | Path, fs: HostFS = HOST) -> list[tuple[str, str]]:
     """``(soname, path)`` of the 64-bit libraries in an ``ld.so.cache`` file; [] if unreadable.
 
     Handles the new format (glibc >= 2.32 writes only this) and the old format with the new one
     appended. String offsets in new-format entries count from the start of the new header.
     """
     try:
-        data = Path(path).read_bytes()
+        data = fs.read_bytes(str(path))
     except OSError:
         return []
     start = 0
@@ -202,25 +333,26 @@ def _c_string(data: bytes, offset: int) -> str:
     return data[offset:end].decode("utf-8", "replace")
 
 
-def _unique_dirs(root: str | Path, candidates: list[str]) -> list[str]:
+def _unique_dirs(root: str | Path, candidates: list[str], fs: HostFS) -> list[str]:
     seen: set[str] = set()
     dirs: list[str] = []
     for d in candidates:
-        real = os.path.realpath(host_path(root, d))
-        if real in seen or not os.path.isdir(real):
+        real = fs.realpath(host_path(root, d))
+        if real in seen or not fs.isdir(host_path(root, d)):
             continue
         seen.add(real)
         dirs.append(d)
     return dirs
 
 
-def library_dirs(driver_root: str | Path) -> list[str]:
+def library_dirs(driver_root: str | Path, fs: HostFS = HOST) -> list[str]:
     """Container paths of the library directories: the standard ones, then those in ld.so.cache."""
-    cached = [os.path.dirname(p) for _, p in read_ld_cache(host_path(driver_root, LD_CACHE))]
-    return _unique_dirs(driver_root, [*LIBRARY_DIRS, *dict.fromkeys(cached)])
+    cache = read_ld_cache(host_path(driver_root, LD_CACHE), fs)
+    cached = [os.path.dirname(p) for _, p in cache]
+    return _unique_dirs(driver_root, [*LIBRARY_DIRS, *dict.fromkeys(cached)], fs)
 
 
-def _links_by_target(directory: str, entries: list[str]) -> dict[str, list[str]]:
+def _links_by_target(directory: str, entries: list[str], fs: HostFS) -> dict[str, list[str]]:
     """Target file name -> names of the symlinks in ``directory`` that resolve to it.
 
     Bare ``.so`` links are left out: they are for the linker, and the hook creates them.
@@ -228,7 +360,7 @@ def _links_by_target(directory: str, entries: list[str]) -> dict[str, list[str]]
     targets: dict[str, str] = {}
     for name in entries:
         try:
-            targets[name] = os.readlink(os.path.join(directory, name))
+            targets[name] = fs.readlink(os.path.join(directory, name))
         except OSError:  # not a symlink
             continue
     links: dict[str, list[str]] = {}
@@ -240,32 +372,34 @@ def _links_by_target(directory: str, entries: list[str]) -> dict[str, list[str]]
                 break
             target = targets[target]
         if "/" in target:
-            target = os.path.basename(os.path.realpath(os.path.join(directory, name)))
+            target = os.path.basename(fs.realpath(os.path.join(directory, name)))
         links.setdefault(target, []).append(name)
     return links
 
 
-def detect_driver_version(driver_root: str | Path) -> str:
+def detect_driver_version(driver_root: str | Path, fs: HostFS = HOST) -> str:
     """The version in ``libcuda.so.<version>`` under the driver root, or "" if there is none."""
-    for d in library_dirs(driver_root):
-        for name in sorted(os.listdir(host_path(driver_root, d))):
+    for d in library_dirs(driver_root, fs):
+        for name in sorted(fs.listdir(host_path(driver_root, d))):
             m = re.fullmatch(r"libcuda\.so\.(\d+\.\d+(?:\.\d+)?)", name)
             if m:
                 return m.group(1)
     return ""
 
 
-def _find_libraries(driver_root: str | Path, version: str) -> tuple[list[Library], list[str]]:
+def _find_libraries(
+    driver_root: str | Path, version: str, fs: HostFS
+) -> tuple[list[Library], list[str]]:
     pattern = re.compile(rf"lib.+\.so\.{re.escape(version)}")
     libraries: list[Library] = []
     dirs_used: list[str] = []
-    for d in library_dirs(driver_root):
+    for d in library_dirs(driver_root, fs):
         host_dir = host_path(driver_root, d)
-        entries = sorted(os.listdir(host_dir))
-        links = _links_by_target(host_dir, entries)
+        entries = sorted(fs.listdir(host_dir))
+        links = _links_by_target(host_dir, entries, fs)
         for name in entries:
             full = os.path.join(host_dir, name)
-            if pattern.fullmatch(name) and os.path.isfile(full) and not os.path.islink(full):
+            if pattern.fullmatch(name) and fs.isfile(full) and not fs.islink(full):
                 libraries.append(
                     Library(
                         path=f"{d.rstrip('/')}/{name}",
@@ -278,61 +412,63 @@ def _find_libraries(driver_root: str | Path, version: str) -> tuple[list[Library
     return libraries, dirs_used
 
 
-def _first_existing(root: str | Path, paths: list[str]) -> list[HostFile]:
+def _first_existing(root: str | Path, paths: list[str], fs: HostFS) -> list[HostFile]:
     seen: set[str] = set()
     found = []
     for p in paths:
         full = host_path(root, p)
-        real = os.path.realpath(full)
-        if os.path.exists(full) and real not in seen:
+        real = fs.realpath(full)
+        if fs.exists(full) and real not in seen:
             seen.add(real)
             found.append(HostFile(path=p, host_path=full))
     return found
 
 
-def _binaries(driver_root: str | Path) -> list[HostFile]:
+def _binaries(driver_root: str | Path, fs: HostFS) -> list[HostFile]:
     found = []
     for name in BINARIES:
         for d in BINARY_DIRS:
             full = host_path(driver_root, f"{d}/{name}")
-            if os.path.isfile(full):
+            if fs.isfile(full):
                 found.append(HostFile(path=f"{d}/{name}", host_path=full))
                 break
     return found
 
 
-def _firmware(driver_root: str | Path, version: str) -> list[HostFile]:
+def _firmware(driver_root: str | Path, version: str, fs: HostFS) -> list[HostFile]:
     candidates = []
     for d in FIRMWARE_DIRS:
         host_dir = host_path(driver_root, f"{d}/{version}")
-        if os.path.isdir(host_dir):
+        if fs.isdir(host_dir):
             candidates += [
-                f"{d}/{version}/{n}" for n in sorted(os.listdir(host_dir)) if n.endswith(".bin")
+                f"{d}/{version}/{n}" for n in sorted(fs.listdir(host_dir)) if n.endswith(".bin")
             ]
-    return _first_existing(driver_root, candidates)
+    return _first_existing(driver_root, candidates, fs)
 
 
-def scan_driver(driver_root: str | Path, driver_version: str = "") -> DriverFiles:
+def scan_driver(
+    driver_root: str | Path, driver_version: str = "", fs: HostFS = HOST
+) -> DriverFiles:
     """Find the driver's libraries, binaries, GSP firmware and IPC sockets under ``driver_root``.
 
     ``driver_version`` selects ``lib*.so.<version>``; when empty it is read from ``libcuda.so.*``.
     """
-    version = driver_version or detect_driver_version(driver_root)
-    libraries, dirs_used = _find_libraries(driver_root, version) if version else ([], [])
+    version = driver_version or detect_driver_version(driver_root, fs)
+    libraries, dirs_used = _find_libraries(driver_root, version, fs) if version else ([], [])
     return DriverFiles(
         driver_version=version,
         libraries=tuple(libraries),
-        binaries=tuple(_binaries(driver_root)),
-        firmware=tuple(_firmware(driver_root, version)) if version else (),
-        ipc=tuple(_first_existing(driver_root, list(IPC_PATHS))),
+        binaries=tuple(_binaries(driver_root, fs)),
+        firmware=tuple(_firmware(driver_root, version, fs)) if version else (),
+        ipc=tuple(_first_existing(driver_root, list(IPC_PATHS), fs)),
         library_dirs=tuple(dirs_used),
     )
 
 
-def find_hook(driver_root: str | Path) -> str | None:
+def find_hook(driver_root: str | Path, fs: HostFS = HOST) -> str | None:
     """The host path of ``nvidia-cdi-hook`` in the driver root's binary directories, or None."""
     for d in BINARY_DIRS:
         full = host_path(driver_root, f"{d}/{HOOK_PROGRAM}")
-        if os.path.isfile(full) and os.access(full, os.X_OK):
+        if fs.is_executable(full):
             return full
     return None

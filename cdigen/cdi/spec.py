@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cdigen.cdi import host as hostmod
-from cdigen.cdi.host import DeviceNodeInfo, DriverFiles
+from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS
 from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR, make_kind
 from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, HookDoc, MountDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
@@ -35,6 +35,7 @@ class SpecOptions:
     driver_root: str = "/"
     dev_root: str = "/"
     sysfs_root: str = "/sys"
+    host_root: str = "/"  # where the host's / is: the roots above are host paths under it
     hook_path: str | None = None  # None: no hooks
     cdi_version: str | None = None  # None: the minimum the content needs
 
@@ -83,19 +84,19 @@ def _mig_names(gpu: Gpu, position: int, uuid: str, strategies: Iterable[str]) ->
 
 
 def _device_entries(
-    node: Node, options: SpecOptions
+    node: Node, options: SpecOptions, fs: HostFS
 ) -> list[tuple[list[str], list[DeviceNodeDoc]]]:
     """``(names, device nodes)`` per GPU or MIG device, in index order."""
     entries = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        parent = node_doc(hostmod.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}"))
+        parent = node_doc(hostmod.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}", fs))
         if not gpu.mig_enabled:
             # DRM nodes only where they exist: they are extras, and a missing one would make
             # the runtime refuse the whole device
             drm = [
-                node_doc(hostmod.device_node(options.dev_root, p))
-                for p in hostmod.drm_nodes(options.sysfs_root, gpu.pci_bus_id)
-                if hostmod.node_exists(options.dev_root, p)
+                node_doc(hostmod.device_node(options.dev_root, p, fs))
+                for p in hostmod.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
+                if hostmod.node_exists(options.dev_root, p, fs)
             ]
             entries.append((_gpu_names(gpu, options.name_strategies), [parent, *drm]))
             continue
@@ -103,7 +104,9 @@ def _device_entries(
         migs = sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
         for position, mig in enumerate(migs):
             caps = [
-                node_doc(hostmod.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}"))
+                node_doc(
+                    hostmod.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}", fs)
+                )
                 for n in mig.cap_minors
             ]
             names = _mig_names(gpu, position, mig.uuid, options.name_strategies)
@@ -158,9 +161,10 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles) -> SpecDoc
     """The spec for ``node`` on a host whose driver files are ``driver``; InputError if empty or
     if a pinned ``cdi_version`` is too low for the content."""
     kind = make_kind(options.vendor, options.cls)
+    fs = HostFS(options.host_root)
     devices: list[DeviceDoc] = []
     all_nodes: dict[str, DeviceNodeDoc] = {}
-    for names, nodes in _device_entries(node, options):
+    for names, nodes in _device_entries(node, options, fs):
         for n in nodes:
             all_nodes.setdefault(n["path"], n)
         for name in names:
@@ -175,7 +179,7 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles) -> SpecDoc
     devices.append({"name": "all", "containerEdits": {"deviceNodes": _copies(all_nodes.values())}})
 
     edits: ContainerEditsDoc = {"env": list(SPEC_ENV)}
-    control = [node_doc(n) for n in hostmod.control_nodes(options.dev_root)]
+    control = [node_doc(n) for n in hostmod.control_nodes(options.dev_root, fs)]
     if control:
         edits["deviceNodes"] = control
     mounts = _mounts(driver)
@@ -205,5 +209,6 @@ def pin_version(spec: SpecDoc, requested: str | None) -> str:
 
 def generate(node: Node, options: SpecOptions) -> SpecDoc:
     """Scan the host under the roots in ``options`` and build the spec for ``node``."""
-    driver = hostmod.scan_driver(options.driver_root, node.driver_version)
+    fs = HostFS(options.host_root)
+    driver = hostmod.scan_driver(options.driver_root, node.driver_version, fs)
     return build_spec(node, options, driver)

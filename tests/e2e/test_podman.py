@@ -1,7 +1,8 @@
 """podman as a real CDI consumer of ``cdigen generate`` (recipe: shared/reference/podman-cdi.md).
 
 A fake driver root, dev root (char devices made with mknod) and sysfs; ``cdigen generate`` writes
-into a temporary CDI directory that is bind-mounted over /etc/cdi in a private mount namespace;
+into a temporary CDI directory (the same spec, byte for byte, as ``--host-root`` writes from a copy
+of that host mounted elsewhere) that is bind-mounted over /etc/cdi in a private mount namespace;
 podman 4.3 + runc run a busybox rootfs with ``--device nvidia.com/gpu=...``.
 """
 
@@ -114,7 +115,35 @@ def _prepare(base: Path, store: Path) -> Iterator[tuple[Podman, FakeHost]]:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (podman.cdi / "nvidia.com-gpu.yaml").exists()
+    assert (
+        _generate_with_host_root(base, host, node_file)
+        == (podman.cdi / "nvidia.com-gpu.yaml").read_bytes()
+    ), "--host-root wrote a different spec than the run podman uses below"
     yield podman, host
+
+
+def _generate_with_host_root(base: Path, host: FakeHost, node_file: Path) -> bytes:
+    """The spec from a copy of the same host mounted elsewhere, as in the host-driver DaemonSet:
+    the host's / at ``base/hostroot``, the fake host inside it at its own path."""
+    host_root = base / "hostroot"
+    copy = host_root / str(host.base).lstrip("/")
+    copy.parent.mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(host.base), str(copy)], check=True)  # keeps nodes and links
+    out = base / "hostroot-spec" / "nvidia.com-gpu.yaml"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "cdigen.cli", "generate",
+            "--node", str(node_file),
+            "--host-root", str(host_root),
+            "--driver-root", str(host.driver_root),
+            "--dev-root", str(host.dev_root),
+            "--sysfs-root", str(host.sysfs_root),
+            "--output", str(out),
+        ],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out.read_bytes()
 
 
 CHECK = (

@@ -307,15 +307,59 @@ def render_with(component: str, tmp_path: Path) -> list[dict[str, Any]]:
     return objects
 
 
-def test_host_driver_component_serves_what_the_host_generated(tmp_path: Path) -> None:
-    pod = only(render_with("host-driver", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
-    assert "initContainers" not in pod
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    for path, mount in mounts(containers(pod)["plugin"]).items():
-        volume = volumes[mount["name"]]  # every mount still has its volume
-        if "hostPath" in volume:
-            assert volume["hostPath"]["path"] == path
-    assert volumes["run-cdigen"]["hostPath"]["path"] == "/run/cdigen"
+def test_host_driver_component_generates_with_the_host_root(
+    tmp_path: Path, pod: dict[str, Any]
+) -> None:
+    host_pod = only(render_with("host-driver", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
+    found = containers(host_pod)
+    assert list(found) == ["discover", "generate", "plugin"]
+    assert found["plugin"] == containers(pod)["plugin"]  # serving is the same as in the base
+    volumes = {v["name"]: v for v in host_pod["volumes"]}
+    assert volumes["host-root"]["hostPath"]["path"] == "/"
+    assert DRIVER_ROOT not in {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
+    generate = found["generate"]
+    command = generate["command"]
+    assert "--host-root=/host" in command
+    assert {"--driver-root=/", "--dev-root=/", "--sysfs-root=/sys"} <= set(command)
+    assert build_parser().parse_args(command[1:]).func is not None
+    for name in ("discover", "generate"):
+        root = mounts(found[name])["/host"]
+        assert (root["name"], root["readOnly"]) == ("host-root", True), name
+        # /host/run, /host/var ... are mounts of their own: read-only too where the node can
+        assert root["recursiveReadOnly"] == "IfPossible", name
+    # the rest of generate's host mounts are at their host paths: only /etc/cdi, written
+    for path, mount in mounts(generate).items():
+        host = volumes[mount["name"]].get("hostPath")
+        if host and path != "/host":
+            assert (path, host["path"]) == ("/etc/cdi", "/etc/cdi")
+    discover = found["discover"]
+    assert {"name": "DRIVER_ROOT", "value": "/host"} in discover["env"]
+    assert '"$DRIVER_ROOT$dir/libnvidia-ml.so.1"' in discover["args"][0]
+
+
+def test_host_driver_generate_command_writes_host_paths(tmp_path: Path) -> None:
+    """The rendered generate command, run with /host pointing at a fake host's /."""
+    from cdigen.cli import main
+    from cdigen.nodefile import dump_node
+    from tests.cdihost import DRIVER_VERSION, LIB_DIR, build_host, make_node
+
+    host_pod = only(render_with("host-driver", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
+    command = containers(host_pod)["generate"]["command"]
+    node = make_node(2)
+    host = build_host(tmp_path / "host", node, merged=True, absolute_links=True)
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(dump_node(node, "yaml"))
+    container_paths = {
+        "--host-root=/host": f"--host-root={host.base}",
+        "--node=/run/cdigen/node.yaml": f"--node={node_file}",
+        "--output-dir=/etc/cdi": f"--output-dir={tmp_path / 'cdi'}",
+    }
+    argv = [container_paths.get(arg, arg) for arg in command[1:]]
+    assert main(argv) == 0
+    spec = yaml.safe_load((tmp_path / "cdi/nvidia.com-gpu.yaml").read_text())
+    found = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert found[f"{LIB_DIR}/libcuda.so.1"] == f"{LIB_DIR}/libcuda.so.{DRIVER_VERSION}"
+    assert str(tmp_path) not in str(spec)
 
 
 def test_nvml_health_component_gives_the_plugin_nvml(tmp_path: Path) -> None:
