@@ -8,7 +8,9 @@ the default. Sharing (issue 7), p99 <= 5 ms first sight: 8 GPUs x 16 replicas (s
 pack), one 24 GB GPU and eight of them in 1 GiB memory slices; and how often a slice request
 lands on one GPU, beside the kubelet's own choice (the first IDs offered) when a plugin gives
 no preference. Quality on every 8-GPU sample over all availability patterns, sizes and single
-must-include devices: valid answers, best link score, avoidable NUMA-span excess.
+must-include devices: valid answers, best link score, avoidable NUMA-span excess. Many jobs
+(``cdigen policy simulate``, seeds 1-5): best-link share, mean link score (in all, 2- and 4-GPU
+jobs) and NUMA-span excess, ours beside the baseline, "(behind)" where ours is lower.
 
     python benchmarks/bench_allocator.py [--quick]
 """
@@ -281,6 +283,39 @@ def quality() -> None:
             )
 
 
+JOB_SAMPLES = (*EIGHT_GPU_SAMPLES, "ws-4xv100", "ws-4xrtx8000")
+
+
+def jobs(quick: bool) -> None:
+    """Arrivals and departures (``cdigen policy simulate``): ours beside the baseline, per seed."""
+    from policies.simulate import simulate
+
+    seeds = (1,) if quick else (1, 2, 3, 4, 5)
+    print("== many jobs: policy simulate, 2000 steps; multi-GPU jobs, ours / baseline")
+    print(
+        f"{'node':16}{'seed':>5}  {'best link score':>17}  {'mean link score':>17}  "
+        f"{'2-GPU mean':>15}  {'4-GPU mean':>17}  {'NUMA excess':>11}"
+    )
+    for name in JOB_SAMPLES:
+        node = load_node(f"builtin:{name}")
+        allocator = Allocator(node)
+        for seed in seeds:
+            ours, theirs = simulate(node, allocator, seed=seed, steps=2000)
+            behind = (
+                ours.share_best_link() < theirs.share_best_link()
+                or ours.mean_link_score() < theirs.mean_link_score()
+            )
+            print(
+                f"{name:16}{seed:>5}  "
+                f"{100 * ours.share_best_link():6.1f}% /{100 * theirs.share_best_link():6.1f}%  "
+                f"{ours.mean_link_score():7.1f} /{theirs.mean_link_score():7.1f}  "
+                f"{ours.mean_link_score_of(2):6.1f} /{theirs.mean_link_score_of(2):6.1f}  "
+                f"{ours.mean_link_score_of(4):7.1f} /{theirs.mean_link_score_of(4):7.1f}  "
+                f"{ours.numa_excess_jobs:>4} /{theirs.numa_excess_jobs:>4}"
+                + ("  (behind)" if behind else "")
+            )
+
+
 def main() -> None:
     gc.disable()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -288,6 +323,7 @@ def main() -> None:
     args = parser.parse_args()
     speed(args.quick)
     sharing(args.quick)
+    jobs(args.quick)
     if not args.quick:
         quality()
 

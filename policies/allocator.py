@@ -9,7 +9,10 @@ Exact method (up to ``EXACT_LIMIT`` healthy GPUs): at construction, every subset
 scored once (link score, NUMA span, selector failures) and the subsets of each size are sorted
 by that static key. A request walks the sorted list of its size, skips subsets that use busy
 devices or miss a must-include device, and stops as soon as no later subset can win; only ties
-are compared on fragmentation. Answers are memoized per (available, must_include, size).
+are compared on fragmentation: what the free devices left behind still offer (the link score
+of the best ``NEXT_SET_SIZE``-GPU set, then of the best pairing into disjoint pairs; both
+precomputed for every subset, so a lookup), then the links cut from them. Answers are memoized
+per (available, must_include, size).
 
 Shared devices (``policies.shares``): replicas ``<gpu>::<k>``, memory slices
 ``<gpu>::slice-<k>`` and MIG devices count as shares of their GPU. Memory slices, and every
@@ -20,7 +23,8 @@ GPUs come back with a fallback reason (the plugin's Allocate refuses such a set)
 
 Above the limit: when at most ``EXACT_LIMIT`` GPUs are available the same exact table is built
 for them (cached); otherwise a greedy construction followed by 1-swap local search runs in
-O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not guaranteed optimal.
+O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not guaranteed optimal;
+there fragmentation is the links cut alone (no subset tables).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ log = logging.getLogger("cdigen.allocator")
 EXACT_LIMIT = 16
 MAX_SWAP_PASSES = 4
 MEMO_LIMIT = 65536
+# Fragmentation looks at what stays free for the next request: the best set of this size (the
+# commonest multi-GPU job after a pair), then the best split into pairs.
+NEXT_SET_SIZE = 4
 REPLICA_SEPARATOR = SHARE_SEPARATOR
 
 
@@ -76,15 +83,19 @@ class Candidate:
     constraint_reason: str | None
     link_score: int
     numa_span: int
-    fragmentation: int
+    left_best_set: int  # link score of the best NEXT_SET_SIZE-GPU set left free
+    left_pairs: int  # total link score of the best split of the free devices left into pairs
+    fragmentation: int  # link score cut between the set and the devices left free
 
-    def key(self) -> tuple[int, bool, int, int, int, tuple[int, ...]]:
+    def key(self) -> tuple[int, bool, int, int, int, int, int, tuple[int, ...]]:
         """The lexicographic objective: smaller is better."""
         return (
             self.selector_failures,
             not self.constraints_ok,
             -self.link_score,
             self.numa_span,
+            -self.left_best_set,
+            -self.left_pairs,
             self.fragmentation,
             self.positions,
         )
@@ -151,6 +162,12 @@ class _Table:
                 [(_popcount(m & fail_mask), -score[m], self.numa_span[m]) for m in masks]
             )
         self.weights = weights
+        self.left_best_set = _best_set_within(score, count, NEXT_SET_SIZE)
+        self.left_pairs = _best_pairing_within(weights, count)
+
+    def left_free(self, free: int) -> tuple[int, int]:
+        """What the free devices ``free`` offer the next request: best set, best pairing."""
+        return self.left_best_set[free], self.left_pairs[free]
 
     def mask_of(self, positions: Sequence[int]) -> int:
         """The table mask of GPU positions (all must be in the universe)."""
@@ -418,12 +435,14 @@ class Allocator:
             counts, needed = capacity
             if min(counts.values()) * k < needed:  # otherwise every set of k GPUs has room
                 capacity_of = _BitSums([counts.get(p, 0) for p in table.universe])
-        # what a set cuts from the rest: its links to the other free devices (+ 2 x its score)
+        # the links a set cuts from the rest (+ 2 x its score): the last step, computed on ties
         degree: _BitSums | None = None
         free_of = _BitSums([balance.get(p, 0) for p in table.universe]) if balance else None
-        best_key: tuple[int, bool, int, int, int, int] | None = None
+        best_key: tuple[int, bool, int, int, int, int, int] | None = None
         best_mask = -1
         best_ok = False
+        best_cut: int | None = None
+        left_sets, left_pairs = table.left_best_set, table.left_pairs
         constraints = bool(self.policy.constraints)
         for idx, mask in enumerate(order):
             if mask & busy or mask & must != must:
@@ -439,12 +458,19 @@ class Allocator:
             ok = self._constraints_ok(table.positions(mask))[0] if constraints else True
             if best_key is not None and (fails, not ok, neg_score, span) > best_key[:4]:
                 continue
-            if degree is None:
-                degree = _BitSums(_degrees(table.weights, avail))
             load = -free_of(mask) if free_of is not None else 0
-            candidate = (fails, not ok, neg_score, span, load, degree(mask) + 2 * neg_score)
+            rest = avail & ~mask
+            candidate = (fails, not ok, neg_score, span, load, -left_sets[rest], -left_pairs[rest])
             if best_key is None or candidate < best_key:
-                best_key, best_mask, best_ok = candidate, mask, ok
+                best_key, best_mask, best_ok, best_cut = candidate, mask, ok, None
+            elif candidate == best_key:
+                if degree is None:
+                    degree = _BitSums(_degrees(table.weights, avail))
+                if best_cut is None:
+                    best_cut = degree(best_mask) + 2 * neg_score
+                cut = degree(mask) + 2 * neg_score
+                if cut < best_cut:  # on equal cuts the earlier set (lower indexes) stays
+                    best_mask, best_ok, best_cut = mask, ok, cut
         if best_key is None:
             return None
         if self.policy.constraints and not best_ok:
@@ -467,11 +493,21 @@ class Allocator:
             self._constraint_cache[positions] = cached
         return cached
 
-    def _full_key(self, positions: tuple[int, ...], avail_positions: Sequence[int]) -> Candidate:
+    def _full_key(
+        self,
+        positions: tuple[int, ...],
+        avail_positions: Sequence[int],
+        table: _Table | None = None,
+    ) -> Candidate:
+        """``positions`` scored on every objective step (what is left free only with a table)."""
         topo = self.topology
         ok, reason = self._constraints_ok(positions) if self.policy.constraints else (True, None)
         chosen = set(positions)
         frag = sum(topo.scores[p][q] for p in positions for q in avail_positions if q != p)
+        left_set = left_pairs = 0
+        if table is not None:
+            left = table.mask_of(avail_positions) & ~table.mask_of(positions)
+            left_set, left_pairs = table.left_free(left)
         return Candidate(
             positions=positions,
             selector_failures=sum(1 for p in positions if p in self._fail_positions),
@@ -479,6 +515,8 @@ class Allocator:
             constraint_reason=reason,
             link_score=topo.set_score(positions),
             numa_span=len(topo.numa_nodes(positions)),
+            left_best_set=left_set,
+            left_pairs=left_pairs,
             fragmentation=frag - sum(topo.scores[p][q] for p in chosen for q in chosen),
         )
 
@@ -579,12 +617,50 @@ class Allocator:
         if k < len(must) or k > len(avail):
             return []
         rest = [p for p in avail if p not in must]
+        table = self._table_for(avail)
         found = [
-            self._full_key(tuple(sorted([*must, *extra])), avail)
+            self._full_key(tuple(sorted([*must, *extra])), avail, table)
             for extra in combinations(rest, k - len(must))
         ]
         found.sort(key=Candidate.key)
         return found
+
+
+def _best_set_within(score: list[int], count: int, k: int) -> list[int]:
+    """For every mask: the highest link score of a ``k``-subset of it (0 if it has fewer)."""
+    best = [0] * (1 << count)
+    for mask in range(1, 1 << count):
+        bits = mask.bit_count()
+        if bits == k:
+            best[mask] = score[mask]
+        elif bits > k:  # a k-subset misses at least one bit of the mask
+            top, rest = 0, mask
+            while rest:
+                low = rest & -rest
+                rest ^= low
+                if best[mask ^ low] > top:
+                    top = best[mask ^ low]
+            best[mask] = top
+    return best
+
+
+def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:
+    """For every mask: the highest total link score of disjoint pairs in it (a best matching)."""
+    best = [0] * (1 << count)
+    for mask in range(3, 1 << count):
+        low = mask & -mask
+        rest = mask ^ low
+        row = weights[low.bit_length() - 1]
+        top = best[rest]  # the lowest device stays unpaired
+        others = rest
+        while others:
+            partner = others & -others
+            others ^= partner
+            value = row[partner.bit_length() - 1] + best[rest ^ partner]
+            if value > top:
+                top = value
+        best[mask] = top
+    return best
 
 
 class _BitSums:
@@ -634,6 +710,16 @@ def why_lost(winner: Candidate, loser: Candidate) -> str:
         return f"lower link score ({loser.link_score} < {winner.link_score})"
     if loser.numa_span != winner.numa_span:
         return f"spans more NUMA nodes ({loser.numa_span} > {winner.numa_span})"
+    if loser.left_best_set != winner.left_best_set:
+        return (
+            f"leaves a worse {NEXT_SET_SIZE}-GPU set free (link score "
+            f"{loser.left_best_set} < {winner.left_best_set})"
+        )
+    if loser.left_pairs != winner.left_pairs:
+        return (
+            "leaves worse pairs free (best pairing of what is left scores "
+            f"{loser.left_pairs} < {winner.left_pairs})"
+        )
     if loser.fragmentation != winner.fragmentation:
         return (
             "fragments the free devices more (cuts link score "

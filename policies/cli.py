@@ -363,6 +363,11 @@ def _simulate(args: argparse.Namespace) -> int:
         ("jobs placed (multi-GPU)", lambda f: f"{f.jobs} ({f.multi_jobs})"),
         ("multi-GPU jobs with the best link score", lambda f: f"{100 * f.share_best_link():.1f}%"),
         ("mean link score (multi-GPU)", lambda f: f"{f.mean_link_score():.1f}"),
+        *(
+            (f"  ... of {size}-GPU jobs", _mean_of(size))
+            for size in sorted(ours.jobs_by_size)
+            if size < allocator.topology.size
+        ),
         (
             "jobs spanning avoidable NUMA nodes",
             lambda f: f"{100 * f.numa_excess_jobs / f.multi_jobs if f.multi_jobs else 0:.1f}%",
@@ -377,6 +382,10 @@ def _simulate(args: argparse.Namespace) -> int:
     if theirs.skipped:
         print(f"baseline {theirs.skipped}")
     return 0
+
+
+def _mean_of(size: int) -> Callable[[Figures], str]:
+    return lambda f: f"{f.mean_link_score_of(size):.1f}"
 
 
 def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:

@@ -1,10 +1,15 @@
 """Random arrivals and departures of 1-, 2-, 4- and 8-GPU jobs on one node, for ``policy simulate``.
 
 Both engines see the same random workload (same seed, same draws); each keeps its own node
-state. Figures for multi-GPU jobs: the share that got a set with the best link score possible
-on an empty node for that size, the mean link score, and the NUMA-span excess (NUMA nodes
-spanned beyond the fewest that a set of the free GPUs with at least the same link score spans:
-the avoidable part).
+state. The workload is the same job for job: whether a job fits, which job leaves and every
+draw depend only on how many GPUs are free and how many jobs run, never on which GPUs an engine
+chose (an invalid answer is topped up to the size asked), so both engines place the same jobs
+of the same sizes in the same order and their figures compare like with like.
+
+Figures for multi-GPU jobs: the share that got a set with the best link score possible on an
+empty node for that size, the mean link score (in all and per job size), and the NUMA-span
+excess (NUMA nodes spanned beyond the fewest that a set of the free GPUs with at least the same
+link score spans: the avoidable part).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Figures:
     numa_excess_jobs: int = 0
     numa_excess_total: int = 0
     invalid_answers: int = 0
+    jobs_by_size: dict[int, int] = field(default_factory=dict)
+    link_score_by_size: dict[int, int] = field(default_factory=dict)
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -51,6 +58,11 @@ class Figures:
     def mean_link_score(self) -> float:
         """Mean link score of multi-GPU jobs."""
         return self.link_score_total / self.multi_jobs if self.multi_jobs else 0.0
+
+    def mean_link_score_of(self, size: int) -> float:
+        """Mean link score of the ``size``-GPU jobs (0 when there were none)."""
+        jobs = self.jobs_by_size.get(size, 0)
+        return self.link_score_by_size.get(size, 0) / jobs if jobs else 0.0
 
     def mean_numa_excess(self) -> float:
         """Mean avoidable NUMA-span excess per multi-GPU job."""
@@ -130,6 +142,8 @@ def run(
             score = topology.set_score(positions)
             figures.multi_jobs += 1
             figures.link_score_total += score
+            figures.jobs_by_size[size] = figures.jobs_by_size.get(size, 0) + 1
+            figures.link_score_by_size[size] = figures.link_score_by_size.get(size, 0) + score
             figures.multi_best_link += score >= best[size]
             span = len(topology.numa_nodes(positions))
             excess = span - _min_span(topology, ordered, size, score)
