@@ -6,9 +6,17 @@ what went wrong, where, and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
+
+
+def first_of(problems: Sequence[str]) -> str:
+    """The first of ``problems`` and how many follow: ``gpus[0].uuid: ... (and 2 more)``."""
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    return f"{problems[0]}{more}"
 
 
 class CdigenError(Exception):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ def read_text(path: str | Path, *, what: str = "file") -> str:
         raise InputError(f"expected a {what}, found a directory", where=str(path)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {what}: {exc}", where=str(path)) from None
+
+
+def read_stdin(*, what: str = "input") -> str:
+    """All of standard input as text; a one-line InputError if it is not readable text."""
+    try:
+        return sys.stdin.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {what}: {exc}", where="<stdin>") from None
 
 
 def parse_document(text: str, *, where: str) -> Any:

@@ -17,7 +17,7 @@ from cdigen.schemas import validate
 
 SCHEMA = "node"
 
-_BUS_ID = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 
 
 class MigDeviceDoc(TypedDict):
@@ -72,7 +72,8 @@ class NodeDoc(TypedDict):
 
 
 def normalize_bus_id(bus_id: str) -> str:
-    """A PCI bus ID in the sysfs form ``0000:07:00.0`` (NVML writes ``00000000:07:00.0``).
+    """A PCI bus ID in the sysfs form ``0000:07:00.0`` (NVML writes ``00000000:07:00.0``;
+    ``07:00.0`` means domain 0).
 
     Anything that is not a bus ID comes back unchanged (the schema reports it).
     """
@@ -80,7 +81,7 @@ def normalize_bus_id(bus_id: str) -> str:
     if not match:
         return bus_id
     domain, bus, device, function = match.groups()
-    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+    return f"{int(domain or '0', 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
 
 def node_to_dict(node: Node) -> NodeDoc:

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cdigen.errors import SchemaError
+from cdigen.errors import SchemaError, first_of
 
 _SOURCE_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -76,6 +76,5 @@ def validate(document: Any, name: str, *, where: str) -> None:
     """Raise :class:`SchemaError` naming ``where`` and the first bad field if ``document`` fails."""
     problems = schema_errors(document, name)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         hint = f"see schemas/{name}.schema.json"
-        raise SchemaError(f"{problems[0]}{more}", where=where, hint=hint)
+        raise SchemaError(first_of(problems), where=where, hint=hint)

@@ -127,7 +127,7 @@ def run_generate(args: argparse.Namespace) -> int:
     node = load_node(
         args.node, sysfs_root=_located(fs, args.sysfs_root), proc_root=_located(fs, "/proc")
     )
-    spec = generate(node, options)
+    spec = generate(node, options, fs)
     if args.dry_run or args.output == "-":
         check_spec(spec, where="generated spec")
         sys.stdout.write(render_spec(spec, args.format))

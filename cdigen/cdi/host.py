@@ -18,8 +18,11 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cdigen.nodefile import normalize_bus_id
 
 CONTROL_NODES = (
     "/dev/nvidiactl",
@@ -146,41 +149,36 @@ class HostFS:
         except OSError:
             return path
 
-    def _try_locate(self, path: str, *, follow: bool = True) -> str | None:
+    def _holds(self, path: str, test: Callable[[str], bool], *, follow: bool = True) -> bool:
         try:
-            return self.locate(path, follow=follow)
+            where = self.locate(path, follow=follow)
         except OSError:  # a symlink loop: like ELOOP from the kernel, nothing is there
-            return None
+            return False
+        return test(where)
 
     def exists(self, path: str) -> bool:
         """Whether ``path`` exists (following symlinks)."""
-        where = self._try_locate(path)
-        return where is not None and os.path.exists(where)
+        return self._holds(path, os.path.exists)
 
     def lexists(self, path: str) -> bool:
         """Whether ``path`` exists as anything, a broken symlink included."""
-        where = self._try_locate(path, follow=False)
-        return where is not None and os.path.lexists(where)
+        return self._holds(path, os.path.lexists, follow=False)
 
     def isfile(self, path: str) -> bool:
         """Whether ``path`` is a regular file (following symlinks)."""
-        where = self._try_locate(path)
-        return where is not None and os.path.isfile(where)
+        return self._holds(path, os.path.isfile)
 
     def isdir(self, path: str) -> bool:
         """Whether ``path`` is a directory (following symlinks)."""
-        where = self._try_locate(path)
-        return where is not None and os.path.isdir(where)
+        return self._holds(path, os.path.isdir)
 
     def islink(self, path: str) -> bool:
         """Whether ``path`` itself is a symlink."""
-        where = self._try_locate(path, follow=False)
-        return where is not None and os.path.islink(where)
+        return self._holds(path, os.path.islink, follow=False)
 
     def is_executable(self, path: str) -> bool:
         """Whether ``path`` is a regular file this process may execute."""
-        where = self._try_locate(path)
-        return where is not None and os.path.isfile(where) and os.access(where, os.X_OK)
+        return self._holds(path, lambda where: os.path.isfile(where) and os.access(where, os.X_OK))
 
 
 HOST = HostFS()
@@ -276,19 +274,9 @@ def control_nodes(dev_root: str | Path, fs: HostFS = HOST) -> tuple[DeviceNodeIn
     )
 
 
-def sysfs_bus_id(pci_bus_id: str) -> str:
-    """NVML's ``00000000:07:00.0`` -> sysfs's ``0000:07:00.0`` (4-digit domain, lower case)."""
-    domain, _, rest = pci_bus_id.strip().lower().rpartition(":")
-    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("0", "", domain)
-    try:
-        return f"{int(domain or '0', 16):04x}:{bus}:{rest}"
-    except ValueError:
-        return pci_bus_id.lower()
-
-
 def drm_nodes(sysfs_root: str | Path, pci_bus_id: str, fs: HostFS = HOST) -> tuple[str, ...]:
     """``/dev/dri/cardN`` and ``renderDN`` of a GPU, from ``<sysfs>/bus/pci/devices/<bdf>/drm``."""
-    drm = Path(sysfs_root) / "bus" / "pci" / "devices" / sysfs_bus_id(pci_bus_id) / "drm"
+    drm = Path(sysfs_root) / "bus" / "pci" / "devices" / normalize_bus_id(pci_bus_id) / "drm"
     try:
         names = fs.listdir(str(drm))
     except OSError:
@@ -309,22 +297,26 @@ def read_ld_cache(path: str | Path, fs: HostFS = HOST) -> list[tuple[str, str]]:
         data = fs.read_bytes(str(path))
     except OSError:
         return []
+    try:
+        return _ld_cache_entries(data)
+    except (struct.error, ValueError):  # truncated or corrupt: a short header, a string sans NUL
+        return []
+
+
+def _ld_cache_entries(data: bytes) -> list[tuple[str, str]]:
     start = 0
     if data.startswith(_LD_CACHE_OLD_MAGIC):
         (old_count,) = struct.unpack_from("<I", data, 12)
         start = (16 + old_count * 12 + 7) & ~7
     if data[start : start + len(_LD_CACHE_NEW_MAGIC)] != _LD_CACHE_NEW_MAGIC:
         return []
-    try:
-        (count,) = struct.unpack_from("<I", data, start + 20)
-        entries = []
-        for i in range(count):
-            flags, key, value, _os, _hwcap = struct.unpack_from("<iIIIQ", data, start + 48 + 24 * i)
-            if flags & 0xFF != _LD_FLAG_ELF_LIBC6 or flags & 0xFF00 not in _LD_FLAGS_64BIT:
-                continue
-            entries.append((_c_string(data, start + key), _c_string(data, start + value)))
-    except struct.error:
-        return []
+    (count,) = struct.unpack_from("<I", data, start + 20)
+    entries = []
+    for i in range(count):
+        flags, key, value, _os, _hwcap = struct.unpack_from("<iIIIQ", data, start + 48 + 24 * i)
+        if flags & 0xFF != _LD_FLAG_ELF_LIBC6 or flags & 0xFF00 not in _LD_FLAGS_64BIT:
+            continue
+        entries.append((_c_string(data, start + key), _c_string(data, start + value)))
     return entries
 
 

@@ -11,31 +11,29 @@ import re
 from cdigen.errors import InputError
 
 VENDOR_RE = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-CLASS_RE = VENDOR_RE
 DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 DEFAULT_VENDOR = "nvidia.com"
 DEFAULT_CLASS = "gpu"
 
 
-def vendor_problem(vendor: str) -> str | None:
-    """Why ``vendor`` is not a valid CDI vendor, or None."""
-    if VENDOR_RE.fullmatch(vendor):
+def _kind_part_problem(part: str, value: str) -> str | None:
+    if VENDOR_RE.fullmatch(value):
         return None
     return (
-        f"invalid vendor {vendor!r}: must start with a letter, end with a letter or digit, "
+        f"invalid {part} {value!r}: must start with a letter, end with a letter or digit, "
         "and contain only letters, digits, '_', '.' and '-'"
     )
+
+
+def vendor_problem(vendor: str) -> str | None:
+    """Why ``vendor`` is not a valid CDI vendor, or None."""
+    return _kind_part_problem("vendor", vendor)
 
 
 def class_problem(cls: str) -> str | None:
     """Why ``cls`` is not a valid CDI class, or None."""
-    if CLASS_RE.fullmatch(cls):
-        return None
-    return (
-        f"invalid class {cls!r}: must start with a letter, end with a letter or digit, "
-        "and contain only letters, digits, '_', '.' and '-'"
-    )
+    return _kind_part_problem("class", cls)
 
 
 def device_name_problem(name: str) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 from cdigen.cdi.names import qualified_name
 from cdigen.cdi.validate import SPEC_SUFFIXES, spec_problems
 from cdigen.errors import CdigenError
-from cdigen.fileio import parse_document, read_text
+from cdigen.fileio import read_document
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
@@ -87,7 +87,7 @@ def declared_names(doc: Any) -> list[str]:
 
 def read_spec_document(path: Path) -> Any:
     """Parse one spec file; CdigenError if it cannot be read or parsed."""
-    return parse_document(read_text(path, what="CDI spec"), where=str(path))
+    return read_document(path, what="CDI spec")
 
 
 def load_spec_file(path: Path, priority: int) -> SpecFile:

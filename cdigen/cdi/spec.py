@@ -157,11 +157,10 @@ def _copies(nodes: Iterable[DeviceNodeDoc]) -> list[DeviceNodeDoc]:
     return [n.copy() for n in nodes]
 
 
-def build_spec(node: Node, options: SpecOptions, driver: DriverFiles) -> SpecDoc:
-    """The spec for ``node`` on a host whose driver files are ``driver``; InputError if empty or
-    if a pinned ``cdi_version`` is too low for the content."""
+def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS) -> SpecDoc:
+    """The spec for ``node`` on a host (seen through ``fs``) whose driver files are ``driver``;
+    InputError if empty or if a pinned ``cdi_version`` is too low for the content."""
     kind = make_kind(options.vendor, options.cls)
-    fs = HostFS(options.host_root)
     devices: list[DeviceDoc] = []
     all_nodes: dict[str, DeviceNodeDoc] = {}
     for names, nodes in _device_entries(node, options, fs):
@@ -207,8 +206,12 @@ def pin_version(spec: SpecDoc, requested: str | None) -> str:
     return requested.removeprefix("v")
 
 
-def generate(node: Node, options: SpecOptions) -> SpecDoc:
-    """Scan the host under the roots in ``options`` and build the spec for ``node``."""
-    fs = HostFS(options.host_root)
+def generate(node: Node, options: SpecOptions, fs: HostFS | None = None) -> SpecDoc:
+    """Scan the host under the roots in ``options`` and build the spec for ``node``.
+
+    ``fs`` is the view of the host at ``options.host_root`` (one per scan: it remembers
+    resolved directories); made here when not given.
+    """
+    fs = fs or HostFS(options.host_root)
     driver = hostmod.scan_driver(options.driver_root, node.driver_version, fs)
-    return build_spec(node, options, driver)
+    return build_spec(node, options, driver, fs)

@@ -7,15 +7,6 @@ from __future__ import annotations
 
 from typing import NotRequired, TypedDict
 
-HOOK_NAMES = (
-    "prestart",
-    "createRuntime",
-    "createContainer",
-    "startContainer",
-    "poststart",
-    "poststop",
-)
-
 
 class DeviceNodeDoc(TypedDict):
     """A device node the runtime creates in the container."""

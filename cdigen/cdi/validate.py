@@ -15,8 +15,8 @@ from typing import Any
 
 from cdigen.cdi import names
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
-from cdigen.errors import CdigenError, SchemaError
-from cdigen.fileio import parse_document, read_text
+from cdigen.errors import CdigenError, SchemaError, first_of
+from cdigen.fileio import read_document
 from cdigen.schemas import field_path, load_schema
 
 SCHEMA_NAME = "cdi-spec"
@@ -152,9 +152,8 @@ def check_spec(doc: Any, *, where: str) -> None:
     """Raise :class:`SchemaError` (exit 2) naming the first problem if ``doc`` is not valid."""
     problems = spec_problems(doc)
     if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise SchemaError(
-            f"{problems[0]}{more}",
+            first_of(problems),
             where=where,
             hint="nothing was written; check the node description ('cdigen discover') and flags",
         )
@@ -164,7 +163,7 @@ def file_problems(path: str | Path) -> list[str]:
     """Every problem in one spec file, each prefixed with the file name."""
     where = str(path)
     try:
-        doc = parse_document(read_text(path, what="CDI spec"), where=where)
+        doc = read_document(path, what="CDI spec")
     except CdigenError as exc:
         return [str(exc)]
     problems = [f"{where}: {p}" for p in spec_problems(doc)]

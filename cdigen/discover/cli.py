@@ -7,8 +7,12 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdigen.errors import EXIT_OK, InputError
+
+if TYPE_CHECKING:
+    from cdigen.model import Node
 
 log = logging.getLogger("cdigen")
 
@@ -142,7 +146,8 @@ def _emit(text: str, output: str) -> None:
     log.info("wrote %s", output)
 
 
-def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _load(args: argparse.Namespace) -> Node:
+    """The node ``--node`` names; its notes and GPU errors go to stderr."""
     from cdigen.discover import load_node
 
     node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
@@ -178,24 +183,23 @@ def run_topo(args: argparse.Namespace) -> int:
 
 def run_topo_import(args: argparse.Namespace) -> int:
     """``cdigen topo import``: a saved ``nvidia-smi topo -m`` -> node file."""
-    from cdigen.discover.topo_import import matrix_to_node, parse_topo
-    from cdigen.fileio import read_text
-    from cdigen.nodefile import check_node, dump_node
+    from cdigen.discover.topo_import import import_topo_text
+    from cdigen.fileio import read_stdin, read_text
+    from cdigen.nodefile import dump_node
 
     if args.file == "-":
-        where, text = "<stdin>", sys.stdin.read()
+        where, text = "<stdin>", read_stdin(what="topo -m text")
     else:
         where, text = args.file, read_text(args.file, what="topo -m text")
-    memory = parse_size(args.memory) if args.memory is not None else None
-    node = matrix_to_node(
-        parse_topo(text, where=where),
+    node = import_topo_text(
+        text,
+        where=where,
         name=args.name or ("" if args.file == "-" else Path(args.file).stem),
         gpu_name=args.gpu_name,
-        memory_bytes=memory,
+        memory_bytes=parse_size(args.memory) if args.memory is not None else None,
         driver_version=args.driver_version,
         cuda_driver_version=args.cuda_driver_version,
     )
-    check_node(node, where=where)
     for note in node.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
     _emit(dump_node(node, args.import_format), args.output)

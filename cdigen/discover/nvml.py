@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from cdigen.nodefile import normalize_bus_id
 log = logging.getLogger("cdigen.discover.nvml")
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 NO_NVML_HINT = (
     "to run without a GPU driver use --node builtin:NAME (e.g. builtin:rtx4090) "
@@ -75,19 +76,9 @@ _PCIE_LEVELS: dict[str, PcieLevel] = {
 }
 
 
-def architecture_names(nvml: Any) -> dict[int, str]:
-    """NVML architecture constants of ``nvml`` -> names (``Ampere``)."""
-    return {getattr(nvml, k): v for k, v in _ARCHITECTURES.items() if hasattr(nvml, k)}
-
-
-def brand_names(nvml: Any) -> dict[int, str]:
-    """NVML brand constants of ``nvml`` -> names (``GeForce``)."""
-    return {getattr(nvml, k): v for k, v in _BRANDS.items() if hasattr(nvml, k)}
-
-
-def pcie_levels(nvml: Any) -> dict[int, PcieLevel]:
-    """NVML topology-level constants -> ``topo -m`` labels."""
-    return {getattr(nvml, k): v for k, v in _PCIE_LEVELS.items() if hasattr(nvml, k)}
+def constant_names(nvml: Any, table: Mapping[str, V]) -> dict[int, V]:
+    """``table`` keyed by the values of the NVML constants it names (those ``nvml`` has)."""
+    return {getattr(nvml, k): v for k, v in table.items() if hasattr(nvml, k)}
 
 
 def text(value: object) -> str:
@@ -142,7 +133,7 @@ def read_mig_minors(proc_root: Path) -> dict[tuple[int, ...], int]:
     path = proc_root / "driver" / "nvidia-caps" / "mig-minors"
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return {}
     minors: dict[tuple[int, ...], int] = {}
     for line in lines:
@@ -215,8 +206,8 @@ class _Discovery:
         self.nvml = nvml
         self.sysfs_root = sysfs_root
         self.mig_minors = read_mig_minors(proc_root)
-        self.architectures = architecture_names(nvml)
-        self.brands = brand_names(nvml)
+        self.architectures = constant_names(nvml, _ARCHITECTURES)
+        self.brands = constant_names(nvml, _BRANDS)
 
     def node(self) -> Node:
         nvml = self.nvml
@@ -361,7 +352,7 @@ class _Discovery:
 
     def links(self, found: list[_Found]) -> tuple[Link, ...]:
         nvml = self.nvml
-        levels = pcie_levels(nvml)
+        levels = constant_names(nvml, _PCIE_LEVELS)
         by_bus = {f.gpu.pci_bus_id: f.gpu.index for f in found if f.gpu.pci_bus_id}
         direct: Counter[tuple[int, int]] = Counter()
         switch_links: dict[int, int] = {}

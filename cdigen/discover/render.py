@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TypedDict
 
-from cdigen.model import Link, Node
+from cdigen.model import Gpu, Link, Node
 
 LEGEND = """\
 Legend:
@@ -88,19 +88,17 @@ def render_json(node: Node) -> str:
 def render_dot(node: Node) -> str:
     """A Graphviz graph: GPUs clustered by NUMA node, one edge per known pair, NVLink bold."""
     out = [f"graph {json.dumps(node.name or 'node')} {{", "  node [shape=box];"]
-    by_numa: dict[int | None, list[int]] = {}
+    by_numa: dict[int | None, list[Gpu]] = {}
     for gpu in node.gpus:
-        by_numa.setdefault(gpu.numa_node, []).append(gpu.index)
-    for numa, indexes in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
+        by_numa.setdefault(gpu.numa_node, []).append(gpu)
+    for numa, gpus in sorted(by_numa.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
         indent = "  "
         if numa is not None:
             out.append(f"  subgraph cluster_numa{numa} {{")
             out.append(f'    label="NUMA {numa}";')
             indent = "    "
-        for index in indexes:
-            found = node.gpu_by_index(index)
-            title = f"GPU{index}\\n{found.name}" if found else f"GPU{index}"
-            out.append(f'{indent}gpu{index} [label="{title}"];')
+        for gpu in gpus:
+            out.append(f'{indent}gpu{gpu.index} [label="GPU{gpu.index}\\n{gpu.name}"];')
         if numa is not None:
             out.append("  }")
     for link in sorted(node.links, key=lambda k: (k.a, k.b)):

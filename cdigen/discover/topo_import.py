@@ -262,6 +262,29 @@ def matrix_to_node(
     )
 
 
+def import_topo_text(
+    text: str,
+    *,
+    where: str,
+    name: str = "",
+    gpu_name: str = "",
+    memory_bytes: int | None = None,
+    driver_version: str = "",
+    cuda_driver_version: str = "",
+) -> Node:
+    """Parse ``topo -m`` text read from ``where`` and build a checked Node."""
+    node = matrix_to_node(
+        parse_topo(text, where=where),
+        name=name,
+        gpu_name=gpu_name,
+        memory_bytes=memory_bytes,
+        driver_version=driver_version,
+        cuda_driver_version=cuda_driver_version,
+    )
+    check_node(node, where=where)
+    return node
+
+
 def import_topo(
     path: str | Path,
     *,
@@ -272,15 +295,12 @@ def import_topo(
     cuda_driver_version: str = "",
 ) -> Node:
     """Read a saved ``nvidia-smi topo -m`` output (``-`` is not handled here) and build a Node."""
-    where = str(path)
-    matrix = parse_topo(read_text(path, what="topo -m text"), where=where)
-    node = matrix_to_node(
-        matrix,
+    return import_topo_text(
+        read_text(path, what="topo -m text"),
+        where=str(path),
         name=name or Path(path).stem,
         gpu_name=gpu_name,
         memory_bytes=memory_bytes,
         driver_version=driver_version,
         cuda_driver_version=cuda_driver_version,
     )
-    check_node(node, where=where)
-    return node

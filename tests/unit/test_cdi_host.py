@@ -126,6 +126,15 @@ def test_ld_cache_round_trip(tmp_path: Path) -> None:
     assert host.read_ld_cache(tmp_path / "missing") == []
 
 
+def test_ld_cache_truncated_is_unreadable_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "ld.so.cache"
+    write_ld_cache(path, [("libcuda.so.1", "/usr/lib64/libcuda.so.1")])
+    path.write_bytes(path.read_bytes()[:-1])  # the last string loses its terminating NUL
+    assert host.read_ld_cache(path) == []
+    path.write_bytes(b"ld.so-1.7.0")  # an old-format magic and nothing after it
+    assert host.read_ld_cache(path) == []
+
+
 @pytest.mark.skipif(
     not (os.path.exists("/etc/ld.so.cache") and shutil.which("ldconfig")),
     reason="needs this host's /etc/ld.so.cache and ldconfig to compare with",

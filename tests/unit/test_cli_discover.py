@@ -71,6 +71,19 @@ def test_topo_import_reads_stdin(
     assert code == 0 and len(json.loads(out)["gpus"]) == 8
 
 
+def test_topo_import_stdin_not_text_is_one_line_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    binary = io.TextIOWrapper(io.BytesIO(b"\xff\xfeGPU0\n"), encoding="utf-8", errors="strict")
+    monkeypatch.setattr(sys, "stdin", binary)
+    code, out, err = run(capsys, "topo", "import", "-")
+    assert (code, out) == (2, "")
+    assert err.startswith("cdigen: error: <stdin>: cannot read topo -m text:")
+    assert len(err.splitlines()) == 1
+
+
 def test_topo_formats(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "topo", "--node", "builtin:dgx-h100", "--format", "json")
     assert code == 0 and json.loads(out)["matrix"][1][0] == "NV18"

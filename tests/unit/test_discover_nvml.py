@@ -182,6 +182,13 @@ def test_mig_minors_file_format(tmp_path: Path) -> None:
     assert read_mig_minors(tmp_path / "elsewhere") == {}
 
 
+def test_mig_minors_not_text_reads_as_no_minors(tmp_path: Path) -> None:
+    caps = tmp_path / "driver" / "nvidia-caps"
+    caps.mkdir(parents=True)
+    (caps / "mig-minors").write_bytes(b"\xff\xfe gpu0/gi1/access 12\n")
+    assert read_mig_minors(tmp_path) == {}
+
+
 def test_calls_before_init_fail_like_the_real_module() -> None:
     nvml = FakeNvml(load_node("builtin:rtx4090"))
     with pytest.raises(pynvml.NVMLError_Uninitialized):

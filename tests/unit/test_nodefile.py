@@ -136,6 +136,7 @@ def test_links_are_normalised_to_a_below_b() -> None:
 def test_bus_ids_are_normalised_to_the_sysfs_form() -> None:
     assert normalize_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
     assert normalize_bus_id("0000:07:00.0") == "0000:07:00.0"
+    assert normalize_bus_id("07:00.0") == "0000:07:00.0"
     assert normalize_bus_id("garbage") == "garbage"
 
 
