@@ -256,7 +256,8 @@ class NodeWatcher:
         self._apply(node)
 
 
-def _dir_signature(dirs: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+def dir_signature(dirs: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
+    """Every file in ``dirs`` with its mtime and size: changes whenever a file does."""
     entries: list[tuple[str, int, int]] = []
     for directory in dirs:
         try:
@@ -297,12 +298,12 @@ class SpecDirWatcher:
     def set_names(self, names: Mapping[str, Sequence[str]]) -> None:
         """Check these names from now on (a new layout), and check them now."""
         self._names = names
-        self._signature = _dir_signature(self.spec_dirs)
+        self._signature = dir_signature(self.spec_dirs)
         self.check()
 
     def poll(self) -> None:
         """Re-check the names if any spec file changed (always on the first call)."""
-        signature = _dir_signature(self.spec_dirs)
+        signature = dir_signature(self.spec_dirs)
         if signature == self._signature:
             return
         self._signature = signature
@@ -368,6 +369,9 @@ class XidHealth:
         self._recover_after_s = recover_after_s
         self._clock = clock
         self._xids: dict[str, _XidState] = {}
+        # the event thread and the poller both decide a GPU's Xid reason: one at a time, or a
+        # poll that read no Xid state could clear an Xid that arrived while it probed
+        self._xid_lock = threading.Lock()
         self._event_set: Any = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -397,8 +401,9 @@ class XidHealth:
         if xid in self._ignored:
             log.info("device %s: application Xid %d ignored", uuid, xid)
             return
-        self._xids[uuid] = _XidState(xid, self._clock())
-        self._board.set_reasons(SOURCE_XID, {uuid: f"critical Xid {xid}"})
+        with self._xid_lock:
+            self._xids[uuid] = _XidState(xid, self._clock())
+            self._board.set_reasons(SOURCE_XID, {uuid: f"critical Xid {xid}"})
 
     def wait_once(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for one event and handle it; True if one arrived."""
@@ -431,19 +436,20 @@ class XidHealth:
 
     def poll(self) -> None:
         """Periodic check: GPUs that stop answering go down; quiet ones that answer come back."""
-        now = self._clock()
-        reasons: dict[str, str | None] = {}
-        for uuid in self._uuids:
-            failure = self.probe(uuid)
-            state = self._xids.get(uuid)
-            if failure is not None:
-                reasons[uuid] = f"NVML probe failed: {failure}"
-            elif state is not None and now - state.last_seen < self._recover_after_s:
-                reasons[uuid] = f"critical Xid {state.last_xid}"
-            else:
-                self._xids.pop(uuid, None)
-                reasons[uuid] = None
-        self._board.set_reasons(SOURCE_XID, reasons)
+        failures = {uuid: self.probe(uuid) for uuid in self._uuids}  # slow: outside the lock
+        with self._xid_lock:
+            now = self._clock()
+            reasons: dict[str, str | None] = {}
+            for uuid, failure in failures.items():
+                state = self._xids.get(uuid)
+                if failure is not None:
+                    reasons[uuid] = f"NVML probe failed: {failure}"
+                elif state is not None and now - state.last_seen < self._recover_after_s:
+                    reasons[uuid] = f"critical Xid {state.last_xid}"
+                else:
+                    self._xids.pop(uuid, None)
+                    reasons[uuid] = None
+            self._board.set_reasons(SOURCE_XID, reasons)
 
     def start(self) -> None:
         """Wait for events in a daemon thread."""

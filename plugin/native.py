@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from plugin.health import dir_signature
 from plugin.service import ContainerEdits, DeviceNodeEdit, MountEdit
 
 log = logging.getLogger("cdigen.plugin")
@@ -68,19 +69,15 @@ class SpecEdits:
     def __init__(self, spec_dirs: Sequence[Path]) -> None:
         self.spec_dirs = tuple(spec_dirs)
         self._lock = threading.Lock()
-        self._cache_key: tuple[Any, ...] | None = None
+        self._cache_key: tuple[tuple[str, int, int], ...] | None = None
         self._docs: dict[Path, Any] = {}
         self._registry: Any = None
         self._warned_hooks = False
 
     def _current(self) -> tuple[Any, dict[Path, Any]]:
-        from cdigen.cdi.registry import load_registry, read_spec_document, spec_paths
+        from cdigen.cdi.registry import load_registry, read_spec_document
 
-        key = tuple(
-            (str(p), p.stat().st_mtime_ns, p.stat().st_size)
-            for d in self.spec_dirs
-            for p in spec_paths(d)
-        )
+        key = dir_signature(self.spec_dirs)
         with self._lock:
             if key != self._cache_key:
                 self._registry = load_registry(list(self.spec_dirs))

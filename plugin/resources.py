@@ -13,7 +13,7 @@ returns. The MIG strategy decides how MIG devices become resources:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cdigen.errors import InputError
@@ -37,6 +37,10 @@ class AdvertisedDevice:
     def parents(self) -> tuple[str, ...]:
         """The physical GPU UUIDs whose health this device shares."""
         return self.gpu_uuids or (self.id,)
+
+    def names(self, cdi_kind: str) -> tuple[str, ...]:
+        """The fully-qualified CDI names Allocate hands out for this device."""
+        return self.cdi_names or (f"{cdi_kind}={self.id}",)
 
 
 @dataclass(frozen=True)
@@ -150,9 +154,4 @@ def device_parents(resources: Sequence[Resource]) -> dict[str, tuple[str, ...]]:
 
 def cdi_names(resources: Sequence[Resource], cdi_kind: str) -> dict[str, list[str]]:
     """Per device ID: the CDI names Allocate may return for it."""
-    return {d.id: list(d.cdi_names) or [f"{cdi_kind}={d.id}"] for r in resources for d in r.devices}
-
-
-def by_name(resources: Sequence[Resource]) -> Mapping[str, Resource]:
-    """The resources keyed by name."""
-    return {r.name: r for r in resources}
+    return {d.id: list(d.names(cdi_kind)) for r in resources for d in r.devices}

@@ -51,16 +51,6 @@ log = logging.getLogger("cdigen.plugin")
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def load_node(
-    source: str, *, sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc"
-) -> Node:
-    """The node from ``nvml``, ``builtin:NAME`` or a node file (discovery's loader); the roots
-    are read by NVML discovery only (NUMA fallback, MIG capability minors)."""
-    from cdigen.discover import load_node as discover
-
-    return discover(source, sysfs_root=sysfs_root, proc_root=proc_root)
-
-
 def is_node_file(source: str) -> bool:
     """True when the node source is a file the plugin can watch for health changes."""
     return source != "nvml" and not source.startswith("builtin:")
@@ -127,7 +117,7 @@ def load_policy_set(policy_dir: Path | None) -> PolicySet:
 
 
 class Preferences:
-    """The allocators in force, one per resource; swapped whole on a policy reload."""
+    """The preference functions in force, one per resource; swapped whole on a policy reload."""
 
     def __init__(
         self,
@@ -141,33 +131,35 @@ class Preferences:
         self._resources = tuple(resources)
         self._defaults = dict(defaults or {})
         self._policy_names: dict[str, str] = {}
-        self._lock = threading.Lock()
-        self._allocators: dict[str, Any] = {}
-        self.policy_set = PolicySet({}, {})
+        # one load (or layout update) at a time: a SIGHUP reload that started on the old layout
+        # must not swap its allocators in after a layout change's load
+        self._load_lock = threading.Lock()
+        self._preferrers: dict[str, Preferrer] = {}
 
     def load(self, policy_dir: Path | None) -> None:
         """(Re)load the policy directory; on any error the allocators in force stay."""
         from policies.allocator import Allocator
 
-        try:
-            policy_set = load_policy_set(policy_dir)
-            policies = {
-                r.name: policy_set.for_resource(r, self._defaults.get(r.name, "default"))
-                for r in self._resources
-            }
-            allocators = {name: Allocator(self._node, p) for name, p in policies.items()}
-        except Exception:
+        with self._load_lock:
+            try:
+                policy_set = load_policy_set(policy_dir)
+                policies = {
+                    r.name: policy_set.for_resource(r, self._defaults.get(r.name, "default"))
+                    for r in self._resources
+                }
+                preferrers = {
+                    name: _prefer_with(Allocator(self._node, p)) for name, p in policies.items()
+                }
+            except Exception:
+                if self._metrics is not None:
+                    self._metrics.observe_policy_reload(ok=False)
+                raise
+            self._preferrers = preferrers  # one assignment: gRPC threads see old or new, whole
+            names = {r: str(getattr(p, "name", p)) for r, p in policies.items()}
+            self._policy_names = names
             if self._metrics is not None:
-                self._metrics.observe_policy_reload(ok=False)
-            raise
-        with self._lock:
-            self._allocators = allocators
-            self.policy_set = policy_set
-        names = {r: str(getattr(p, "name", p)) for r, p in policies.items()}
-        self._policy_names = names
-        if self._metrics is not None:
-            self._metrics.observe_policy_reload(ok=True)
-            self._metrics.set_policies(names)
+                self._metrics.observe_policy_reload(ok=True)
+                self._metrics.set_policies(names)
         log.info("policies in force: %s", names)
 
     def policy_for(self, resource: str) -> str | None:
@@ -178,19 +170,19 @@ class Preferences:
         self, node: Node, resources: Sequence[ResourceConfig], defaults: Mapping[str, str]
     ) -> None:
         """Use ``node`` and ``resources`` from the next :meth:`load` on (a new layout)."""
-        self._node = node
-        self._resources = tuple(resources)
-        self._defaults = dict(defaults)
+        with self._load_lock:
+            self._node = node
+            self._resources = tuple(resources)
+            self._defaults = dict(defaults)
 
     def preferrer(self, resource: str) -> Callable[[], Preferrer]:
         """A getter for ``resource``'s current preference function."""
 
         def current() -> Preferrer:
-            with self._lock:
-                allocator = self._allocators.get(resource)
-            if allocator is None:
+            prefer = self._preferrers.get(resource)
+            if prefer is None:
                 raise RuntimeError(f"no allocator for {resource}")
-            return _prefer_with(allocator)
+            return prefer
 
         return current
 
@@ -357,7 +349,6 @@ class Plugin:
         )
         self.servers: list[ResourceServer] = []
         self._layout_lock = threading.Lock()
-        self.layout_changes = 0  # applied re-advertisements, for logs and tests
         self._spec_watcher: SpecDirWatcher | None = None
         self._poller: Poller | None = None
         self._xid: XidHealth | None = None
@@ -370,6 +361,10 @@ class Plugin:
         )
 
     def _discover(self, source: str) -> Node:
+        """The node from ``nvml``, ``builtin:NAME`` or a node file (discovery's loader); the
+        roots are read by NVML discovery only (NUMA fallback, MIG capability minors)."""
+        from cdigen.discover import load_node
+
         config = self.config
         return load_node(source, sysfs_root=config.sysfs_root, proc_root=config.proc_root)
 
@@ -573,7 +568,6 @@ class Plugin:
                 self.metrics.declare_resource(name)
             self._start_server(name)
         self.board.touch()  # every open ListAndWatch stream sends its new list
-        self.layout_changes += 1
 
     def _report_devices(self, reasons: dict[str, tuple[str, ...]]) -> None:
         if self.metrics is None:

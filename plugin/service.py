@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,7 +17,7 @@ from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.health import HealthBoard
 from plugin.resources import AdvertisedDevice
 from plugin.resources import advertised_devices as advertised_devices  # re-exported
-from plugin.sharing import ShareAllocation, ShareRefused
+from plugin.sharing import Mount, ShareAllocation, ShareRefused
 
 if TYPE_CHECKING:
     from plugin.metrics import Method, PluginMetrics
@@ -40,13 +40,7 @@ class DeviceNodeEdit:
     permissions: str = "rwm"
 
 
-@dataclass(frozen=True)
-class MountEdit:
-    """A bind mount (a CDI ``mounts`` entry)."""
-
-    host_path: str
-    container_path: str
-    read_only: bool
+MountEdit = Mount  # a CDI ``mounts`` entry: the same bind mount a share hands out
 
 
 @dataclass(frozen=True)
@@ -79,6 +73,21 @@ class Preference:
 Preferrer = Callable[[tuple[str, ...], tuple[str, ...], int], Preference]
 # Turns the share IDs allocated to one container into what it gets; raises ShareRefused.
 ShareAllocator = Callable[[Sequence[str]], ShareAllocation]
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """What one service advertises: read once per call, swapped whole on a new layout, so a
+    gRPC thread never sees one layout's IDs with another's names."""
+
+    devices: tuple[AdvertisedDevice, ...]
+    names: Mapping[str, tuple[str, ...]]  # device ID -> the CDI names Allocate hands out
+
+    @classmethod
+    def of(cls, devices: Sequence[AdvertisedDevice], cdi_kind: str) -> Advertised:
+        """``devices`` with their CDI names (``kind=id`` where a device names none)."""
+        devices = tuple(devices)
+        return cls(devices, {d.id: d.names(cdi_kind) for d in devices})
 
 
 class PreferenceFailed(Exception):
@@ -134,11 +143,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     ) -> None:
         self.resource = resource
         self._share = share
-        self.devices = tuple(devices)
-        self._ids = frozenset(d.id for d in self.devices)
-        self._names = {d.id: d.cdi_names for d in self.devices}
-        self._board = board
         self.cdi_kind = cdi_kind
+        self._advertised = Advertised.of(devices, cdi_kind)
+        self._board = board
         self.strategy = strategy
         self._prefer = prefer
         self._edits = edits
@@ -152,10 +159,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next
         health-board change."""
-        devices = tuple(devices)
-        self._names = {d.id: d.cdi_names for d in devices}
-        self._ids = frozenset(d.id for d in devices)
-        self.devices = devices
+        self._advertised = Advertised.of(devices, self.cdi_kind)
 
     def wake_streams(self) -> None:
         """Let open ListAndWatch streams notice that the server is stopping."""
@@ -167,25 +171,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             return contextlib.nullcontext()
         return self._metrics.observe_request(method, self.resource)
 
-    def cdi_name(self, device_id: str) -> str:
-        """The fully-qualified CDI name Allocate returns for ``device_id``."""
-        names = self._names.get(device_id)
-        return names[0] if names else f"{self.cdi_kind}={device_id}"
-
     # --- the DevicePlugin service -------------------------------------------------------------
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
         """Our options: no PreStartContainer, GetPreferredAllocation available."""
         return self._options
 
-    def device_list(self) -> pb.ListAndWatchResponse:
-        """The full device list with current health and NUMA affinity."""
-        _, reasons = self._board.snapshot()
-        return self._device_list(reasons)
-
     def _device_list(self, reasons: dict[str, tuple[str, ...]]) -> pb.ListAndWatchResponse:
+        """The full device list with health from ``reasons`` and NUMA affinity."""
         out = pb.ListAndWatchResponse()
-        for device in self.devices:
+        for device in self._advertised.devices:
             item = out.devices.add(
                 ID=device.id, health=UNHEALTHY if reasons.get(device.id) else HEALTHY
             )
@@ -228,17 +223,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self, available: tuple[str, ...], must_include: tuple[str, ...], size: int
     ) -> tuple[str, ...]:
         """The preferred devices; unknown available IDs are left out, never an error."""
-        unknown_must = [d for d in must_include if d not in self._ids]
+        known = self._advertised.names
+        unknown_must = [d for d in must_include if d not in known]
         if unknown_must:
             raise PreferenceFailed(
                 f"must-include device {unknown_must[0]} is not advertised by {self.resource}"
             )
-        ignored = [d for d in available if d not in self._ids]
+        ignored = [d for d in available if d not in known]
         if ignored:
             log.warning(
                 "preferred allocation: ignoring unknown available IDs %s", ", ".join(ignored)
             )
-        candidates = tuple(dict.fromkeys(d for d in available if d in self._ids))
+        candidates = tuple(dict.fromkeys(d for d in available if d in known))
         pool = set(candidates) | set(must_include)
         if size < 0 or size > len(pool):
             raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
@@ -274,17 +270,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def _allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
+        names = self._advertised.names
         for index, creq in enumerate(request.container_requests):
             ids = list(creq.devices_ids)
-            unknown = [d for d in ids if d not in self._ids]
+            unknown = [d for d in ids if d not in names]
             if unknown:
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"container request {index}: unknown device {unknown[0]} for {self.resource} "
-                    f"(advertised: {len(self._ids)} devices)",
+                    f"(advertised: {len(names)} devices)",
                 )
             try:
-                response = self.container_response(ids)
+                response = self.container_response(ids, names)
             except ShareRefused as exc:
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION, f"container request {index}: {exc}"
@@ -304,17 +301,22 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             )
         return out
 
-    def container_response(self, ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+    def container_response(
+        self, ids: Sequence[str], advertised_names: Mapping[str, tuple[str, ...]] | None = None
+    ) -> pb.ContainerAllocateResponse:
         """The response for one container, following the device list strategy; shares of a
-        GPU add their limits (environment) and the MPS pipe directory (mount)."""
+        GPU add their limits (environment) and the MPS pipe directory (mount).
+        ``advertised_names`` is the device-to-CDI-names map the caller checked ``ids`` against
+        (default: the one in force)."""
         shared = self._share(ids) if self._share is not None else None
         if shared is not None:
             names = list(shared.cdi_names)
             visible = ",".join(shared.gpu_uuids)
         else:
+            by_id = advertised_names if advertised_names is not None else self._advertised.names
             # several IDs of one GPU carry the same CDI name: hand it over once
             names = list(
-                dict.fromkeys(n for d in ids for n in (self._names.get(d) or (self.cdi_name(d),)))
+                dict.fromkeys(n for d in ids for n in by_id.get(d) or (f"{self.cdi_kind}={d}",))
             )
             visible = ",".join(ids)
         response = pb.ContainerAllocateResponse()
@@ -333,12 +335,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             raise KeyError(f"unknown device list strategy {self.strategy}")
         if shared is not None:
             response.envs.update(shared.env_dict())
-            for mount in shared.mounts:
-                response.mounts.add(
-                    container_path=mount.container_path,
-                    host_path=mount.host_path,
-                    read_only=mount.read_only,
-                )
+            add_mounts(response, shared.mounts)
         return response
 
     def PreStartContainer(
@@ -360,7 +357,12 @@ def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -
             host_path=node.host_path or node.path,
             permissions=node.permissions or "rwm",
         )
-    for mount in edits.mounts:
+    add_mounts(response, edits.mounts)
+
+
+def add_mounts(response: pb.ContainerAllocateResponse, mounts: Sequence[Mount]) -> None:
+    """Append ``mounts`` to the response's bind mounts."""
+    for mount in mounts:
         response.mounts.add(
             container_path=mount.container_path,
             host_path=mount.host_path,

@@ -41,7 +41,7 @@ from cdigen.model import Node
 from policies.cel import allocation_value, device_value
 from policies.graph import Topology, build_topology
 from policies.policy import Policy, builtin_policy
-from policies.shares import SHARE_SEPARATOR, share_kind
+from policies.shares import gpu_part, share_kind
 
 log = logging.getLogger("cdigen.allocator")
 
@@ -51,7 +51,6 @@ MEMO_LIMIT = 65536
 # Fragmentation looks at what stays free for the next request: the best set of this size (the
 # commonest multi-GPU job after a pair), then the best split into pairs.
 NEXT_SET_SIZE = 4
-REPLICA_SEPARATOR = SHARE_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -245,7 +244,7 @@ class Allocator:
         IDs: a GPU UUID or index, either with a replica suffix ``::n``, a MIG UUID, or a
         CDI-style MIG name ``<gpu index>:<n>``; replicas and MIG devices map to their GPU.
         """
-        base = device_id.split(REPLICA_SEPARATOR, 1)[0]
+        base = gpu_part(device_id)
         position = self.topology.position_by_uuid.get(base)
         if position is None:
             position = self._index_ids.get(base)

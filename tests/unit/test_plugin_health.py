@@ -228,6 +228,22 @@ def test_a_gpu_that_stops_answering_is_unhealthy_until_it_answers(
     assert board.healthy("GPU-c")
 
 
+def test_an_xid_arriving_while_a_poll_probes_is_not_cleared_by_that_poll(
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+) -> None:
+    nvml, board, health, _ = xid_setup
+    answer = nvml.nvmlDeviceGetMemoryInfo
+
+    def probe_while_an_xid_arrives(handle: str) -> object:
+        if handle == "handle:GPU-b":  # the event thread handles an Xid on GPU-a meanwhile
+            health.handle_event("GPU-a", 79)
+        return answer(handle)
+
+    nvml.nvmlDeviceGetMemoryInfo = probe_while_an_xid_arrives  # type: ignore[method-assign]
+    health.poll()
+    assert not board.healthy("GPU-a")
+
+
 def test_a_gpu_that_cannot_be_watched_is_unhealthy() -> None:
     nvml = EventNvml(UUIDS, unregistrable=("GPU-a",))
     board = HealthBoard(UUIDS)
