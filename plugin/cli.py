@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from cdigen.discover.cli import add_node_source
 from plugin.defaults import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
 
 
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "--config file > default."
         ),
     )
-    serve.add_argument("--node", metavar="SRC", help="node source: nvml, builtin:NAME or a file")
+    add_node_source(serve, defaults=False)
     serve.add_argument("--config", metavar="FILE", help="plugin config file (YAML)")
     serve.add_argument(
         "--plugin-dir",
@@ -124,6 +125,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     flags = {
         "node": args.node,
+        "sysfs_root": args.sysfs_root,
+        "proc_root": args.proc_root,
         "plugin_dir": args.plugin_dir,
         "spec_dirs": args.spec_dir,
         "policy_dir": args.policy_dir,

@@ -75,16 +75,13 @@ class SpecEdits:
         self._warned_hooks = False
 
     def _current(self) -> tuple[Any, dict[Path, Any]]:
-        from cdigen.cdi.registry import load_registry, read_spec_document
+        from cdigen.cdi.registry import load_registry
 
         key = dir_signature(self.spec_dirs)
         with self._lock:
             if key != self._cache_key:
                 self._registry = load_registry(list(self.spec_dirs))
-                self._docs = {}
-                for device in self._registry.devices.values():
-                    if device.spec_path not in self._docs:
-                        self._docs[device.spec_path] = read_spec_document(device.spec_path)
+                self._docs = {s.path: s.document for s in self._registry.specs if s.loads}
                 self._cache_key = key
             return self._registry, self._docs
 

@@ -288,9 +288,9 @@ class ResourceServer:
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
     from cdigen.cdi.host import find_hook
-    from cdigen.cdi.names import spec_file_name, split_kind
-    from cdigen.cdi.spec import SpecOptions, generate
-    from cdigen.cdi.write import write_spec
+    from cdigen.cdi.names import split_kind
+    from cdigen.cdi.spec import SpecOptions
+    from cdigen.cdi.write import generate_spec_file
 
     if not config.spec_dirs:
         raise InputError("generateSpecs needs a spec dir", where="specDir")
@@ -302,9 +302,7 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         dev_root=config.dev_root,
         hook_path=find_hook(config.driver_root),
     )
-    spec = generate(node, options)
-    target = config.spec_dirs[0] / spec_file_name(vendor, cls, "yaml")
-    result = write_spec(spec, target, "yaml")
+    spec, result = generate_spec_file(node, options, config.spec_dirs[0])
     log.info(
         "%s CDI spec %s (%d devices)",
         "wrote" if result.changed else "unchanged",

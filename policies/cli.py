@@ -10,6 +10,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from cdigen.discover.cli import add_node_source
 from cdigen.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
@@ -36,9 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.set_defaults(func=_check)
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--node", default="nvml", metavar="SRC", help="nvml, a node file or builtin:NAME"
-        )
+        add_node_source(parser)
         parser.add_argument(
             "--policy",
             default="builtin:default",
@@ -115,7 +114,14 @@ def _allocator(args: argparse.Namespace) -> Allocator:
     from policies.allocator import Allocator
     from policies.policy import load_policy
 
-    return Allocator(load_node(args.node), load_policy(args.policy))
+    node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
+    return Allocator(node, load_policy(args.policy))
+
+
+def _at_least(flag: str, value: int, minimum: int) -> None:
+    """InputError naming ``flag`` when ``value`` is below ``minimum``."""
+    if value < minimum:
+        raise InputError(f"{flag} must be at least {minimum}, got {value}")
 
 
 def _ids(text: str, flag: str) -> tuple[str, ...]:
@@ -174,8 +180,8 @@ def _expand_shares(
 
     replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
     for flag, value in (("--replicas", replicas), ("--slice-mib", slice_mib)):
-        if value is not None and value < 1:
-            raise InputError(f"{flag} must be at least 1, got {value}")
+        if value is not None:
+            _at_least(flag, value, 1)
     if replicas is None and slice_mib is None:
         return ids
     out: list[str] = []
@@ -228,6 +234,8 @@ def _explain(args: argparse.Namespace) -> int:
     from policies.allocator import why_lost
     from policies.shares import share_kind
 
+    _at_least("--size", args.size, 1)
+    _at_least("--alternatives", args.alternatives, 0)
     allocator = _allocator(args)
     available = _expand_shares(allocator, _ids(args.available, "--available"), args)
     request = _request(allocator, available, _ids(args.must, "--must"), args.size, "--available")

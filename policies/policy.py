@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from cdigen.errors import CheckFailed, InputError
+from cdigen.errors import CheckFailed, InputError, first_of
 from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Link, Node
 from cdigen.schemas import schema_errors
@@ -231,9 +231,8 @@ def load_policy(path: str | Path) -> Policy:
         return builtin_policy(source.removeprefix("builtin:"))
     problems, policy = _parse(read_text(path, what="policy file"), source)
     if policy is None:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise InputError(
-            f"{problems[0]}{more}", hint=f"run 'cdigen policy check {source}' for all problems"
+            first_of(problems), hint=f"run 'cdigen policy check {source}' for all problems"
         )
     return policy
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Write a CDI spec for every GPU (and MIG device) of the node into the "
         "output directory, atomically; refuses when another spec defines the same devices.",
     )
-    gen.add_argument("--node", default="nvml", metavar="SRC", help="node source (default: nvml)")
+    add_node_source(gen, roots=False)  # --sysfs-root below also feeds the spec; no --proc-root
     gen.add_argument("--driver-root", default="/", metavar="DIR", help="driver root (default: /)")
     gen.add_argument("--dev-root", default="/", metavar="DIR", help="device-node root (default: /)")
     gen.add_argument("--sysfs-root", default="/sys", metavar="DIR", help="sysfs (default: /sys)")
@@ -99,10 +100,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """Handle ``cdigen generate``."""
     from cdigen.cdi.host import find_hook
-    from cdigen.cdi.names import make_kind, spec_file_name
+    from cdigen.cdi.names import make_kind
     from cdigen.cdi.spec import SpecOptions, generate, parse_name_strategies
     from cdigen.cdi.validate import check_spec
-    from cdigen.cdi.write import render_spec, write_spec
+    from cdigen.cdi.write import generate_spec_file, render_spec
     from cdigen.discover import load_node
 
     make_kind(args.vendor, args.cls)  # bad names fail before discovery runs
@@ -127,17 +128,19 @@ def run_generate(args: argparse.Namespace) -> int:
     node = load_node(
         args.node, sysfs_root=_located(fs, args.sysfs_root), proc_root=_located(fs, "/proc")
     )
-    spec = generate(node, options, fs)
     if args.dry_run or args.output == "-":
+        spec = generate(node, options, fs)
         check_spec(spec, where="generated spec")
         sys.stdout.write(render_spec(spec, args.format))
         return EXIT_OK
-    target = (
-        Path(args.output)
-        if args.output
-        else Path(args.output_dir) / spec_file_name(args.vendor, args.cls, args.format)
+    spec, result = generate_spec_file(
+        node,
+        options,
+        Path(args.output_dir),
+        args.format,
+        output=Path(args.output) if args.output else None,
+        fs=fs,
     )
-    result = write_spec(spec, target, args.format)
     status = "wrote" if result.changed else "unchanged"
     print(
         f"{status} {result.path} ({len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']})"

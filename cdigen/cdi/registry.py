@@ -31,6 +31,8 @@ class SpecFile:
     kind: str = ""
     device_names: tuple[str, ...] = ()  # qualified: vendor/class=name
     problems: tuple[str, ...] = ()
+    # The parsed document (None if it could not be parsed), kept so callers need not re-read it.
+    document: Any = field(default=None, compare=False, repr=False)
 
     @property
     def loads(self) -> bool:
@@ -104,6 +106,7 @@ def load_spec_file(path: Path, priority: int) -> SpecFile:
         kind=kind if isinstance(kind, str) else "",
         device_names=tuple(declared_names(doc)),
         problems=problems,
+        document=doc,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 import sys
@@ -33,30 +34,42 @@ def parse_size(text: str) -> int:
     return int(float(number) * factor)
 
 
+@functools.cache  # every command that takes --node lists them in its help
 def _sample_names() -> str:
     from cdigen.discover.builtin import names
 
     return ", ".join(names())
 
 
-def _add_source(parser: argparse.ArgumentParser) -> None:
+def add_node_source(
+    parser: argparse.ArgumentParser, *, roots: bool = True, defaults: bool = True
+) -> None:
+    """Add ``--node`` and, with ``roots``, ``--sysfs-root``/``--proc-root`` (what ``load_node``
+    takes) to ``parser``. With ``defaults=False`` they default to None, for a command that fills
+    unset flags from elsewhere (``plugin serve``: environment, then its config file)."""
+
+    def default(value: str) -> str | None:
+        return value if defaults else None
+
     parser.add_argument(
         "--node",
         metavar="SRC",
-        default="nvml",
+        default=default("nvml"),
         help="where the node description comes from: 'nvml' (the driver; default), a node file "
         f"(YAML/JSON), or builtin:NAME with NAME one of {_sample_names()}",
     )
+    if not roots:
+        return
     parser.add_argument(
         "--sysfs-root",
         metavar="DIR",
-        default="/sys",
+        default=default("/sys"),
         help="sysfs root for the NVML source's NUMA fallback (default: /sys)",
     )
     parser.add_argument(
         "--proc-root",
         metavar="DIR",
-        default="/proc",
+        default=default("/proc"),
         help="procfs root for the NVML source's MIG capability minors (default: /proc)",
     )
 
@@ -81,7 +94,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--node PATH.",
         epilog="examples: cdigen discover; cdigen discover --node builtin:dgx-a100 --format json",
     )
-    _add_source(discover)
+    add_node_source(discover)
     discover.add_argument(
         "--format", choices=["yaml", "json"], default="yaml", help="default: yaml"
     )
@@ -97,7 +110,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog="examples: cdigen topo --node builtin:dgx1-v100; "
         "cdigen topo --node builtin:dgx-a100 --format dot | dot -Tsvg > a100.svg",
     )
-    _add_source(topo)
+    add_node_source(topo)
     topo.add_argument(
         "--format", choices=["matrix", "dot", "json"], default="matrix", help="default: matrix"
     )

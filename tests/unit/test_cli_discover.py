@@ -153,3 +153,31 @@ def test_the_installed_script(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "rows missing" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "node", "sysfs_root", "proc_root"),
+    [
+        (["discover"], "nvml", "/sys", "/proc"),
+        (["topo"], "nvml", "/sys", "/proc"),
+        (["policy", "simulate"], "nvml", "/sys", "/proc"),
+        (["policy", "replay", "--requests", "r.jsonl"], "nvml", "/sys", "/proc"),
+        # plugin serve: unset flags fall through to CDIGEN_* and the config file
+        (["plugin", "serve"], None, None, None),
+    ],
+)
+def test_node_source_flags_are_shared(
+    argv: list[str], node: str | None, sysfs_root: str | None, proc_root: str | None
+) -> None:
+    from cdigen.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.node, args.sysfs_root, args.proc_root) == (node, sysfs_root, proc_root)
+    given = build_parser().parse_args(
+        [*argv, "--node", "builtin:rtx4090", "--sysfs-root", "/h/sys", "--proc-root", "/h/proc"]
+    )
+    assert (given.node, given.sysfs_root, given.proc_root) == (
+        "builtin:rtx4090",
+        "/h/sys",
+        "/h/proc",
+    )

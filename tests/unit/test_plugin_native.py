@@ -98,3 +98,22 @@ def test_spec_changes_are_picked_up(spec_dir: Path) -> None:
         "- name: GPU-cccc\n  containerEdits:\n    deviceNodes: [{path: /dev/nvidia2}]\n"
     )
     assert [n.path for n in lookup(["nvidia.com/gpu=GPU-cccc"]).device_nodes] == ["/dev/nvidia2"]
+
+
+def test_each_spec_file_is_parsed_once_per_change(
+    spec_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cdigen.cdi.registry as registry
+
+    parsed: list[Path] = []
+    real = registry.read_spec_document
+
+    def counting(path: Path) -> object:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(registry, "read_spec_document", counting)
+    lookup = SpecEdits([spec_dir])
+    lookup(["nvidia.com/gpu=GPU-aaaa"])
+    lookup(["nvidia.com/gpu=GPU-bbbb"])
+    assert parsed == [spec_dir / "nvidia.yaml"]

@@ -98,6 +98,12 @@ def test_explain_lists_selector_failures(
         (["--available", "0,1", "--size", "1", "--must", "4"], "not among the available"),
         (["--available", "0,17", "--size", "1"], "unknown device IDs 17"),
         (["--available", "0,0", "--size", "1"], "lists a device twice"),
+        (["--available", "0,1", "--size", "-1"], "--size must be at least 1, got -1"),
+        (["--available", "0,1", "--size", "0"], "--size must be at least 1, got 0"),
+        (
+            ["--available", "0,1", "--size", "1", "--alternatives", "-2"],
+            "--alternatives must be at least 0, got -2",
+        ),
     ],
 )
 def test_explain_bad_requests_exit_2(
