@@ -196,7 +196,7 @@ def run_topo(args: argparse.Namespace) -> int:
 
 def run_topo_import(args: argparse.Namespace) -> int:
     """``cdigen topo import``: a saved ``nvidia-smi topo -m`` -> node file."""
-    from cdigen.discover.topo_import import import_topo_text
+    from cdigen.discover.topo_import import NodeFacts, import_topo_text
     from cdigen.fileio import read_stdin, read_text
     from cdigen.nodefile import dump_node
 
@@ -204,15 +204,14 @@ def run_topo_import(args: argparse.Namespace) -> int:
         where, text = "<stdin>", read_stdin(what="topo -m text")
     else:
         where, text = args.file, read_text(args.file, what="topo -m text")
-    node = import_topo_text(
-        text,
-        where=where,
+    facts = NodeFacts(
         name=args.name or ("" if args.file == "-" else Path(args.file).stem),
         gpu_name=args.gpu_name,
         memory_bytes=parse_size(args.memory) if args.memory is not None else None,
         driver_version=args.driver_version,
         cuda_driver_version=args.cuda_driver_version,
     )
+    node = import_topo_text(text, where=where, facts=facts)
     for note in node.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
     _emit(dump_node(node, args.import_format), args.output)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import uuid as uuidlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cdigen.errors import InputError
@@ -216,16 +216,20 @@ def made_up_bus_id(index: int, count: int) -> str:
     return f"0000:{0x07 + index * step:02x}:00.0"
 
 
-def matrix_to_node(
-    matrix: TopoMatrix,
-    *,
-    name: str = "",
-    gpu_name: str = "",
-    memory_bytes: int | None = None,
-    driver_version: str = "",
-    cuda_driver_version: str = "",
-) -> Node:
-    """A Node from a parsed matrix; unknown facts made up deterministically from ``name``."""
+@dataclass(frozen=True)
+class NodeFacts:
+    """What ``topo -m`` does not show, given by the user (``cdigen topo import`` options)."""
+
+    name: str = ""
+    gpu_name: str = ""
+    memory_bytes: int | None = None
+    driver_version: str = ""
+    cuda_driver_version: str = ""
+
+
+def matrix_to_node(matrix: TopoMatrix, facts: NodeFacts = NodeFacts()) -> Node:
+    """A Node from a parsed matrix; unknown facts made up deterministically from the name."""
+    name, gpu_name, memory_bytes = facts.name, facts.gpu_name, facts.memory_bytes
     known = product(gpu_name) if gpu_name else None
     count = len(matrix.labels)
     seed = name or "|".join(" ".join(r) for r in matrix.labels)
@@ -255,52 +259,22 @@ def matrix_to_node(
     return Node(
         gpus=gpus,
         links=matrix_links(matrix),
-        driver_version=driver_version,
-        cuda_driver_version=cuda_driver_version,
+        driver_version=facts.driver_version,
+        cuda_driver_version=facts.cuda_driver_version,
         name=name,
         notes=notes,
     )
 
 
-def import_topo_text(
-    text: str,
-    *,
-    where: str,
-    name: str = "",
-    gpu_name: str = "",
-    memory_bytes: int | None = None,
-    driver_version: str = "",
-    cuda_driver_version: str = "",
-) -> Node:
+def import_topo_text(text: str, *, where: str, facts: NodeFacts = NodeFacts()) -> Node:
     """Parse ``topo -m`` text read from ``where`` and build a checked Node."""
-    node = matrix_to_node(
-        parse_topo(text, where=where),
-        name=name,
-        gpu_name=gpu_name,
-        memory_bytes=memory_bytes,
-        driver_version=driver_version,
-        cuda_driver_version=cuda_driver_version,
-    )
+    node = matrix_to_node(parse_topo(text, where=where), facts)
     check_node(node, where=where)
     return node
 
 
-def import_topo(
-    path: str | Path,
-    *,
-    name: str = "",
-    gpu_name: str = "",
-    memory_bytes: int | None = None,
-    driver_version: str = "",
-    cuda_driver_version: str = "",
-) -> Node:
-    """Read a saved ``nvidia-smi topo -m`` output (``-`` is not handled here) and build a Node."""
-    return import_topo_text(
-        read_text(path, what="topo -m text"),
-        where=str(path),
-        name=name or Path(path).stem,
-        gpu_name=gpu_name,
-        memory_bytes=memory_bytes,
-        driver_version=driver_version,
-        cuda_driver_version=cuda_driver_version,
-    )
+def import_topo(path: str | Path, facts: NodeFacts = NodeFacts()) -> Node:
+    """Read a saved ``nvidia-smi topo -m`` output and build a Node (named after the file)."""
+    if not facts.name:
+        facts = replace(facts, name=Path(path).stem)
+    return import_topo_text(read_text(path, what="topo -m text"), where=str(path), facts=facts)

@@ -27,7 +27,10 @@ def write_spec(spec_dir: Path, uuids: list[str]) -> None:
     )
 
 
-def test_critical_xid_reaches_list_and_watch_and_recovers(tmp_path: Path) -> None:
+def nvml_plugin(
+    tmp_path: Path, *, recover_after_s: float
+) -> tuple[list[str], EventNvml, PluginConfig, Plugin]:
+    """A dgx-a100 plugin whose health comes from an NVML event double, with a spec for it."""
     node = load_node("builtin:dgx-a100")
     uuids = [g.uuid for g in node.gpus]
     write_spec(tmp_path / "cdi", uuids)
@@ -36,9 +39,13 @@ def test_critical_xid_reaches_list_and_watch_and_recovers(tmp_path: Path) -> Non
         node="nvml",
         plugin_dir=tmp_path / "plugins",
         spec_dirs=(tmp_path / "cdi",),
-        health=HealthConfig(poll_interval_s=0.05, recover_after_s=0.5),
+        health=HealthConfig(poll_interval_s=0.05, recover_after_s=recover_after_s),
     )
-    plugin = Plugin(config, node=node, nvml=nvml)
+    return uuids, nvml, config, Plugin(config, node=node, nvml=nvml)
+
+
+def test_critical_xid_reaches_list_and_watch_and_recovers(tmp_path: Path) -> None:
+    uuids, nvml, config, plugin = nvml_plugin(tmp_path, recover_after_s=0.5)
     with KubeletSimulator(config.plugin_dir) as kubelet:
         plugin.start()
         try:
@@ -60,17 +67,7 @@ def test_critical_xid_reaches_list_and_watch_and_recovers(tmp_path: Path) -> Non
 
 
 def test_lost_gpu_is_unhealthy_through_the_periodic_probe(tmp_path: Path) -> None:
-    node = load_node("builtin:dgx-a100")
-    uuids = [g.uuid for g in node.gpus]
-    write_spec(tmp_path / "cdi", uuids)
-    nvml = EventNvml(uuids)
-    config = PluginConfig(
-        node="nvml",
-        plugin_dir=tmp_path / "plugins",
-        spec_dirs=(tmp_path / "cdi",),
-        health=HealthConfig(poll_interval_s=0.05, recover_after_s=60),
-    )
-    plugin = Plugin(config, node=node, nvml=nvml)
+    uuids, nvml, config, plugin = nvml_plugin(tmp_path, recover_after_s=60)
     with KubeletSimulator(config.plugin_dir) as kubelet:
         plugin.start()
         try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover.render import render_matrix
-from cdigen.discover.topo_import import import_topo, parse_topo
+from cdigen.discover.topo_import import NodeFacts, import_topo, parse_topo
 from cdigen.errors import InputError
 from tests.fixtures.reference import TOPOLOGIES, reference_rows
 
@@ -53,9 +53,11 @@ def test_truncated_paste_is_rejected_saying_rows_are_missing() -> None:
 
 
 def test_gpu_name_and_memory_options() -> None:
-    node = import_topo(TOPOLOGIES / "dgx-h100.txt", gpu_name="NVIDIA H100 80GB HBM3")
+    node = import_topo(TOPOLOGIES / "dgx-h100.txt", NodeFacts(gpu_name="NVIDIA H100 80GB HBM3"))
     assert node.gpus[0].architecture == "Hopper" and node.gpus[0].memory_bytes == 81559 * 2**20
-    node = import_topo(TOPOLOGIES / "dgx-h100.txt", gpu_name="Mystery GPU", memory_bytes=123)
+    node = import_topo(
+        TOPOLOGIES / "dgx-h100.txt", NodeFacts(gpu_name="Mystery GPU", memory_bytes=123)
+    )
     assert node.gpus[0].name == "Mystery GPU" and node.gpus[0].memory_bytes == 123
 
 
