@@ -61,7 +61,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         const=True,
         help="write the CDI spec into the first --spec-dir at start and on every new MIG layout",
     )
-    serve.add_argument("--driver-root", metavar="DIR", help="driver root for --generate-specs")
+    serve.add_argument(
+        "--driver-root",
+        metavar="DIR",
+        help="where the driver is installed (e.g. /run/nvidia/driver): NVML's library is loaded "
+        "from there first, and --generate-specs mounts its files (default /)",
+    )
     serve.add_argument("--dev-root", metavar="DIR", help="device-node root for --generate-specs")
     serve.add_argument(
         "--health-poll-interval",
@@ -144,5 +149,5 @@ def _serve(args: argparse.Namespace) -> int:
     }
     config = load_config(args.config, flags=flags)
     setup_logging(config.log_level, config.log_format)
-    plugin = Plugin(config, nvml=open_nvml(config.node))
+    plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root))
     return serve_until_signalled(plugin)

@@ -69,19 +69,20 @@ class PolicySet:
     def for_resource(self, resource: ResourceConfig, default: str = "default") -> Any:
         """The policy ``resource`` asks for: by name (dir, then built-in), else one for its
         resource name in the dir, else the built-in ``default``."""
-        from policies.policy import BUILTIN_NAMES, builtin_policy
+        from policies.policy import BUILTIN_NAMES, builtin_policy, builtin_policy_name
 
         if resource.policy:
             if resource.policy in self.by_name:
                 return self.by_name[resource.policy]
-            if resource.policy not in BUILTIN_NAMES:
+            builtin = builtin_policy_name(resource.policy)
+            if builtin is None:
                 known = sorted(self.by_name) + list(BUILTIN_NAMES)
                 raise InputError(
                     f"no policy named {resource.policy!r} for {resource.name}",
                     where="resources[].policy",
                     hint=f"name a policy in the policy dir or a built-in: {', '.join(known)}",
                 )
-            return builtin_policy(resource.policy)
+            return builtin_policy(builtin)
         for policy in self.by_name.values():
             if getattr(policy, "resource", None) == resource.name:
                 return policy
@@ -605,20 +606,16 @@ class Plugin:
             self._metrics_server.close()
 
 
-def open_nvml(source: str) -> Any:
-    """The initialised ``pynvml`` module when serving real GPUs, else None."""
+def open_nvml(source: str, driver_root: str = "/") -> Any:
+    """The initialised ``pynvml`` module when serving real GPUs, else None; its library is
+    loaded from ``driver_root`` first (discovery's loader, with its errors)."""
     if source != "nvml":
         return None
     import pynvml
 
-    from cdigen.errors import DiscoveryError
+    from cdigen.discover.nvml import start_nvml
 
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise DiscoveryError(
-            f"NVML unavailable: {exc}", hint="is the NVIDIA driver loaded?"
-        ) from None
+    start_nvml(pynvml, driver_root=driver_root)
     return pynvml
 
 

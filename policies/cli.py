@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "--policy",
             default="builtin:default",
             metavar="FILE",
-            help="a policy file or builtin:NAME (default, single-numa, pack, spread)",
+            help="a policy file or a built-in: default, single-numa, pack, spread (also written "
+            "builtin:NAME)",
         )
 
     def shares(parser: argparse.ArgumentParser) -> None:

@@ -224,11 +224,21 @@ def check_policy_file(path: str | Path) -> list[str]:
     return _parse(text, str(path))[0]
 
 
+def builtin_policy_name(name: str) -> str | None:
+    """The built-in policy ``name`` refers to, written ``builtin:NAME`` or bare; else None."""
+    bare = name.removeprefix("builtin:")
+    return bare if bare in BUILTIN_NAMES else None
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Load and compile a policy file; InputError (exit 2) naming the first problem."""
+    """Load and compile a policy file, or a built-in (``builtin:NAME``, or a bare built-in name
+    when no such file exists); InputError (exit 2) naming the first problem."""
     source = str(path)
     if source.startswith("builtin:"):
         return builtin_policy(source.removeprefix("builtin:"))
+    builtin = builtin_policy_name(source)
+    if builtin is not None and not Path(source).exists():
+        return builtin_policy(builtin)
     problems, policy = _parse(read_text(path, what="policy file"), source)
     if policy is None:
         raise InputError(

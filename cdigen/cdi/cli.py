@@ -77,9 +77,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "validate",
         help="check CDI spec files",
         description="Check CDI spec files against cdigen's strict schema and the CDI library's "
-        "rules; list every problem. Exit 1 if any.",
+        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any. "
+        "A directory means the *.yaml and *.json files in it, as runtimes read it; with no "
+        "argument the runtimes' spec dirs (/etc/cdi, /var/run/cdi; missing ones are skipped). "
+        "A pattern the shell left unexpanded (no file matched it) is reported and skipped.",
+        epilog="examples: cdigen validate; cdigen validate /etc/cdi/nvidia.com-gpu.yaml",
     )
-    val.add_argument("files", nargs="+", metavar="FILE")
+    val.add_argument("files", nargs="*", metavar="FILE|DIR")
     val.set_defaults(func=run_validate)
 
     lst = sub.add_parser(
@@ -99,12 +103,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Handle ``cdigen generate``."""
+    from cdigen.cdi.checks import check_driver_libraries, check_roots
     from cdigen.cdi.host import find_hook
     from cdigen.cdi.names import make_kind
     from cdigen.cdi.spec import SpecOptions, generate, parse_name_strategies
     from cdigen.cdi.validate import check_spec
     from cdigen.cdi.write import generate_spec_file, render_spec
-    from cdigen.discover import load_node
+    from cdigen.discover import from_hardware, load_node
 
     make_kind(args.vendor, args.cls)  # bad names fail before discovery runs
     if args.hook_path and not args.hook_path.startswith("/"):
@@ -114,6 +119,13 @@ def run_generate(args: argparse.Namespace) -> int:
             hint="runtimes run hooks by absolute host path, e.g. /usr/bin/nvidia-cdi-hook",
         )
     fs = _host_fs(args)
+    check_roots(
+        driver_root=args.driver_root,
+        dev_root=args.dev_root,
+        sysfs_root=args.sysfs_root,
+        hook_path=args.hook_path,
+        fs=fs,
+    )
     options = SpecOptions(
         vendor=args.vendor,
         cls=args.cls,
@@ -126,8 +138,17 @@ def run_generate(args: argparse.Namespace) -> int:
         cdi_version=args.cdi_version,
     )
     node = load_node(
-        args.node, sysfs_root=_located(fs, args.sysfs_root), proc_root=_located(fs, "/proc")
+        args.node,
+        sysfs_root=_located(fs, args.sysfs_root),
+        proc_root=_located(fs, "/proc"),
+        driver_root=args.driver_root,
+        host_root=fs.root,
     )
+    warning = check_driver_libraries(
+        node, args.driver_root, fs, source=args.node, hardware=from_hardware(args.node)
+    )
+    if warning:
+        print(f"cdigen: warning: {warning}", file=sys.stderr)
     if args.dry_run or args.output == "-":
         spec = generate(node, options, fs)
         check_spec(spec, where="generated spec")
@@ -188,25 +209,69 @@ def _located(fs: HostFS, path: str) -> str:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Handle ``cdigen validate FILE...``: every problem, exit 1 if any."""
-    from cdigen.cdi.validate import validate_files
+    """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
+    from cdigen.cdi.registry import DEFAULT_SPEC_DIRS, spec_paths
+    from cdigen.cdi.validate import file_problems
 
-    problems = validate_files(args.files)
+    files: list[str] = []
+    if not args.files:
+        for d in DEFAULT_SPEC_DIRS:
+            files += map(str, spec_paths(d))
+        if not files:
+            dirs = ", ".join(map(str, DEFAULT_SPEC_DIRS))
+            raise InputError(
+                f"no CDI spec files (*.yaml, *.json) in {dirs}",
+                hint="write one with 'cdigen generate', or name the files or dirs to check",
+            )
+    for arg in args.files:
+        if Path(arg).is_dir():
+            in_dir = spec_paths(arg)
+            if not in_dir:
+                print(f"cdigen: note: no CDI spec files (*.yaml, *.json) in {arg}", file=sys.stderr)
+            files += map(str, in_dir)
+        elif not Path(arg).exists() and any(c in arg for c in "*?["):
+            print(f"cdigen: note: no files match {arg}", file=sys.stderr)
+        else:
+            files.append(arg)
+    problems: list[str] = []
+    for f in files:
+        of_file = file_problems(f)
+        if of_file:
+            problems += of_file
+        else:
+            print(f"{f}: ok")
+    sys.stdout.flush()
     if problems:
-        raise CheckFailed(problems, summary=f"{len(args.files)} file(s) checked")
-    for f in args.files:
-        print(f"{f}: ok")
+        raise CheckFailed(problems, summary=f"{len(files)} file(s) checked")
+    if not files:
+        raise InputError("no CDI spec files to check", where=" ".join(args.files))
     return EXIT_OK
 
 
 def run_list(args: argparse.Namespace) -> int:
-    """Handle ``cdigen list``: resolvable names, conflicts and broken files; exit 1 if any."""
+    """Handle ``cdigen list``: resolvable names, conflicts and broken files; exit 1 if any.
+
+    A ``--spec-dir`` given that does not exist is said on stderr (exit 2 when none of them
+    exists); the default dirs may be missing, as for runtimes.
+    """
     from cdigen.cdi.registry import DEFAULT_SPEC_DIRS, load_registry
 
     spec_dirs = args.spec_dir or DEFAULT_SPEC_DIRS
+    if args.spec_dir:
+        missing = [d for d in args.spec_dir if not Path(d).is_dir()]
+        if len(missing) == len(args.spec_dir):
+            raise InputError(
+                f"no such directory: {', '.join(missing)}",
+                where="--spec-dir",
+                hint="check the path; runtimes read /etc/cdi and /var/run/cdi by default",
+            )
+        for d in missing:
+            print(f"cdigen: warning: --spec-dir {d}: no such directory", file=sys.stderr)
     registry = load_registry(spec_dirs)
     if not registry.specs:
-        dirs = ", ".join(map(str, spec_dirs))
+        dirs = ", ".join(
+            f"{d}{'' if Path(d).is_dir() else ' (missing)'}" for d in map(str, spec_dirs)
+        )
         print(f"cdigen: no CDI spec files (*.yaml, *.json) in {dirs}", file=sys.stderr)
     for name in sorted(registry.devices):
         print(f"{name}\t{registry.devices[name].spec_path}")

@@ -23,20 +23,36 @@ def load_node(
     sysfs_root: str | Path = "/sys",
     proc_root: str | Path = "/proc",
     nvml_module: ModuleType | object | None = None,
+    driver_root: str = "/",
+    host_root: str = "/",
 ) -> Node:
     """The Node that ``source`` describes: ``nvml``, ``builtin:NAME`` or a node-file path.
 
-    ``sysfs_root`` and ``proc_root`` are read only by the NVML source (NUMA fallback, MIG
-    capability minors); ``nvml_module`` replaces ``pynvml`` (tests pass a double).
+    The roots are read only by the NVML source: ``sysfs_root`` and ``proc_root`` (NUMA fallback,
+    MIG capability minors) and ``driver_root`` (a host path under ``host_root``), where NVML's
+    library is looked for first. ``nvml_module`` replaces ``pynvml`` (tests pass a double).
     """
-    from cdigen.discover.builtin import PREFIX, load_builtin
+    from cdigen.discover.builtin import PREFIX, load_builtin, suggest_builtin
 
     if source == NVML:
         from cdigen.discover.nvml import discover_nvml
 
-        return discover_nvml(nvml_module, sysfs_root=Path(sysfs_root), proc_root=Path(proc_root))
+        return discover_nvml(
+            nvml_module,
+            sysfs_root=Path(sysfs_root),
+            proc_root=Path(proc_root),
+            driver_root=driver_root,
+            host_root=host_root,
+        )
     if source.startswith(PREFIX):
         return load_builtin(source.removeprefix(PREFIX))
+    suggest_builtin(source)
     from cdigen.nodefile import load_node_file
 
     return load_node_file(source)
+
+
+def from_hardware(source: str) -> bool:
+    """Whether the node source ``source`` is the hardware itself (NVML), not a description
+    (a built-in sample or a node file) that may or may not match the machine."""
+    return source == NVML

@@ -7,6 +7,7 @@ The samples are generated from ``../shared/reference/topologies`` by
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen.errors import InputError
@@ -40,6 +41,17 @@ def sample_text(name: str) -> str:
             hint=f"choose one of: {', '.join(names())}",
         )
     return entry.read_text(encoding="utf-8")
+
+
+def suggest_builtin(source: str) -> None:
+    """InputError suggesting ``builtin:NAME`` when ``source`` is a bare sample name and no file."""
+    if "/" in source or Path(source).exists() or source not in names():
+        return
+    raise InputError(
+        "no such node file",
+        where=source,
+        hint=f"for the built-in sample write --node {PREFIX}{source}",
+    )
 
 
 def load_builtin(name: str) -> Node:

@@ -42,11 +42,16 @@ def _sample_names() -> str:
 
 
 def add_node_source(
-    parser: argparse.ArgumentParser, *, roots: bool = True, defaults: bool = True
+    parser: argparse.ArgumentParser,
+    *,
+    roots: bool = True,
+    defaults: bool = True,
+    driver_root: bool = False,
 ) -> None:
     """Add ``--node`` and, with ``roots``, ``--sysfs-root``/``--proc-root`` (what ``load_node``
-    takes) to ``parser``. With ``defaults=False`` they default to None, for a command that fills
-    unset flags from elsewhere (``plugin serve``: environment, then its config file)."""
+    takes) to ``parser``; with ``driver_root`` also ``--driver-root``/``--host-root`` (where NVML's
+    library is looked for first). With ``defaults=False`` they default to None, for a command
+    that fills unset flags from elsewhere (``plugin serve``: environment, then its config file)."""
 
     def default(value: str) -> str | None:
         return value if defaults else None
@@ -72,6 +77,22 @@ def add_node_source(
         default=default("/proc"),
         help="procfs root for the NVML source's MIG capability minors (default: /proc)",
     )
+    if not driver_root:
+        return
+    parser.add_argument(
+        "--driver-root",
+        metavar="DIR",
+        default=default("/"),
+        help="where the driver is installed: NVML's library is loaded from there first, e.g. "
+        "/run/nvidia/driver for a containerized driver (default: /)",
+    )
+    parser.add_argument(
+        "--host-root",
+        metavar="DIR",
+        default=default("/"),
+        help="where the host's / is mounted when run in a container (e.g. /host): "
+        "--driver-root is a host path, read under DIR (default: /)",
+    )
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
@@ -94,7 +115,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--node PATH.",
         epilog="examples: cdigen discover; cdigen discover --node builtin:dgx-a100 --format json",
     )
-    add_node_source(discover)
+    add_node_source(discover, driver_root=True)
     discover.add_argument(
         "--format", choices=["yaml", "json"], default="yaml", help="default: yaml"
     )
@@ -110,7 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog="examples: cdigen topo --node builtin:dgx1-v100; "
         "cdigen topo --node builtin:dgx-a100 --format dot | dot -Tsvg > a100.svg",
     )
-    add_node_source(topo)
+    add_node_source(topo, driver_root=True)
     topo.add_argument(
         "--format", choices=["matrix", "dot", "json"], default="matrix", help="default: matrix"
     )
@@ -163,7 +184,13 @@ def _load(args: argparse.Namespace) -> Node:
     """The node ``--node`` names; its notes and GPU errors go to stderr."""
     from cdigen.discover import load_node
 
-    node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
+    node = load_node(
+        args.node,
+        sysfs_root=args.sysfs_root,
+        proc_root=args.proc_root,
+        driver_root=args.driver_root,
+        host_root=args.host_root,
+    )
     for note in node.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
     for gpu in node.gpus:

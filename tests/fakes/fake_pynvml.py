@@ -71,6 +71,9 @@ _MIG_CAPABLE = {"Ampere", "Hopper", "Blackwell"}
 class FakeNvml:
     """Module-like double of ``pynvml``; attributes it does not define come from real pynvml."""
 
+    # as pynvml once its library is loaded: discovery's loader does not load another
+    nvmlLib: Any = "FakeNvml"
+
     def __init__(
         self,
         node: Node,

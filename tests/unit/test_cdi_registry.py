@@ -85,6 +85,7 @@ def test_list_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 def test_list_says_when_there_is_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "none").mkdir()  # an empty dir; a missing one: tests/unit/test_cli_names.py
     assert main(["list", "--spec-dir", str(tmp_path / "none")]) == 0
     captured = capsys.readouterr()
     assert captured.out == ""

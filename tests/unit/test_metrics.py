@@ -273,6 +273,7 @@ def test_served_plugin_counts_two_allocates_and_turns_healthy(tmp_path: Path) ->
 
     spec_dir, plugin_dir, empty = tmp_path / "cdi", tmp_path / "plugins", tmp_path / "empty"
     node = "builtin:dgx-a100"
+    empty.mkdir()  # a root that points at nothing is refused
     root = ["--driver-root", str(empty), "--dev-root", str(empty)]
     assert main(["generate", "--node", node, *root, "--output-dir", str(spec_dir)]) == 0
 
