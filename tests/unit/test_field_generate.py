@@ -78,9 +78,7 @@ def test_a_root_under_host_root_is_looked_up_there(
     assert f"'/run/nvidia/driver' does not exist under --host-root {tmp_path}" in line
 
 
-def nvml_generate(
-    host: FakeHost, reported: str, out: Path, monkeypatch: pytest.MonkeyPatch
-) -> int:
+def nvml_generate(host: FakeHost, reported: str, out: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """``generate --node nvml`` where NVML (the double) reports driver ``reported``."""
     node = make_node(2, driver_version=reported)
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(node))

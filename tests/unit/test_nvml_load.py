@@ -46,7 +46,9 @@ def driver_root(base: Path) -> Path:
         lib.parent.mkdir(parents=True)
         lib.write_text("not an ELF file\n")
         os.symlink(lib.name, lib.parent / "libnvidia-ml.so.1")
-    write_ld_cache(base / "etc/ld.so.cache", [("libnvidia-ml.so.1", f"{CACHE_DIR}/libnvidia-ml.so.1")])
+    write_ld_cache(
+        base / "etc/ld.so.cache", [("libnvidia-ml.so.1", f"{CACHE_DIR}/libnvidia-ml.so.1")]
+    )
     return base
 
 
