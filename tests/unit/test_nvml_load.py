@@ -180,3 +180,15 @@ def test_a_real_library_under_driver_root_is_the_one_pynvml_uses(tmp_path: Path)
     assert "the NVIDIA kernel driver is not loaded" in run.stderr
     assert f"(NVML from {lib_dir}/libnvidia-ml.so.1)" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
+
+
+def test_plugin_serve_loads_nvml_from_its_driver_root(tmp_path: Path) -> None:
+    from plugin.serve import open_nvml
+
+    if _real_driver_present():  # pragma: no cover - the loader would then find the real one
+        pytest.skip("this machine has an NVIDIA driver: NVML loads by name after the fake")
+    root = driver_root(tmp_path / "driver")
+    assert open_nvml("builtin:rtx4090", str(root)) is None  # simulated: NVML is not touched
+    with pytest.raises(DiscoveryError) as err:
+        open_nvml("nvml", str(root))
+    assert f"{root}{CACHE_DIR}/libnvidia-ml.so.1: " in str(err.value)
