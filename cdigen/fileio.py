@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -92,8 +93,16 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
             f"write failed ({exc.strerror or exc}); the previous file is unchanged",
             where=str(target),
         ) from None
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    try:  # the file is in place: a failure here only weakens durability, so it is a warning
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        logging.getLogger("cdigen").warning(
+            "%s: written, but syncing %s failed (%s); a power loss now could undo the rename",
+            target,
+            directory,
+            exc.strerror or exc,
+        )

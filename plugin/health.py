@@ -310,12 +310,21 @@ class SpecDirWatcher:
         self.check()
 
     def check(self) -> dict[str, list[str]]:
-        """Check now; the missing names per device."""
+        """Check now; the missing names per device.
+
+        A spec file that fails to load only lacks its own names (``load_names`` skips it, as
+        runtimes do). Should loading fail as a whole, health stays as it was: a fault in the
+        check is no evidence that our devices are gone.
+        """
         try:
             known = self._load_names(self.spec_dirs)
-        except Exception as exc:  # an unreadable dir is a missing spec, not a crash
-            log.error("CDI spec dirs %s could not be loaded: %s", _show(self.spec_dirs), exc)
-            known = set()
+        except Exception as exc:
+            log.error(
+                "CDI spec dirs %s could not be checked (%s): device health left as it was",
+                _show(self.spec_dirs),
+                exc,
+            )
+            return {}
         missing = {d: [n for n in names if n not in known] for d, names in self._names.items()}
         reasons: dict[str, str | None] = {}
         for device, gone in missing.items():

@@ -211,6 +211,8 @@ def spec_device_names(spec_dirs: Sequence[Path]) -> set[str]:
     from cdigen.cdi.registry import load_registry
 
     registry = load_registry(list(spec_dirs))
+    for path, problem in registry.errors.items():  # skipped, as runtimes do; ours are unaffected
+        log.warning("CDI spec %s fails to load and is skipped: %s", path, problem)
     return set(registry.devices)
 
 

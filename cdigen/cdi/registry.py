@@ -3,11 +3,14 @@
 Only ``*.yaml`` and ``*.json`` directly inside each directory are read, in name order. A later
 directory has priority over an earlier one; two files in the *same* directory defining one device
 are a conflict, and the runtime drops that device altogether, whatever later directories say.
-A file that fails to load contributes nothing.
+A file that fails to load contributes nothing and is reported, whatever is wrong with it (bad
+YAML, a dangling link, values of the wrong type): it never affects the devices of other files.
+Names that do not end in ``.yaml``/``.json`` (cdigen's ``.cdigen.lock``, temp files) are ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.cdi.names import qualified_name
-from cdigen.cdi.validate import SPEC_SUFFIXES, spec_problems
+from cdigen.cdi.validate import SPEC_SUFFIXES, read_spec_document, spec_problems
 from cdigen.errors import CdigenError
-from cdigen.fileio import read_document
+
+__all__ = ["read_spec_document"]  # re-exported: the one reader of spec files
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+log = logging.getLogger("cdigen")
 
 
 @dataclass(frozen=True)
@@ -64,13 +70,16 @@ class Registry:
 
 
 def spec_paths(directory: str | Path) -> list[Path]:
-    """The ``*.yaml``/``*.json`` files directly in ``directory``, in name order ([] if missing)."""
+    """The ``*.yaml``/``*.json`` files directly in ``directory``, in name order ([] if missing).
+
+    Dangling symlinks are included (runtimes report them as specs that fail to load).
+    """
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
     paths = [Path(directory) / n for n in names if Path(n).suffix in SPEC_SUFFIXES]
-    return [p for p in paths if p.is_file()]
+    return [p for p in paths if p.is_file() or (p.is_symlink() and not p.exists())]
 
 
 def declared_names(doc: Any) -> list[str]:
@@ -87,18 +96,17 @@ def declared_names(doc: Any) -> list[str]:
     ]
 
 
-def read_spec_document(path: Path) -> Any:
-    """Parse one spec file; CdigenError if it cannot be read or parsed."""
-    return read_document(path, what="CDI spec")
-
-
 def load_spec_file(path: Path, priority: int) -> SpecFile:
-    """Read and check one spec file."""
+    """Read and check one spec file; whatever is wrong with it becomes one of its problems."""
     try:
         doc = read_spec_document(path)
     except CdigenError as exc:
         return SpecFile(path=path, priority=priority, problems=(exc.message,))
-    problems = tuple(spec_problems(doc))
+    try:
+        problems = tuple(spec_problems(doc))
+    except Exception as exc:  # isolation: a foreign file must never break the others
+        log.debug("checking %s failed", path, exc_info=True)
+        problems = (f"cannot be checked ({type(exc).__name__}: {str(exc)[:200]})",)
     kind = doc.get("kind", "") if isinstance(doc, Mapping) else ""
     return SpecFile(
         path=path,

@@ -7,7 +7,9 @@ One function, :func:`spec_problems`, serves both ``cdigen generate`` (before any
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 from cdigen.cdi import names
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
-from cdigen.errors import CdigenError, SchemaError, first_of
+from cdigen.errors import CdigenError, InputError, SchemaError, first_of
 from cdigen.fileio import read_document
 from cdigen.schemas import field_path, load_schema
 
@@ -61,11 +63,27 @@ def _where(doc: Any, path: list[str | int]) -> str:
     return field_path(path)
 
 
+def _show(value: Any) -> str:
+    """A short rendering of a value from a spec file, whatever YAML made of it."""
+    if isinstance(value, datetime.date):
+        return f"a date ({value.isoformat()}); quote it to make it a string"
+    if isinstance(value, bytes | bytearray):
+        return "a !!binary value"
+    if isinstance(value, set | frozenset):
+        return "a !!set value"
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # a type JSON lacks, or an int too long to print
+        return f"a value of type {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _why(error: Any) -> str:
     field = error.path[-1] if error.path else None
     value = error.instance
     if error.validator == "additionalProperties":
-        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        known = set(error.schema.get("properties", {}))
+        extra = sorted((k for k in error.instance if k not in known), key=str)
         return (
             f"unknown field(s) {', '.join(map(repr, extra))}: runtimes reject the whole file "
             "for one unknown field; check the spelling"
@@ -88,7 +106,7 @@ def _why(error: Any) -> str:
     if error.validator == "type":
         expected = error.validator_value
         expected = " or ".join(expected) if isinstance(expected, list) else expected
-        return f"expected {expected}, got {json.dumps(value)[:60]}"
+        return f"expected {expected}, got {_show(value)}"
     if error.validator == "required":
         return str(error.message).replace("is a required property", "is required")
     return str(error.message)
@@ -159,11 +177,33 @@ def check_spec(doc: Any, *, where: str) -> None:
         )
 
 
+def refuse_dangling_link(path: str | Path) -> None:
+    """InputError naming the link and its target if ``path`` is a symlink to nothing."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise InputError(
+            f"dangling symbolic link to {os.readlink(path)!r}",
+            where=str(path),
+            hint="restore its target or remove the link",
+        )
+
+
+def read_spec_document(path: str | Path) -> Any:
+    """Parse one spec file; a one-line InputError if it cannot be read or parsed."""
+    refuse_dangling_link(path)
+    try:
+        return read_document(path, what="CDI spec")
+    except (ValueError, RecursionError) as exc:  # the YAML library's own limits
+        reason = str(exc).split(";")[0] or type(exc).__name__
+        raise InputError(
+            f"cannot parse CDI spec: {reason}", where=str(path), hint="fix or remove the file"
+        ) from None
+
+
 def file_problems(path: str | Path) -> list[str]:
     """Every problem in one spec file, each prefixed with the file name."""
     where = str(path)
     try:
-        doc = read_document(path, what="CDI spec")
+        doc = read_spec_document(path)
     except CdigenError as exc:
         return [str(exc)]
     problems = [f"{where}: {p}" for p in spec_problems(doc)]

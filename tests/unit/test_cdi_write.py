@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.write import HEADER_MARK, is_ours
+from cdigen.cdi.write import HEADER_MARK, LOCK_NAME, is_ours
 from cdigen.cli import main
 from cdigen.fileio import dump_document
 from cdigen.nodefile import dump_node
@@ -42,9 +42,11 @@ def generate(fake: FakeHost, out: Path, *extra: str) -> int:
 
 
 def snapshot(directory: Path) -> dict[str, tuple[bytes, int, int]]:
-    """name -> (content, inode, mtime_ns) of every file in ``directory``."""
+    """name -> (content, inode, mtime_ns) of every file in ``directory`` but the (empty) lock."""
     out = {}
     for p in sorted(directory.iterdir()):
+        if p.name == LOCK_NAME:
+            continue
         st = p.stat()
         out[p.name] = (p.read_bytes(), st.st_ino, st.st_mtime_ns)
     return out
@@ -59,7 +61,7 @@ def test_writes_a_valid_spec_with_mode_0644(
     assert capsys.readouterr().out == f"wrote {target} (5 devices, cdiVersion 0.5.0)\n"
     assert target.read_text().startswith(HEADER_MARK)
     assert (target.stat().st_mode & 0o777) == 0o644
-    assert [p.name for p in out.iterdir()] == ["nvidia.com-gpu.yaml"]  # no temp files left
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME, "nvidia.com-gpu.yaml"]  # no temp
     assert main(["validate", str(target)]) == 0
 
 
