@@ -452,7 +452,11 @@ def _find_libraries(
     pattern = re.compile(rf"lib.+\.so\.{re.escape(version)}")
     libraries: list[Library] = []
     dirs_used: list[str] = []
-    for d in library_dirs(driver_root, fs):
+    dirs = library_dirs(driver_root, fs)
+    subdirs = {f"{d.rstrip('/')}/{sub}" for d in dirs for sub in LIBRARY_SUBDIRS}
+    for d in dirs:
+        if d in subdirs:  # vdpau/ named in ld.so.cache: scanned below, as a subdirectory
+            continue
         found = _libraries_in(driver_root, d, pattern, fs)
         if found and d not in dirs_used:
             dirs_used.append(d)

@@ -52,6 +52,7 @@ CAPABILITY_LIBRARIES = {
         "libEGL_nvidia", "libGLESv2_nvidia", "libGLESv1_CM_nvidia", "libnvidia-glvkspirv",
         "libnvidia-cbl", "libnvidia-egl-gbm", "libnvidia-egl-wayland", "libnvidia-egl-wayland2",
         "libnvidia-egl-xcb", "libnvidia-egl-xlib", "libnvidia-vulkan-producer",
+        "libnvidia-allocator",  # also compute; GBM loads it as gbm/nvidia-drm_gbm.so
     ),
     "display": ("libglxserver_nvidia",),
 }  # fmt: skip
@@ -187,29 +188,28 @@ def _device_entries(
     return entries
 
 
-def _class_of(stem: str, table: dict[str, tuple[str, ...]]) -> str | None:
-    for cap, stems in table.items():
-        if stem in stems:
-            return cap
-    return None
+def _classes_of(stem: str, table: dict[str, tuple[str, ...]]) -> set[str] | None:
+    """The capabilities that bring ``stem`` in; None for one no capability claims."""
+    caps = {cap for cap, stems in table.items() if stem in stems}
+    return caps or None
 
 
 def select(driver: DriverFiles, capabilities: Iterable[str]) -> DriverFiles:
     """``driver`` with only the files of ``capabilities`` (unclassified libraries stay)."""
     caps = set(capabilities)
 
-    def wanted(cap: str | None) -> bool:
-        return cap is None or cap in caps
+    def wanted(classes: set[str] | None) -> bool:
+        return classes is None or bool(classes & caps)
 
     return replace(
         driver,
         libraries=tuple(
-            lib for lib in driver.libraries if wanted(_class_of(lib.stem, CAPABILITY_LIBRARIES))
+            lib for lib in driver.libraries if wanted(_classes_of(lib.stem, CAPABILITY_LIBRARIES))
         ),
         binaries=tuple(
             b
             for b in driver.binaries
-            if wanted(_class_of(b.path.rpartition("/")[2], CAPABILITY_BINARIES))
+            if wanted(_classes_of(b.path.rpartition("/")[2], CAPABILITY_BINARIES))
         ),
         configs=tuple(
             c
