@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.spec import SpecOptions, generate
+from cdigen.cdi.spec import CAPABILITIES, SpecOptions, generate
 from cdigen.cdi.validate import _validator
+from cdigen.cdi.yamlout import block_yaml
 from cdigen.discover.builtin import load_builtin
+from cdigen.fileio import dump_document
 from cdigen.nodefile import node_to_dict
 from cdigen.schemas import load_schema, quick_valid, schema_errors
 from tests.cdihost import build_host, make_node
@@ -103,3 +105,31 @@ def test_edge_semantics_match_jsonschema(value: Any, schema: Any, valid: bool) -
 
     assert quick_valid(value, schema) is valid
     assert jsonschema.Draft202012Validator(schema).is_valid(value) is valid
+
+
+SCALARS = [
+    "-", "--link", "@x", "---a", "...b", "0", "2:0", "1e3", ".inf", "yes", "on", "null", "=",
+    "a=b", "x:y", "1.0", "0x1F", "+1", "-1", "2001-01-01", "a::b", "/x", "GPU-1", "07", "",
+    "1_000", 0, 17, "~x", "a b", "x:", True, None,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("hook", [None, "/usr/bin/nvidia-cdi-hook"])
+def test_block_yaml_writes_what_pyyaml_writes(tmp_path: Path, hook: str | None) -> None:
+    fake = build_host(tmp_path, make_node(3, mig_gpu=2), graphics=True)
+    spec = generate(
+        fake.node,
+        SpecOptions(
+            driver_root=str(fake.driver_root),
+            dev_root=str(fake.dev_root),
+            sysfs_root=str(fake.sysfs_root),
+            hook_path=hook,
+            name_strategies=("index", "uuid", "type-index"),
+            capabilities=CAPABILITIES,
+        ),
+    )
+    assert block_yaml(spec) == dump_document(spec, "yaml")
+    for value in SCALARS:
+        doc = {"k": value, "l": [value], "m": [{"n": value}]}
+        fast = block_yaml(doc)
+        assert fast is None or fast == dump_document(doc, "yaml"), value
