@@ -68,7 +68,7 @@ def block_yaml(doc: Any) -> str | None:
     """``doc`` as PyYAML's block style would write it, or None if it has other shapes."""
     import yaml
 
-    resolver = yaml.resolver.Resolver()
+    resolver: Any = yaml.resolver.Resolver()
 
     def resolve(text: str) -> str:
         return str(resolver.resolve(yaml.ScalarNode, text, (True, False)))
