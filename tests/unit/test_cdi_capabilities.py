@@ -242,3 +242,28 @@ def test_driver_root_absolute_symlink_resolves_inside_the_root(tmp_path: Path) -
     (inside / "nvidia-smi").write_text("#!/bin/sh\necho inside\n")
     found = mounts(generate(fake.node, options(fake)))
     assert found["/usr/bin/nvidia-smi"]["hostPath"] == str(inside / "nvidia-smi")
+
+
+def test_only_memory_slice_containers_get_the_mps_pipe_dir_read_only(tmp_path: Path) -> None:
+    from plugin.sharing import ShareRefused, Sharing, allocate_shares, shares_of_gpu
+
+    node = make_node(1)
+    gpu = node.gpus[0]
+    pipe = tmp_path / "nvidia-mps"
+    pipe.mkdir(mode=0o755)
+    sharing = Sharing(memory_slice_mib=1024, mps_pipe_directory=str(pipe))
+    ids = shares_of_gpu(gpu, sharing)[:2]
+    allocation = allocate_shares(ids, node, sharing, cdi_kind="nvidia.com/gpu", resource="r")
+    assert [(m.host_path, m.container_path, m.read_only) for m in allocation.mounts] == [
+        (str(pipe), str(pipe), True)
+    ]
+    # a whole-GPU container gets the spec's edits only, and those have no pipe dir
+    pipe_in_tmp = tmp_path / "host"
+    fake = build_host(pipe_in_tmp, node)
+    (fake.driver_root / "tmp/nvidia-mps").mkdir(parents=True)
+    assert not any("nvidia-mps" in p for p in mounts(generate(fake.node, options(fake))))
+    # a pipe dir that is a symlink is refused, not mounted
+    pipe.rmdir()
+    os.symlink("/", pipe)
+    with pytest.raises(ShareRefused, match="symlink"):
+        allocate_shares(ids, node, sharing, cdi_kind="nvidia.com/gpu", resource="r")
