@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -72,8 +74,118 @@ def schema_errors(document: Any, name: str) -> list[str]:
     return [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in errors]
 
 
+_ANNOTATIONS = frozenset(
+    {"$schema", "$id", "$comment", "$defs", "title", "description", "default", "examples"}
+)
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (
+        (isinstance(v, int) and not isinstance(v, bool))
+        or (isinstance(v, float) and v.is_integer())
+    ),
+}
+
+
+class _Unknown(Exception):
+    """A keyword the quick check does not implement: ask jsonschema."""
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality as jsonschema has it: ``True`` is not ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _ok(value: Any, schema: Any, root: Mapping[str, Any]) -> bool:
+    if schema is True:
+        return True
+    if schema is False or not isinstance(schema, Mapping):
+        return schema is True
+    for key, arg in schema.items():
+        if key in _ANNOTATIONS:
+            continue
+        if key == "$ref":
+            if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
+                raise _Unknown(key)
+            if not _ok(value, root["$defs"][arg.removeprefix("#/$defs/")], root):
+                return False
+        elif key == "type":
+            types = arg if isinstance(arg, list) else [arg]
+            if not any(_TYPES[t](value) for t in types):
+                return False
+        elif key == "const":
+            if not _same(value, arg):
+                return False
+        elif key == "enum":
+            if not any(_same(value, a) for a in arg):
+                return False
+        elif key in ("properties", "required", "additionalProperties", "propertyNames"):
+            if isinstance(value, dict) and not _object_ok(key, value, schema, root):
+                return False
+        elif key in ("items", "minItems", "maxItems"):
+            if isinstance(value, list) and not _array_ok(key, value, arg, root):
+                return False
+        elif key in ("pattern", "minLength", "maxLength"):
+            if isinstance(value, str) and not _string_ok(key, value, arg):
+                return False
+        elif key in ("minimum", "maximum"):
+            if _TYPES["number"](value) and not (value >= arg if key == "minimum" else value <= arg):
+                return False
+        else:
+            raise _Unknown(key)
+    return True
+
+
+def _object_ok(key: str, value: dict[str, Any], schema: Mapping[str, Any], root: Any) -> bool:
+    props = schema.get("properties", {})
+    if key == "properties":
+        return all(_ok(value[k], s, root) for k, s in props.items() if k in value)
+    if key == "required":
+        return all(k in value for k in schema["required"])
+    if key == "propertyNames":
+        return all(_ok(k, schema["propertyNames"], root) for k in value)
+    extra = schema["additionalProperties"]
+    return all(_ok(v, extra, root) for k, v in value.items() if k not in props)
+
+
+def _array_ok(key: str, value: list[Any], arg: Any, root: Any) -> bool:
+    if key == "items":
+        return all(_ok(v, arg, root) for v in value)
+    return bool(len(value) >= arg if key == "minItems" else len(value) <= arg)
+
+
+def _string_ok(key: str, value: str, arg: Any) -> bool:
+    if key == "pattern":
+        return re.search(arg, value) is not None
+    return bool(len(value) >= arg if key == "minLength" else len(value) <= arg)
+
+
+def quick_valid(document: Any, schema: Mapping[str, Any]) -> bool | None:
+    """Whether ``document`` is valid against ``schema``, without loading jsonschema; None when
+    the schema uses a keyword this check does not know (then ask :func:`schema_errors`).
+
+    Covers the keywords cdigen's schemas use. It only ever answers True for a document that
+    jsonschema accepts too; its False is rechecked with jsonschema for the messages.
+    """
+    try:
+        return _ok(document, schema, schema)
+    except (_Unknown, KeyError, TypeError, re.error):
+        return None
+
+
 def validate(document: Any, name: str, *, where: str) -> None:
-    """Raise :class:`SchemaError` naming ``where`` and the first bad field if ``document`` fails."""
+    """Raise :class:`SchemaError` naming ``where`` and the first bad field if ``document`` fails.
+
+    A valid document is confirmed by :func:`quick_valid`; jsonschema loads only for the rest.
+    """
+    if quick_valid(document, load_schema(name)):
+        return
     problems = schema_errors(document, name)
     if problems:
         hint = f"see schemas/{name}.schema.json"

@@ -13,6 +13,7 @@ whole GPU's memory and compute (see docs/sharing.md).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -220,8 +221,7 @@ def allocate_shares(
     env = _mps_env(uuids, per_gpu, gpus, sharing)
     mounts: tuple[Mount, ...] = ()
     if sharing.mps_pipe_directory is not None:
-        pipe = sharing.mps_pipe_directory
-        mounts = (Mount(pipe, pipe),)
+        mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
     return ShareAllocation(
         gpu_uuids=uuids,
         cdi_names=tuple(f"{cdi_kind}={uuid}" for uuid in uuids),
@@ -229,6 +229,23 @@ def allocate_shares(
         mounts=mounts,
         shares_per_gpu=tuple(per_gpu[u] for u in uuids),
     )
+
+
+def _mps_mount(pipe: str, resource: str) -> Mount:
+    """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
+    its named pipes, which a read-only mount allows (the kernel refuses writes there only to
+    regular files, directories and symlinks). ShareRefused if the directory exists but is not
+    what the MPS daemon makes (see :func:`cdigen.cdi.host.ipc_problem`)."""
+    from cdigen.cdi.host import ipc_problem
+
+    problem = ipc_problem(pipe, directory=True) if os.path.lexists(pipe) else None
+    if problem:
+        raise ShareRefused(
+            f"will not mount the MPS pipe directory: {problem}",
+            where=resource,
+            hint="point sharing.mps.pipeDirectory at the directory nvidia-cuda-mps-control made",
+        )
+    return Mount(pipe, pipe, read_only=True)
 
 
 def _mps_env(

@@ -43,6 +43,26 @@ DRIVER_LIBRARIES = (
     ("libnvidia-gpucomp", None),  # no SONAME link: mounted at its versioned path only
 )
 EXTRA_DIR_LIBRARIES = (("libnvidia-fbc", "libnvidia-fbc.so.1"),)
+# With ``graphics=True``: graphics libraries, vdpau, and the config files loaders read.
+GRAPHICS_LIBRARIES = (
+    ("libGLX_nvidia", "libGLX_nvidia.so.0"),
+    ("libEGL_nvidia", "libEGL_nvidia.so.0"),
+    ("libnvidia-glcore", None),
+    ("libnvidia-eglcore", None),
+)
+EGL_GBM = "libnvidia-egl-gbm.so.1.1.1"  # its own version, not the driver's
+VDPAU = ("libvdpau_nvidia", "libvdpau_nvidia.so.1")
+CONFIG_FILES = {  # host path -> container path cdigen must mount it at
+    "/usr/share/vulkan/icd.d/nvidia_icd.json": "/usr/share/vulkan/icd.d/nvidia_icd.json",
+    "/etc/vulkan/implicit_layer.d/nvidia_layers.json": (
+        "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"
+    ),
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json": "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json": (
+        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"
+    ),
+    "/etc/OpenCL/vendors/nvidia.icd": "/etc/OpenCL/vendors/nvidia.icd",
+}
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 
@@ -182,6 +202,7 @@ def build_host(
     ipc: bool = True,
     merged: bool = False,
     absolute_links: bool = False,
+    graphics: bool = False,
 ) -> FakeHost:
     """Build a fake host under ``base`` for ``node`` (default: :func:`make_node`).
 
@@ -190,6 +211,8 @@ def build_host(
     ``absolute_links`` (merged only): ``/lib`` and the SONAME links point at absolute host paths
     (``libcuda.so.1 -> /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15``), as some distributions
     ship them; they resolve correctly only inside ``base``.
+    ``graphics``: also :data:`GRAPHICS_LIBRARIES`, the EGL GBM platform library, vdpau (in
+    ``vdpau/``, with its SONAME link) and the :data:`CONFIG_FILES`.
     """
     if absolute_links and not merged:
         raise ValueError("absolute_links needs merged=True: the links name host paths")
@@ -207,6 +230,14 @@ def build_host(
     )
     libs = _libraries(driver_root, LIB_DIR, DRIVER_LIBRARIES + extra, version, absolute_links)
     libs += _libraries(driver_root, EXTRA_LIB_DIR, EXTRA_DIR_LIBRARIES, version, absolute_links)
+    if graphics:
+        libs += _libraries(driver_root, LIB_DIR, GRAPHICS_LIBRARIES, version, absolute_links)
+        libs += _libraries(driver_root, f"{LIB_DIR}/vdpau", (VDPAU,), version, absolute_links)
+        _write(_under(driver_root, f"{LIB_DIR}/{EGL_GBM}"), f"fake {EGL_GBM}\n", 0o755)
+        os.symlink(EGL_GBM, _under(driver_root, f"{LIB_DIR}/libnvidia-egl-gbm.so.1"))
+        libs.append((f"{LIB_DIR}/{EGL_GBM}", "libnvidia-egl-gbm.so.1"))
+        for host_file in CONFIG_FILES:
+            _write(_under(driver_root, host_file), f'{{"file": "{host_file}"}}\n')
     os.symlink("libcuda.so.1", _under(driver_root, f"{LIB_DIR}/libcuda.so"))  # linker link
     _write(_under(driver_root, f"{LIB_DIR}/libz.so.1.2.13"), "not a driver library\n")
     os.symlink("libz.so.1.2.13", _under(driver_root, f"{LIB_DIR}/libz.so.1"))
@@ -264,6 +295,17 @@ def build_host(
         real_nodes=real and dev_nodes,
         libraries=tuple(libs),
     )
+
+
+def shared_tool(name: str) -> Path | None:
+    """``../shared/tools/bin/<name>`` beside the repository (CI, /work/main), or beside the
+    folder holding it (a worktree under /work/wt/); None where there is none."""
+    repo = Path(__file__).resolve().parents[1]
+    for base in (repo.parent, repo.parent.parent):
+        tool = base / "shared" / "tools" / "bin" / name
+        if tool.is_file() and os.access(tool, os.X_OK):
+            return tool
+    return None
 
 
 def sysfs_bdf(pci_bus_id: str) -> str:

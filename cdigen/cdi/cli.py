@@ -67,6 +67,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "root, else no hooks)",
     )
     gen.add_argument(
+        "--no-hooks",
+        action="store_true",
+        help="no hooks even where nvidia-cdi-hook is installed: libraries are mounted at their "
+        "SONAME and linker-name paths instead, which every image's loader finds",
+    )
+    gen.add_argument(
+        "--capabilities",
+        default="compute,utility",
+        metavar="LIST",
+        help="driver capabilities, comma-separated: compute, utility, video, graphics, display, "
+        "or all (default: compute,utility)",
+    )
+    gen.add_argument(
         "--cdi-version",
         metavar="X.Y.Z",
         help="pin cdiVersion (default: the lowest the content needs); fails if too low",
@@ -106,7 +119,12 @@ def run_generate(args: argparse.Namespace) -> int:
     from cdigen.cdi.checks import check_driver_libraries, check_roots
     from cdigen.cdi.host import find_hook
     from cdigen.cdi.names import make_kind
-    from cdigen.cdi.spec import SpecOptions, generate, parse_name_strategies
+    from cdigen.cdi.spec import (
+        SpecOptions,
+        generate,
+        parse_capabilities,
+        parse_name_strategies,
+    )
     from cdigen.cdi.validate import check_spec
     from cdigen.cdi.write import generate_spec_file, render_spec
     from cdigen.discover import from_hardware, load_node
@@ -118,6 +136,12 @@ def run_generate(args: argparse.Namespace) -> int:
             where="--hook-path",
             hint="runtimes run hooks by absolute host path, e.g. /usr/bin/nvidia-cdi-hook",
         )
+    if args.no_hooks and args.hook_path:
+        raise InputError(
+            "--hook-path and --no-hooks contradict each other",
+            where="--no-hooks",
+            hint="give one of them",
+        )
     fs = _host_fs(args)
     check_roots(
         driver_root=args.driver_root,
@@ -126,6 +150,7 @@ def run_generate(args: argparse.Namespace) -> int:
         hook_path=args.hook_path,
         fs=fs,
     )
+    hook = None if args.no_hooks else args.hook_path or find_hook(args.driver_root, fs)
     options = SpecOptions(
         vendor=args.vendor,
         cls=args.cls,
@@ -134,7 +159,8 @@ def run_generate(args: argparse.Namespace) -> int:
         dev_root=args.dev_root,
         sysfs_root=args.sysfs_root,
         host_root=fs.root,
-        hook_path=args.hook_path or find_hook(args.driver_root, fs),
+        hook_path=hook,
+        capabilities=parse_capabilities(args.capabilities),
         cdi_version=args.cdi_version,
     )
     node = load_node(

@@ -51,13 +51,38 @@ LIBRARY_DIRS = (
     "/lib",
 )
 FIRMWARE_DIRS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
+# Sockets of the driver's daemons. The MPS pipe directory is not here: it reaches only the
+# containers of resources that use MPS, through the plugin's Allocate response.
 IPC_PATHS = (
     "/run/nvidia-persistenced/socket",
     "/var/run/nvidia-persistenced/socket",
     "/run/nvidia-fabricmanager/socket",
     "/var/run/nvidia-fabricmanager/socket",
-    "/tmp/nvidia-mps",
 )
+MPS_PIPE_DIR = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's default CUDA_MPS_PIPE_DIRECTORY
+# Driver libraries whose version is their own, not the driver's (EGL platform libraries).
+OWN_VERSION_LIBRARY = re.compile(
+    r"libnvidia-egl-(?:gbm|wayland|wayland2|xcb|xlib)\.so\.\d+(?:\.\d+)+"
+)
+LIBRARY_SUBDIRS = ("vdpau",)  # driver libraries in a subdirectory of a library directory
+# Configuration files: (path relative to a config dir, container dir it goes to).
+CONFIG_FILES = (
+    ("OpenCL/vendors/nvidia.icd", "/etc"),
+    ("vulkan/icd.d/nvidia_icd.json", "/usr/share"),
+    ("vulkan/icd.d/nvidia_icd.x86_64.json", "/usr/share"),
+    ("vulkan/icd.d/nvidia_layers.json", "/usr/share"),
+    ("vulkan/implicit_layer.d/nvidia_layers.json", "/usr/share"),
+    ("glvnd/egl_vendor.d/10_nvidia.json", "/usr/share"),
+    ("egl/egl_external_platform.d/15_nvidia_gbm.json", "/usr/share"),
+    ("egl/egl_external_platform.d/10_nvidia_wayland.json", "/usr/share"),
+    ("egl/egl_external_platform.d/09_nvidia_wayland2.json", "/usr/share"),
+    ("egl/egl_external_platform.d/20_nvidia_xcb.json", "/usr/share"),
+    ("egl/egl_external_platform.d/20_nvidia_xlib.json", "/usr/share"),
+    ("nvidia/nvoptix.bin", "/usr/share"),
+    ("X11/xorg.conf.d/10-nvidia.conf", "/usr/share"),
+    ("X11/xorg.conf.d/nvidia-drm-outputclass.conf", "/usr/share"),
+)
+CONFIG_DIRS = ("/etc", "/usr/share", "/usr/local/share")
 LD_CACHE = "/etc/ld.so.cache"
 
 _LD_CACHE_NEW_MAGIC = b"glibc-ld.so.cache1.1"
@@ -129,6 +154,10 @@ class HostFS:
     def stat(self, path: str) -> os.stat_result:
         """``os.stat`` of a host path (follows symlinks)."""
         return os.stat(self.locate(path))
+
+    def lstat(self, path: str) -> os.stat_result:
+        """``os.lstat`` of a host path (the last component is not followed)."""
+        return os.lstat(self.locate(path, follow=False))
 
     def listdir(self, path: str) -> list[str]:
         """``os.listdir`` of a host path."""
@@ -206,6 +235,18 @@ class Library:
     )
     host_path: str
     sonames: tuple[str, ...] = ()  # e.g. ("libcuda.so.1",)
+    linker_names: tuple[str, ...] = ()  # ``.so`` links on the host, e.g. ("libcuda.so",)
+
+    @property
+    def stem(self) -> str:
+        """The name before ``.so``: ``libcuda`` (what capabilities classify libraries by)."""
+        return self.path.rpartition("/")[2].partition(".so")[0]
+
+    @property
+    def subdir(self) -> str:
+        """The subdirectory of its library directory (``vdpau/``), or ""."""
+        parent = self.path.rpartition("/")[0].rpartition("/")[2]
+        return f"{parent}/" if parent in LIBRARY_SUBDIRS else ""
 
 
 @dataclass(frozen=True)
@@ -226,6 +267,7 @@ class DriverFiles:
     firmware: tuple[HostFile, ...] = ()
     ipc: tuple[HostFile, ...] = ()
     library_dirs: tuple[str, ...] = ()  # container paths of the directories holding libraries
+    configs: tuple[HostFile, ...] = ()  # ICD, vendor and platform files, at container paths
 
 
 def host_path(root: str | Path, path: str) -> str:
@@ -345,10 +387,7 @@ def library_dirs(driver_root: str | Path, fs: HostFS = HOST) -> list[str]:
 
 
 def _links_by_target(directory: str, entries: list[str], fs: HostFS) -> dict[str, list[str]]:
-    """Target file name -> names of the symlinks in ``directory`` that resolve to it.
-
-    Bare ``.so`` links are left out: they are for the linker, and the hook creates them.
-    """
+    """Target file name -> names of the symlinks in ``directory`` that resolve to it."""
     targets: dict[str, str] = {}
     for name in entries:
         try:
@@ -357,8 +396,6 @@ def _links_by_target(directory: str, entries: list[str], fs: HostFS) -> dict[str
             continue
     links: dict[str, list[str]] = {}
     for name, target in targets.items():
-        if name.endswith(".so"):
-            continue
         for _ in range(8):  # follow links to names in the same directory without stat-ing paths
             if "/" in target or target not in targets:
                 break
@@ -379,28 +416,54 @@ def detect_driver_version(driver_root: str | Path, fs: HostFS = HOST) -> str:
     return ""
 
 
+def _libraries_in(
+    driver_root: str | Path, directory: str, pattern: re.Pattern[str], fs: HostFS
+) -> list[Library]:
+    """The driver libraries (regular files matching ``pattern``) in one container directory."""
+    host_dir = host_path(driver_root, directory)
+    try:
+        entries = sorted(fs.listdir(host_dir))
+    except OSError:
+        return []
+    links = _links_by_target(host_dir, entries, fs)
+    found = []
+    for name in entries:
+        full = os.path.join(host_dir, name)
+        if (
+            (pattern.fullmatch(name) or OWN_VERSION_LIBRARY.fullmatch(name))
+            and fs.isfile(full)
+            and not fs.islink(full)
+        ):
+            names = links.get(name, ())
+            found.append(
+                Library(
+                    path=f"{directory.rstrip('/')}/{name}",
+                    host_path=full,
+                    sonames=tuple(n for n in names if not n.endswith(".so")),
+                    linker_names=tuple(n for n in names if n.endswith(".so")),
+                )
+            )
+    return found
+
+
 def _find_libraries(
     driver_root: str | Path, version: str, fs: HostFS
 ) -> tuple[list[Library], list[str]]:
     pattern = re.compile(rf"lib.+\.so\.{re.escape(version)}")
     libraries: list[Library] = []
     dirs_used: list[str] = []
-    for d in library_dirs(driver_root, fs):
-        host_dir = host_path(driver_root, d)
-        entries = sorted(fs.listdir(host_dir))
-        links = _links_by_target(host_dir, entries, fs)
-        for name in entries:
-            full = os.path.join(host_dir, name)
-            if pattern.fullmatch(name) and fs.isfile(full) and not fs.islink(full):
-                libraries.append(
-                    Library(
-                        path=f"{d.rstrip('/')}/{name}",
-                        host_path=full,
-                        sonames=tuple(links.get(name, ())),
-                    )
-                )
-                if d not in dirs_used:
-                    dirs_used.append(d)
+    dirs = library_dirs(driver_root, fs)
+    subdirs = {f"{d.rstrip('/')}/{sub}" for d in dirs for sub in LIBRARY_SUBDIRS}
+    for d in dirs:
+        if d in subdirs:  # vdpau/ named in ld.so.cache: scanned below, as a subdirectory
+            continue
+        found = _libraries_in(driver_root, d, pattern, fs)
+        if found and d not in dirs_used:
+            dirs_used.append(d)
+        libraries += found
+        for sub in LIBRARY_SUBDIRS:  # vdpau/: loaded by path, not through the loader's dirs
+            if fs.isdir(host_path(driver_root, f"{d}/{sub}")):
+                libraries += _libraries_in(driver_root, f"{d}/{sub}", pattern, fs)
     return libraries, dirs_used
 
 
@@ -438,23 +501,123 @@ def _firmware(driver_root: str | Path, version: str, fs: HostFS) -> list[HostFil
     return _first_existing(driver_root, candidates, fs)
 
 
+def _configs(driver_root: str | Path, fs: HostFS) -> list[HostFile]:
+    """ICD, vendor and platform files: the first of /etc, /usr/share, /usr/local/share that has
+    each one, at the container path its loader reads."""
+    found = []
+    for relative, container_dir in CONFIG_FILES:
+        for d in CONFIG_DIRS:
+            full = host_path(driver_root, f"{d}/{relative}")
+            if fs.isfile(full):
+                found.append(HostFile(path=f"{container_dir}/{relative}", host_path=full))
+                break
+    return found
+
+
+def ipc_problem(path: str, fs: HostFS = HOST, *, directory: bool = False) -> str | None:
+    """Why the IPC path ``path`` (host path, as ``fs`` sees it) must not be mounted, or None.
+
+    The driver's daemons make their sockets and the MPS pipe directory as root: accept only
+    that, owned by root (or by the user running cdigen), not a symlink, not writable by others,
+    and, but for the MPS pipe directory itself, not in a world-writable directory such as /tmp.
+    """
+    try:
+        st = fs.lstat(path)
+        parent = fs.stat(os.path.dirname(path.rstrip("/")) or "/")
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            f"{path} is a symlink; the driver makes a real {'directory' if directory else 'socket'}"
+        )
+    if directory and not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if not directory and not stat.S_ISSOCK(st.st_mode):
+        return f"{path} is not a socket"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path} is owned by uid {st.st_uid}, not root"
+    if directory and st.st_mode & 0o002:
+        return f"{path} is world-writable"
+    if parent.st_mode & 0o002 and not (directory and path.rstrip("/").endswith(MPS_PIPE_DIR)):
+        return f"{path} is in a world-writable directory"
+    return None
+
+
+def _ipc(driver_root: str | Path, fs: HostFS) -> list[HostFile]:
+    return [
+        f
+        for f in _first_existing(driver_root, list(IPC_PATHS), fs)
+        if ipc_problem(f.host_path, fs) is None
+    ]
+
+
+def _confine(files: DriverFiles, driver_root: str) -> DriverFiles:
+    """``files`` with every host path that leaves ``driver_root`` through an absolute symlink
+    resolved inside the root instead, as ``--host-root`` does (dropped if nothing is there)."""
+    inside = HostFS(driver_root)
+    real_root = os.path.realpath(driver_root)
+
+    def fix(host: str) -> str | None:
+        real = os.path.realpath(host)
+        if real == real_root or real.startswith(real_root.rstrip("/") + "/"):
+            return host
+        try:
+            where = inside.locate("/" + os.path.relpath(host, driver_root))
+        except OSError:
+            return None
+        return where if os.path.exists(where) else None
+
+    def fix_all(items: tuple[HostFile, ...]) -> tuple[HostFile, ...]:
+        out = []
+        for f in items:
+            host = fix(f.host_path)
+            if host is not None:
+                out.append(HostFile(path=f.path, host_path=host))
+        return tuple(out)
+
+    libraries = []
+    for lib in files.libraries:
+        host = fix(lib.host_path)
+        if host is not None:
+            libraries.append(
+                Library(lib.path, host, sonames=lib.sonames, linker_names=lib.linker_names)
+            )
+    return DriverFiles(
+        driver_version=files.driver_version,
+        libraries=tuple(libraries),
+        binaries=fix_all(files.binaries),
+        firmware=fix_all(files.firmware),
+        ipc=fix_all(files.ipc),
+        library_dirs=files.library_dirs,
+        configs=fix_all(files.configs),
+    )
+
+
 def scan_driver(
     driver_root: str | Path, driver_version: str = "", fs: HostFS = HOST
 ) -> DriverFiles:
-    """Find the driver's libraries, binaries, GSP firmware and IPC sockets under ``driver_root``.
+    """Find the driver's libraries, binaries, GSP firmware, config files and IPC sockets under
+    ``driver_root``.
 
     ``driver_version`` selects ``lib*.so.<version>``; when empty it is read from ``libcuda.so.*``.
+    With a driver root but no host root, a path that an absolute symlink leads out of the driver
+    root is resolved inside it instead (see :func:`_confine`).
     """
     version = driver_version or detect_driver_version(driver_root, fs)
     libraries, dirs_used = _find_libraries(driver_root, version, fs) if version else ([], [])
-    return DriverFiles(
+    files = DriverFiles(
         driver_version=version,
         libraries=tuple(libraries),
         binaries=tuple(_binaries(driver_root, fs)),
         firmware=tuple(_firmware(driver_root, version, fs)) if version else (),
-        ipc=tuple(_first_existing(driver_root, list(IPC_PATHS), fs)),
+        ipc=tuple(_ipc(driver_root, fs)),
         library_dirs=tuple(dirs_used),
+        configs=tuple(_configs(driver_root, fs)),
     )
+    root = str(driver_root)
+    if fs.confined or root in ("", "/"):
+        return files
+    return _confine(files, root)
 
 
 def find_hook(driver_root: str | Path, fs: HostFS = HOST) -> str | None:

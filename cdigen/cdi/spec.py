@@ -1,17 +1,24 @@
 """Node + host -> CDI spec: one entry per GPU (or MIG device) per naming strategy, plus ``all``.
 
-The spec works without hooks: every library is also mounted at its SONAME path, so the loader
-finds ``libcuda.so.1`` without ``ldconfig`` in the container. Hooks are added only when a hook
-program is given or found.
+The spec works without hooks: every library is also mounted at its SONAME path and its linker
+name (``libcuda.so``) in the library directories of both image families (Debian's multiarch
+directory and RHEL's ``/usr/lib64``), so the loader and ``gcc -lcuda`` find the driver without
+``ldconfig`` in the container. With a hook program (given, or ``nvidia-cdi-hook`` found on the
+host), the spec also runs its ``create-symlinks``, ``enable-cuda-compat`` and
+``update-ldcache`` hooks, as ``nvidia-ctk cdi generate`` does.
+
+What goes in follows the driver capabilities asked for (NVIDIA's terms, see
+:data:`CAPABILITIES`); libraries cdigen does not classify go in with every set.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cdigen.cdi import host as hostmod
-from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS
+from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS, Library
 from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR, make_kind
 from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, HookDoc, MountDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
@@ -20,9 +27,60 @@ from cdigen.model import Gpu, Node
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
-IPC_MOUNT_OPTIONS = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
+# Read-only is enough for a socket: connect() is not a write to the file system.
+IPC_MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "rbind", "rprivate", "noexec"]
 # As nvidia-ctk does: keeps a legacy nvidia-container-runtime hook from injecting devices again.
 SPEC_ENV = ["NVIDIA_VISIBLE_DEVICES=void"]
+# Where the hook-free spec puts libcuda.so.1 and libcuda.so for Triton (torch.compile): it asks
+# `ldconfig -p` unless this is set, and nothing has updated the image's ld.so.cache.
+TRITON_ENV = "TRITON_LIBCUDA_PATH"
+
+CAPABILITIES = ("compute", "utility", "video", "graphics", "display")
+DEFAULT_CAPABILITIES = ("compute", "utility")
+# Library stems per capability (libnvidia-container's lists); others go in with every set.
+CAPABILITY_LIBRARIES = {
+    "utility": ("libnvidia-ml", "libnvidia-cfg"),
+    "compute": (
+        "libcuda", "libcudadebugger", "libnvidia-opencl", "libnvidia-ptxjitcompiler",
+        "libnvidia-fatbinaryloader", "libnvidia-allocator", "libnvidia-compiler",
+        "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3", "libnvidia-nvvm", "libnvidia-gpucomp",
+    ),
+    "video": ("libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid"),
+    "graphics": (
+        "libnvidia-eglcore", "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi",
+        "libnvidia-fbc", "libnvidia-ifr", "libnvidia-rtcore", "libnvoptix", "libGLX_nvidia",
+        "libEGL_nvidia", "libGLESv2_nvidia", "libGLESv1_CM_nvidia", "libnvidia-glvkspirv",
+        "libnvidia-cbl", "libnvidia-egl-gbm", "libnvidia-egl-wayland", "libnvidia-egl-wayland2",
+        "libnvidia-egl-xcb", "libnvidia-egl-xlib", "libnvidia-vulkan-producer",
+        "libnvidia-allocator",  # also compute; GBM loads it as gbm/nvidia-drm_gbm.so
+    ),
+    "display": ("libglxserver_nvidia",),
+}  # fmt: skip
+CAPABILITY_BINARIES = {
+    "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"),
+    "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
+}
+# Config files by their directory under /etc or /usr/share.
+CAPABILITY_CONFIGS = {
+    "compute": ("OpenCL/",),  # the OpenCL ICD: OpenCL is compute, as libnvidia-opencl is
+    "graphics": ("vulkan/", "glvnd/", "egl/", "nvidia/nvoptix"),
+    "display": ("X11/",),
+}
+# Linker names every build may ask for (-lcuda, -lnvidia-ml, ...): the ones nvidia-ctk always
+# links (libcuda, libnvidia-opticalflow) and those the driver installer ships.
+LINKER_NAME_STEMS = (
+    "libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm",
+    "libnvidia-opticalflow", "libnvidia-encode", "libnvcuvid", "libnvidia-cfg", "libnvidia-fbc",
+    "libnvidia-opencl", "libnvidia-allocator",
+)  # fmt: skip
+# Extra links glvnd and gbm need (as nvidia-ctk's create-symlinks makes): stem -> (target, link)
+# relative to the library's directory; {soname} is the library's SONAME.
+EXTRA_LINKS = {
+    "libGLX_nvidia": ("{soname}", "libGLX_indirect.so.0"),
+    "libnvidia-allocator": ("../{soname}", "gbm/nvidia-drm_gbm.so"),
+}
+# The library directories each image family's loader and linker search without a cache.
+MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +95,7 @@ class SpecOptions:
     sysfs_root: str = "/sys"
     host_root: str = "/"  # where the host's / is: the roots above are host paths under it
     hook_path: str | None = None  # None: no hooks
+    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
     cdi_version: str | None = None  # None: the minimum the content needs
 
 
@@ -51,6 +110,21 @@ def parse_name_strategies(text: str) -> tuple[str, ...]:
                 hint=f"use a comma-separated list of {', '.join(NAME_STRATEGIES)}",
             )
     return strategies
+
+
+def parse_capabilities(text: str) -> tuple[str, ...]:
+    """``"compute,utility"`` (or ``all``) -> capabilities; InputError on an unknown one."""
+    if text.strip() == "all":
+        return CAPABILITIES
+    caps = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    for c in caps or ("",):
+        if c not in CAPABILITIES:
+            raise InputError(
+                f"unknown driver capability {c!r}",
+                where="--capabilities",
+                hint=f"use a comma-separated list of {', '.join(CAPABILITIES)}, or all",
+            )
+    return caps
 
 
 def node_doc(info: DeviceNodeInfo) -> DeviceNodeDoc:
@@ -114,36 +188,126 @@ def _device_entries(
     return entries
 
 
-def _mounts(driver: DriverFiles) -> list[MountDoc]:
-    mounts: list[MountDoc] = []
+def _classes_of(stem: str, table: dict[str, tuple[str, ...]]) -> set[str] | None:
+    """The capabilities that bring ``stem`` in; None for one no capability claims."""
+    caps = {cap for cap, stems in table.items() if stem in stems}
+    return caps or None
+
+
+def select(driver: DriverFiles, capabilities: Iterable[str]) -> DriverFiles:
+    """``driver`` with only the files of ``capabilities`` (unclassified libraries stay)."""
+    caps = set(capabilities)
+
+    def wanted(classes: set[str] | None) -> bool:
+        return classes is None or bool(classes & caps)
+
+    return replace(
+        driver,
+        libraries=tuple(
+            lib for lib in driver.libraries if wanted(_classes_of(lib.stem, CAPABILITY_LIBRARIES))
+        ),
+        binaries=tuple(
+            b
+            for b in driver.binaries
+            if wanted(_classes_of(b.path.rpartition("/")[2], CAPABILITY_BINARIES))
+        ),
+        configs=tuple(
+            c
+            for c in driver.configs
+            if any(
+                c.path.removeprefix("/etc/").removeprefix("/usr/share/").startswith(prefix)
+                for cap, prefixes in CAPABILITY_CONFIGS.items()
+                if cap in caps
+                for prefix in prefixes
+            )
+        ),
+    )
+
+
+def library_families(driver: DriverFiles) -> tuple[str, ...]:
+    """The container directories every library's SONAME and linker name go into: the
+    multiarch directory (Debian, Ubuntu) of the driver's architecture, and ``/usr/lib64``."""
+    for d in driver.library_dirs:
+        triplet = d.rstrip("/").rpartition("/")[2]
+        if triplet in MULTIARCH.values():
+            return (f"/usr/lib/{triplet}", "/usr/lib64")
+    return (f"/usr/lib/{MULTIARCH.get(os.uname().machine, MULTIARCH['x86_64'])}", "/usr/lib64")
+
+
+def _linker_name(lib: Library) -> str | None:
+    if not lib.sonames:
+        return None
+    if lib.linker_names:
+        return lib.linker_names[0]
+    return f"{lib.stem}.so" if lib.stem in LINKER_NAME_STEMS else None
+
+
+def _library_links(
+    lib: Library, families: Iterable[str], graphics: bool
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """Where ``lib`` goes beside its own path: SONAME paths (mounted), and ``(target, link)``
+    pairs for linker names and glvnd/gbm links (mounted without hooks, else made by the hook)."""
+    directory = lib.path.rpartition("/")[0]
+    own = directory.removesuffix("/" + lib.subdir.rstrip("/")) if lib.subdir else directory
+    dirs = list(dict.fromkeys([own, *families]))
+    sonames = [f"{directory}/{s}" for s in lib.sonames]
+    sonames += [f"{d}/{lib.subdir}{s}" for d in dirs[1:] for s in lib.sonames]
+    links: list[tuple[str, str]] = []
+    soname = lib.sonames[0] if lib.sonames else lib.path.rpartition("/")[2]
+    linker = _linker_name(lib)
+    if linker:
+        links += [(soname, f"{d}/{lib.subdir}{linker}") for d in dirs]
+    extra = EXTRA_LINKS.get(lib.stem)
+    if extra and graphics and not lib.subdir:
+        target, link = extra
+        links += [(target.format(soname=soname), f"{d}/{link}") for d in dirs]
+    return sonames, links
+
+
+def _mounts(driver: DriverFiles, hooks: bool, graphics: bool) -> list[MountDoc]:
+    """Every bind mount, each container path once (runtimes refuse duplicates)."""
+    mounts: dict[str, MountDoc] = {}
+
+    def add(host: str, container: str, options: list[str]) -> None:
+        mounts.setdefault(container, _mount(host, container, options))
+
+    families = library_families(driver)
     for lib in driver.libraries:
-        mounts.append(_mount(lib.host_path, lib.path, MOUNT_OPTIONS))
-        directory = lib.path.rpartition("/")[0]
-        for soname in lib.sonames:
-            mounts.append(_mount(lib.host_path, f"{directory}/{soname}", MOUNT_OPTIONS))
-    for f in (*driver.binaries, *driver.firmware):
-        mounts.append(_mount(f.host_path, f.path, MOUNT_OPTIONS))
+        add(lib.host_path, lib.path, MOUNT_OPTIONS)
+    for lib in driver.libraries:
+        sonames, links = _library_links(lib, families, graphics)
+        for path in sonames:
+            add(lib.host_path, path, MOUNT_OPTIONS)
+        if not hooks:
+            for _, link in links:
+                add(lib.host_path, link, MOUNT_OPTIONS)
+    for f in (*driver.binaries, *driver.firmware, *driver.configs):
+        add(f.host_path, f.path, MOUNT_OPTIONS)
     for f in driver.ipc:
-        mounts.append(_mount(f.host_path, f.path, IPC_MOUNT_OPTIONS))
-    return mounts
+        add(f.host_path, f.path, IPC_MOUNT_OPTIONS)
+    return list(mounts.values())
 
 
 def _mount(host: str, container: str, options: list[str]) -> MountDoc:
     return {"hostPath": host, "containerPath": container, "options": list(options)}
 
 
-def _hooks(driver: DriverFiles, hook_path: str) -> list[HookDoc]:
+def _hooks(driver: DriverFiles, hook_path: str, graphics: bool) -> list[HookDoc]:
+    """create-symlinks (linker names), enable-cuda-compat, update-ldcache, in nvidia-ctk's order."""
     hooks: list[HookDoc] = []
-    links = [
-        f"{soname}::{lib.path.rpartition('/')[0]}/libcuda.so"
-        for lib in driver.libraries
-        if lib.path.rpartition("/")[2].startswith("libcuda.so.")
-        for soname in lib.sonames[:1]
-    ]
+    families = library_families(driver)
+    links: dict[str, str] = {}
+    for lib in driver.libraries:
+        for target, link in _library_links(lib, families, graphics)[1]:
+            links.setdefault(link, target)
     if links:
         args = ["nvidia-cdi-hook", "create-symlinks"]
-        for link in links:
-            args += ["--link", link]
+        for link, target in links.items():
+            args += ["--link", f"{target}::{link}"]
+        hooks.append({"hookName": "createContainer", "path": hook_path, "args": args})
+    if any(lib.stem == "libcuda" for lib in driver.libraries) and driver.driver_version:
+        args = ["nvidia-cdi-hook", "enable-cuda-compat"]
+        args.append(f"--host-driver-version={driver.driver_version}")
         hooks.append({"hookName": "createContainer", "path": hook_path, "args": args})
     if driver.library_dirs:
         args = ["nvidia-cdi-hook", "update-ldcache"]
@@ -151,6 +315,13 @@ def _hooks(driver: DriverFiles, hook_path: str) -> list[HookDoc]:
             args += ["--folder", d]
         hooks.append({"hookName": "createContainer", "path": hook_path, "args": args})
     return hooks
+
+
+def _env(driver: DriverFiles, hooks: bool) -> list[str]:
+    env = list(SPEC_ENV)
+    if not hooks and any(lib.stem == "libcuda" and lib.sonames for lib in driver.libraries):
+        env.append(f"{TRITON_ENV}={library_families(driver)[0]}")
+    return env
 
 
 def _copies(nodes: Iterable[DeviceNodeDoc]) -> list[DeviceNodeDoc]:
@@ -177,14 +348,17 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS
         )
     devices.append({"name": "all", "containerEdits": {"deviceNodes": _copies(all_nodes.values())}})
 
-    edits: ContainerEditsDoc = {"env": list(SPEC_ENV)}
+    driver = select(driver, options.capabilities)
+    use_hooks = options.hook_path is not None
+    edits: ContainerEditsDoc = {"env": _env(driver, use_hooks)}
     control = [node_doc(n) for n in hostmod.control_nodes(options.dev_root, fs)]
     if control:
         edits["deviceNodes"] = control
-    mounts = _mounts(driver)
+    graphics = "graphics" in options.capabilities
+    mounts = _mounts(driver, use_hooks, graphics)
     if mounts:
         edits["mounts"] = mounts
-    hooks = _hooks(driver, options.hook_path) if options.hook_path else []
+    hooks = _hooks(driver, options.hook_path, graphics) if options.hook_path else []
     if hooks:
         edits["hooks"] = hooks
 

@@ -19,7 +19,7 @@ from cdigen.cdi import names
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
 from cdigen.errors import CdigenError, InputError, SchemaError, first_of
 from cdigen.fileio import read_document
-from cdigen.schemas import field_path, load_schema
+from cdigen.schemas import field_path, load_schema, quick_valid
 
 SCHEMA_NAME = "cdi-spec"
 SPEC_SUFFIXES = (".yaml", ".json")
@@ -167,8 +167,15 @@ def spec_problems(doc: Any) -> list[str]:
 
 
 def check_spec(doc: Any, *, where: str) -> None:
-    """Raise :class:`SchemaError` (exit 2) naming the first problem if ``doc`` is not valid."""
-    problems = spec_problems(doc)
+    """Raise :class:`SchemaError` (exit 2) naming the first problem if ``doc`` is not valid.
+
+    The schema part runs without jsonschema when :func:`quick_valid` confirms the document
+    (``generate``'s hot path); ``validate`` and a failing document get :func:`spec_problems`.
+    """
+    if quick_valid(doc, load_schema(SCHEMA_NAME)) and isinstance(doc, Mapping):
+        problems = _semantic_problems(doc)
+    else:
+        problems = spec_problems(doc)
     if problems:
         raise SchemaError(
             first_of(problems),

@@ -63,7 +63,9 @@ def render_spec(spec: SpecDoc, fmt: str) -> str:
     """The file text for ``spec``: YAML with the ownership header, or canonical JSON."""
     if fmt == "json":
         return dump_document(spec, "json")
-    return HEADER + dump_document(spec, "yaml")
+    from cdigen.cdi.yamlout import block_yaml
+
+    return HEADER + (block_yaml(spec) or dump_document(spec, "yaml"))
 
 
 def is_ours(text: str, fmt: str) -> bool:

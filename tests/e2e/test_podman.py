@@ -40,32 +40,42 @@ def _missing_tools() -> str | None:
 
 
 class Podman:
-    """Runs podman against a private /etc/cdi holding ``cdi_dir``."""
+    """Runs podman against a private /etc/cdi holding ``cdi_dir``.
 
-    def __init__(self, work: Path, store: Path) -> None:
+    ``rootfs``: the container's root (used through an overlay, so it stays as it is); default:
+    a busybox root made in ``work``.
+    """
+
+    def __init__(self, work: Path, store: Path, rootfs: Path | None = None) -> None:
         self.work = work
         self.store = store  # podman wants its runroot path under 50 characters
-        self.rootfs = work / "rootfs"
+        self.rootfs = rootfs or work / "rootfs"
+        self.overlay = rootfs is not None
         self.cdi = work / "cdi"
-        for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
-            (self.rootfs / d).mkdir(parents=True)
+        work.mkdir(parents=True, exist_ok=True)
         self.cdi.mkdir()
         (work / "empty").mkdir()
+        (work / "containers.conf").write_text(CONTAINERS_CONF)
+        if rootfs is not None:
+            return
+        for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+            (self.rootfs / d).mkdir(parents=True)
         shutil.copy(BUSYBOX, self.rootfs / "bin/busybox")
         applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True)
         for applet in applets.stdout.split():
             if applet != "busybox":
                 os.symlink("busybox", self.rootfs / "bin" / applet)
-        (work / "containers.conf").write_text(CONTAINERS_CONF)
 
-    def run(self, script: str, *devices: str) -> subprocess.CompletedProcess[str]:
-        """Run ``/bin/sh -c script`` in a container with the given CDI devices."""
+    def run(self, script: str, *devices: str, extra: str = "") -> subprocess.CompletedProcess[str]:
+        """Run ``/bin/sh -c script`` in a container with the given CDI devices; ``extra``:
+        more ``podman run`` options (e.g. ``-v HOST:CONTAINER:ro``)."""
         w = self.work
-        device_args = " ".join(f"--device {d}" for d in devices)
+        rootfs = f"{self.rootfs}:O" if self.overlay else str(self.rootfs)
+        device_args = " ".join([*(f"--device {d}" for d in devices), extra])
         inner = (
             f"mount --bind {w}/cdi /etc/cdi && mount --bind {w}/empty /var/run/cdi && "
             f"podman --root {self.store}/root --runroot {self.store}/run --storage-driver vfs "
-            f"run --rm --network none {device_args} --rootfs {self.rootfs} /bin/sh -c '{script}'"
+            f"run --rm --network none {device_args} --rootfs {rootfs} /bin/sh -c '{script}'"
         )
         os.makedirs("/etc/cdi", exist_ok=True)
         os.makedirs("/var/run/cdi", exist_ok=True)
@@ -110,6 +120,7 @@ def _prepare(base: Path, store: Path) -> Iterator[tuple[Podman, FakeHost]]:
             "--dev-root", str(host.dev_root),
             "--sysfs-root", str(host.sysfs_root),
             "--output-dir", str(podman.cdi),
+            "--capabilities", "all",  # libnvidia-fbc (graphics) is the ld.so.cache-only one
         ],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -139,6 +150,7 @@ def _generate_with_host_root(base: Path, host: FakeHost, node_file: Path) -> byt
             "--dev-root", str(host.dev_root),
             "--sysfs-root", str(host.sysfs_root),
             "--output", str(out),
+            "--capabilities", "all",
         ],
         capture_output=True, text=True,
     )  # fmt: skip

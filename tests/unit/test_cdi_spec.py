@@ -97,11 +97,13 @@ def test_mounts_versioned_and_soname_with_driver_root_in_host_path(fake: FakeHos
     assert mounts[versioned]["hostPath"] == host
     assert mounts[f"{LIB_DIR}/libcuda.so.1"]["hostPath"] == host
     assert mounts[versioned]["options"] == ["ro", "nosuid", "nodev", "rbind", "rprivate"]
-    assert f"{LIB_DIR}/libcuda.so" not in mounts  # linker links are the hook's business
+    # without hooks: the linker name and the RHEL-family directory too
+    for path in (f"{LIB_DIR}/libcuda.so", "/usr/lib64/libcuda.so.1", "/usr/lib64/libcuda.so"):
+        assert mounts[path]["hostPath"] == host
     assert "/usr/bin/nvidia-smi" in mounts
     assert f"/lib/firmware/nvidia/{DRIVER_VERSION}/gsp_ga10x.bin" in mounts
     sock = mounts["/run/nvidia-persistenced/socket"]
-    assert sock["options"] == ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
+    assert sock["options"] == ["ro", "nosuid", "nodev", "rbind", "rprivate", "noexec"]
     assert not any(m["containerPath"].startswith(str(fake.driver_root)) for m in mounts.values())
 
 
@@ -113,11 +115,15 @@ def test_no_hooks_without_a_hook_program(fake: FakeHost) -> None:
 def test_hooks_with_a_hook_program(fake: FakeHost) -> None:
     spec = generate(fake.node, options(fake, hook_path="/usr/bin/nvidia-cdi-hook"))
     hooks = spec["containerEdits"]["hooks"]
-    assert [h["hookName"] for h in hooks] == ["createContainer", "createContainer"]
-    assert hooks[0]["args"] == [
-        "nvidia-cdi-hook", "create-symlinks", "--link", f"libcuda.so.1::{LIB_DIR}/libcuda.so",
-    ]  # fmt: skip
+    assert [h["hookName"] for h in hooks] == ["createContainer"] * 3
+    links = hooks[0]["args"]
+    assert links[:2] == ["nvidia-cdi-hook", "create-symlinks"]
+    for link in (f"{LIB_DIR}/libcuda.so", "/usr/lib64/libcuda.so"):
+        assert f"libcuda.so.1::{link}" in links
     assert hooks[1]["args"] == [
+        "nvidia-cdi-hook", "enable-cuda-compat", f"--host-driver-version={DRIVER_VERSION}",
+    ]  # fmt: skip
+    assert hooks[2]["args"] == [
         "nvidia-cdi-hook", "update-ldcache", "--folder", LIB_DIR, "--folder", "/opt/nvidia/lib64",
     ]  # fmt: skip
     assert spec_problems(spec) == []
