@@ -41,8 +41,12 @@ def _registrars(*, wings: bool) -> list[Register]:
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             found.append(ep.load())
-        except ImportError as exc:  # a wing that is not installed: say so, keep the rest usable
-            logging.getLogger("cdigen").debug("command group %s unavailable: %s", ep.name, exc)
+        except ImportError as exc:  # a broken install: say so every time, keep the rest usable
+            print(
+                f"cdigen: error: the '{ep.name}' commands cannot be loaded ({ep.value}: {exc}); "
+                "reinstall cdigen with its dependencies",
+                file=sys.stderr,
+            )
     return found
 
 

@@ -174,9 +174,17 @@ def _emit(text: str, output: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    from cdigen.errors import InputError
     from cdigen.fileio import atomic_write
 
-    atomic_write(Path(output), text.encode("utf-8"))
+    target = Path(output)
+    if not target.parent.is_dir():
+        raise InputError(
+            f"directory {str(target.parent)!r} does not exist",
+            where="--output",
+            hint="create it first, or write to an existing directory",
+        )
+    atomic_write(target, text.encode("utf-8"))
     log.info("wrote %s", output)
 
 

@@ -181,3 +181,13 @@ def test_node_source_flags_are_shared(
         "/h/sys",
         "/h/proc",
     )
+
+
+def test_output_into_a_missing_directory_is_refused_not_created(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    target = tmp_path / "typo" / "node.yaml"
+    code, out, err = run(capsys, "discover", "--node", "builtin:rtx4090", "-o", str(target))
+    assert code == 2 and out == ""
+    assert "does not exist" in err and str(tmp_path / "typo") in err
+    assert not (tmp_path / "typo").exists()

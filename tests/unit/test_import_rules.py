@@ -1,0 +1,108 @@
+"""The arrows between the parts stay one-way: every import of every module, read with ast.
+
+- the core (cdigen/) never imports a wing (policies/, plugin/), not even inside a function;
+- the engine (policies/) never imports plugin/;
+- the device plugin (plugin/ outside plugin/dra/) never imports the DRA plugin.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ("_pb2.py", "_pb2_grpc.py")
+RULES = (
+    ("cdigen", ("policies", "plugin")),
+    ("policies", ("plugin",)),
+    ("plugin", ("plugin.dra",)),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth, with relative imports resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = (
+        module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
+    )
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def modules(top: str) -> list[Path]:
+    return [p for p in sorted((REPO_ROOT / top).rglob("*.py")) if not p.name.endswith(GENERATED)]
+
+
+def violations(top: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in modules(top):
+        name = module_name(path)
+        for target in sorted(imported(path)):
+            for bad in forbidden:
+                if name == bad or name.startswith(bad + "."):
+                    continue  # a part may import itself
+                if target == bad or target.startswith(bad + "."):
+                    found.append(f"{path.relative_to(REPO_ROOT)} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize(("top", "forbidden"), RULES, ids=[r[0] for r in RULES])
+def test_no_arrow_points_back(top: str, forbidden: tuple[str, ...]) -> None:
+    assert violations(top, forbidden) == []
+
+
+def test_the_checker_sees_a_forbidden_import_inside_a_function(tmp_path: Path) -> None:
+    sneaky = REPO_ROOT / "cdigen" / "_import_rule_probe.py"
+    sneaky.write_text(
+        "def f():\n    from policies.allocator import Allocator\n    return Allocator\n"
+    )
+    try:
+        assert violations("cdigen", ("policies", "plugin")) == [
+            "cdigen/_import_rule_probe.py imports policies.allocator",
+            "cdigen/_import_rule_probe.py imports policies.allocator.Allocator",
+        ]
+    finally:
+        sneaky.unlink()
+
+
+def test_a_wing_that_fails_to_import_is_an_error_not_a_debug_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.metadata
+
+    from cdigen import cli
+
+    broken = importlib.metadata.EntryPoint(
+        name="broken", value="cdigen_missing_wing.cli:register", group=cli.ENTRY_POINT_GROUP
+    )
+    real = importlib.metadata.entry_points
+
+    def with_broken(**kwargs: str) -> list[importlib.metadata.EntryPoint]:
+        return [*real(**kwargs), broken]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", with_broken)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    err = capsys.readouterr().err
+    assert "cdigen: error: the 'broken' commands cannot be loaded" in err
+    assert "No module named 'cdigen_missing_wing'" in err
