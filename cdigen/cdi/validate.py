@@ -7,7 +7,6 @@ One function, :func:`spec_problems`, serves both ``cdigen generate`` (before any
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -17,7 +16,7 @@ from cdigen.cdi import names
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
 from cdigen.errors import CdigenError, SchemaError, first_of
 from cdigen.fileio import read_document
-from cdigen.schemas import field_path, load_schema
+from cdigen.schemas import describe_value, field_path, load_schema, make_validator
 
 SCHEMA_NAME = "cdi-spec"
 SPEC_SUFFIXES = (".yaml", ".json")
@@ -43,10 +42,8 @@ def _inline_refs(node: Any, defs: Mapping[str, Any], depth: int = 0) -> Any:
 
 @cache
 def _validator() -> Any:
-    import jsonschema
-
     schema = load_schema(SCHEMA_NAME)
-    return jsonschema.Draft202012Validator(_inline_refs(schema, schema.get("$defs", {})))
+    return make_validator(_inline_refs(schema, schema.get("$defs", {})))
 
 
 def _where(doc: Any, path: list[str | int]) -> str:
@@ -88,7 +85,7 @@ def _why(error: Any) -> str:
     if error.validator == "type":
         expected = error.validator_value
         expected = " or ".join(expected) if isinstance(expected, list) else expected
-        return f"expected {expected}, got {json.dumps(value)[:60]}"
+        return f"expected {expected}, got {describe_value(value)}"
     if error.validator == "required":
         return str(error.message).replace("is a required property", "is required")
     return str(error.message)
