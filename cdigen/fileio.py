@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import stat
 import sys
@@ -133,13 +134,13 @@ def _refusal(problem: str, mark: Any) -> Exception:
 
 @functools.cache
 def _loader_class() -> Any:
-    """The safe YAML loader, with integer literals bounded (see :data:`MAX_INT_CHARS`)."""
+    """The safe YAML loader, with numbers bounded (see :data:`MAX_INT_CHARS`) and finite."""
     import yaml
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     class BoundedLoader(base):  # type: ignore[misc, valid-type]
-        """``SafeLoader`` that refuses integer literals longer than ``MAX_INT_CHARS``."""
+        """``SafeLoader`` that refuses integers longer than ``MAX_INT_CHARS``, NaN and infinity."""
 
         def construct_yaml_int(self, node: Any) -> int:
             value = str(node.value)
@@ -150,7 +151,14 @@ def _loader_class() -> Any:
                 )
             return int(base.construct_yaml_int(self, node))
 
+        def construct_yaml_float(self, node: Any) -> float:
+            value = float(base.construct_yaml_float(self, node))
+            if not math.isfinite(value):
+                raise _refusal(f"{node.value[:40]} is not a finite number", node.start_mark)
+            return value
+
     BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    BoundedLoader.add_constructor("tag:yaml.org,2002:float", BoundedLoader.construct_yaml_float)
     return BoundedLoader
 
 

@@ -199,6 +199,12 @@ def test_node_values_out_of_range_are_refused_at_load(
     assert f": {dotted(field)}: " in one_line(e.value)
 
 
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1.0e+400"])
+def test_nan_and_infinity_are_refused_at_load(value: str) -> None:
+    with pytest.raises(InputError, match=r"t: line 1, column 4: .* is not a finite number"):
+        parse_document(f"x: {value}\n", where="t")
+
+
 def test_whole_floats_load_as_integers(tmp_path: Path) -> None:
     node = load_node_file(node_with(tmp_path, "memoryBytes: 85899345920", "memoryBytes: 8.0e+10"))
     assert node.gpus[0].memory_bytes == 80_000_000_000
