@@ -165,8 +165,9 @@ def _tab_stop_cells(line: str) -> list[str] | None:
     end = 0  # where the current cell's text ends
     for word in _WORD.finditer(line):
         start = word.start()
-        if cells and start == end + 1 and start < next_stop:
-            cells[-1] += " " + word.group()  # a cell of several words: "CPU Affinity"
+        joined = f"{cells[-1]} {word.group()}" if cells else ""
+        if start == end + 1 and start < next_stop and _is_name_start(joined):
+            cells[-1] = joined  # a cell of several words: "CPU Affinity"
         elif start >= next_stop and start % _TAB in (0, 1):  # 1: nvidia-smi's " X "
             cells += [""] * ((start - next_stop) // _TAB)
             cells.append(word.group())
@@ -175,6 +176,10 @@ def _tab_stop_cells(line: str) -> list[str] | None:
         end = word.end()
         next_stop = (end // _TAB + 1) * _TAB
     return cells
+
+
+def _is_name_start(text: str) -> bool:
+    return any(name.startswith(text) for name in _TRAILING_NAMES)
 
 
 def _header_columns(line: str) -> tuple[list[str], list[str]]:

@@ -420,6 +420,13 @@ def test_blank_cpu_affinity_keeps_the_numa_column(expand: bool) -> None:
     assert matrix.cpu_affinity == (None,) * 8 and not matrix.numa_inferred
 
 
+def test_text_separated_by_single_spaces_still_reads() -> None:
+    text = "GPU0 GPU1 CPU Affinity NUMA Affinity\nGPU0 X NV2 0-7 0\nGPU1 NV2 X 8-15 1\n"
+    matrix = parse_topo(text, where="t")
+    assert matrix.labels == (("X", "NV2"), ("NV2", "X"))
+    assert matrix.cpu_affinity == ("0-7", "8-15") and matrix.numa_nodes == (0, 1)
+
+
 def test_every_reference_topology_reads_the_same_pasted_from_a_terminal() -> None:
     for path in sorted(TOPOLOGIES.glob("*.txt")):
         text = path.read_text()
