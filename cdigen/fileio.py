@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
+import math
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -13,45 +16,229 @@ from typing import Any
 
 from cdigen.errors import InputError, WriteError
 
+MAX_INPUT_BYTES_ENV = "CDIGEN_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 4 * 1024 * 1024
+MAX_ALIAS_NODES = 100_000  # nodes that aliases may add to a document, in all
+MAX_DEPTH = 200  # nesting levels of one document
+MAX_INT_CHARS = 40  # an integer literal's length: int64 and uint64 need 20 at most
+
+
+def max_input_bytes() -> int:
+    """The largest file cdigen reads: ``$CDIGEN_MAX_INPUT_BYTES``, else 4 MiB."""
+    raw = os.environ.get(MAX_INPUT_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not raw.isascii() or not raw.isdecimal() or len(raw) > 15 or int(raw) < 1:
+        raise InputError(
+            f"{MAX_INPUT_BYTES_ENV}={raw[:40]!r} is not a positive number of bytes",
+            hint=f"unset it (default {DEFAULT_MAX_INPUT_BYTES}) or give a byte count",
+        )
+    return int(raw)
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _too_big(what: str, limit: int, where: str) -> InputError:
+    return InputError(
+        f"{what} is larger than {limit} bytes",
+        where=where,
+        hint=f"is it the right file? raise the limit with {MAX_INPUT_BYTES_ENV}=BYTES",
+    )
+
 
 def read_text(path: str | Path, *, what: str = "file") -> str:
-    """The text of ``path``; a one-line InputError if it is missing or unreadable."""
+    """The text of the regular file ``path``, at most :func:`max_input_bytes` long; a one-line
+    InputError if it is missing, unreadable, too big or not a regular file (``/dev/zero``)."""
+    where = str(path)
+    if not where:
+        raise InputError(f"no {what} named: the path is empty", hint="give the path of a file")
+    limit = max_input_bytes()
     try:
-        return Path(path).read_text(encoding="utf-8")
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise InputError(f"{what} not found", where=str(path), hint="check the path") from None
-    except IsADirectoryError:
-        raise InputError(f"expected a {what}, found a directory", where=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {what}: {exc}", where=str(path)) from None
+        if os.path.islink(path):
+            raise InputError(
+                f"{what} is a dangling symlink (to {os.readlink(path)})", where=where
+            ) from None
+        raise InputError(f"{what} not found", where=where, hint="check the path") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", where=where) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise InputError(f"expected a {what}, found a directory", where=where)
+        if not stat.S_ISREG(mode):
+            raise InputError(
+                f"expected a {what}, found {_kind_of(mode)}",
+                where=where,
+                hint="give the path of a regular file",
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}", where=where) from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise _too_big(what, limit, where)
+    return _decode(data, what=what, where=where)
+
+
+def _decode(data: bytes, *, what: str, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"cannot read {what}: not UTF-8 text (byte {exc.start})", where=where
+        ) from None
 
 
 def read_stdin(*, what: str = "input") -> str:
-    """All of standard input as text; a one-line InputError if it is not readable text."""
+    """All of standard input as text, at most :func:`max_input_bytes` long; a one-line
+    InputError if it is not readable text or too big."""
+    limit = max_input_bytes()
+    buffer = getattr(sys.stdin, "buffer", None)
     try:
-        return sys.stdin.read()
+        if buffer is None:  # a text stream without bytes beneath it (tests replace stdin)
+            text = sys.stdin.read(limit + 1)
+            if len(text) > limit:
+                raise _too_big(what, limit, "<stdin>")
+            return text
+        data = buffer.read(limit + 1)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {what}: {exc}", where="<stdin>") from None
+    if len(data) > limit:
+        raise _too_big(what, limit, "<stdin>")
+    return _decode(data, what=what, where="<stdin>")
+
+
+def _refusal(problem: str, mark: Any) -> Exception:
+    """A YAML error for input that parses but is refused (too big, too deep, self-referring)."""
+    import yaml
+
+    error = yaml.MarkedYAMLError(None, None, problem, mark)
+    error.refused = True  # type: ignore[attr-defined]
+    return error
+
+
+@functools.cache
+def _loader_class() -> Any:
+    """The safe YAML loader, with numbers bounded (see :data:`MAX_INT_CHARS`) and finite."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class BoundedLoader(base):  # type: ignore[misc, valid-type]
+        """``SafeLoader`` that refuses integers longer than ``MAX_INT_CHARS``, NaN and infinity."""
+
+        def construct_yaml_int(self, node: Any) -> int:
+            value = str(node.value)
+            if len(value) > MAX_INT_CHARS:
+                raise _refusal(
+                    f"an integer of {len(value)} characters is too large (at most {MAX_INT_CHARS})",
+                    node.start_mark,
+                )
+            return int(base.construct_yaml_int(self, node))
+
+        def construct_yaml_float(self, node: Any) -> float:
+            value = float(base.construct_yaml_float(self, node))
+            if not math.isfinite(value):
+                raise _refusal(f"{node.value[:40]} is not a finite number", node.start_mark)
+            return value
+
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    BoundedLoader.add_constructor("tag:yaml.org,2002:float", BoundedLoader.construct_yaml_float)
+    return BoundedLoader
+
+
+def _check_graph(root: Any) -> None:
+    """Refuse a composed YAML graph that aliases would blow up, that refers to itself, or that
+    is nested too deeply. Sizes are counted once per node, so this is linear in the text."""
+    import yaml
+
+    size: dict[int, int] = {}
+    height: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    distinct = 0
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[Any]
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        if done:
+            open_nodes.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            height[key] = 1 + max((height[id(c)] for c in children), default=0)
+            if height[key] > MAX_DEPTH:
+                raise _graph_error(node, f"nested more than {MAX_DEPTH} levels deep")
+            if size[key] - distinct > MAX_ALIAS_NODES:
+                raise _graph_error(
+                    node, f"aliases expand it by more than {MAX_ALIAS_NODES} nodes (an alias bomb?)"
+                )
+            continue
+        if key in size:
+            continue
+        if key in open_nodes:
+            raise _graph_error(node, "an alias refers to a node that contains it")
+        open_nodes.add(key)
+        distinct += 1
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(children) if id(c) not in size)
+
+
+def _graph_error(node: Any, problem: str) -> Exception:
+    return _refusal(problem, node.start_mark)
 
 
 def parse_document(text: str, *, where: str) -> Any:
-    """Parse YAML (JSON is YAML too); a one-line InputError with line and column on bad syntax."""
+    """Parse YAML (JSON is YAML too) safely: no alias bombs, no self-referring aliases, at most
+    :data:`MAX_DEPTH` levels, integers of at most :data:`MAX_INT_CHARS` characters. A one-line
+    InputError with line and column on bad syntax or any of those."""
     import yaml
 
+    loader = _loader_class()(text)
     try:
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_graph(node)
+        return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         pos = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        if getattr(exc, "refused", False):
+            raise InputError(f"{pos}{exc.problem}", where=where) from None
         raise InputError(
             f"{pos}invalid YAML: {exc.problem}", where=where, hint="fix the syntax"
         ) from None
     except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", where=where) from None
+        raise InputError(f"invalid YAML: {' '.join(str(exc).split())}", where=where) from None
+    except (RecursionError, ValueError, OverflowError) as exc:  # the pure-Python loader
+        raise InputError(f"invalid YAML: {' '.join(str(exc).split())[:200]}", where=where) from None
+    finally:
+        loader.dispose()
 
 
 def read_document(path: str | Path, *, what: str = "file") -> Any:
-    """Read and parse a YAML or JSON file."""
+    """Read and parse a YAML or JSON file (see :func:`read_text` and :func:`parse_document`)."""
     return parse_document(read_text(path, what=what), where=str(path))
 
 

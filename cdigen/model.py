@@ -15,6 +15,14 @@ NODE_KIND = "Node"
 PcieLevel = Literal["PIX", "PXB", "PHB", "NODE", "SYS"]
 PCIE_LEVELS: tuple[PcieLevel, ...] = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
+# Sane ranges, the same as the maxima in schemas/node.schema.json (a test keeps them equal).
+MAX_GPU_INDEX = 4095  # NVML indexes and link ends
+MAX_MINOR = 2**20 - 1  # Linux device minors have 20 bits
+MAX_NUMA_NODE = 1023  # the kernel's NODES_SHIFT is at most 10
+MAX_NVLINKS = 18  # NVLinks between two GPUs (H100: 18 per GPU)
+MAX_MEMORY_BYTES = 2**44  # 16 TiB per GPU or MIG device
+MAX_MIG_ID = 255  # GPU and compute instance IDs
+
 
 @dataclass(frozen=True)
 class MigDevice:

@@ -139,7 +139,7 @@ def dump_node(node: Node, fmt: str = "yaml") -> str:
 def node_from_dict(doc: Any, *, where: str) -> Node:
     """Build a :class:`Node` from a parsed node file; InputError/SchemaError naming ``where``."""
     validate(doc, SCHEMA, where=where)
-    data = cast(dict[str, Any], doc)
+    data = cast(dict[str, Any], _whole_numbers(doc))
     gpus = tuple(_gpu_from_dict(g) for g in data["gpus"])
     links = tuple(
         Link(
@@ -159,6 +159,18 @@ def node_from_dict(doc: Any, *, where: str) -> Node:
     )
     check_node(node, where=where, raw_links=data.get("links", []))
     return node
+
+
+def _whole_numbers(value: Any) -> Any:
+    """``value`` with floats made ints: JSON Schema counts ``8.0e10`` as an integer, and every
+    number in a node file is one (the schema checked that, and the range)."""
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    return value
 
 
 def _gpu_from_dict(g: dict[str, Any]) -> Gpu:
@@ -266,6 +278,11 @@ def check_node(node: Node, *, where: str, raw_links: list[dict[str, Any]] | None
 
 def load_node_file(path: str | Path) -> Node:
     """Read, check and build the node in the YAML/JSON file ``path``."""
+    if not str(path).strip():
+        raise InputError(
+            f"the node source {str(path)!r} names no file",
+            hint="give nvml, builtin:NAME or the path of a node file",
+        )
     doc = read_document(path, what="node file")
     if not isinstance(doc, dict) or doc.get("kind") not in (None, NODE_KIND):
         kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__

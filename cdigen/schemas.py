@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import re
@@ -37,13 +38,56 @@ def load_schema(name: str) -> dict[str, Any]:
     return schema
 
 
+def _whole_value(pattern: str) -> str:
+    """``pattern`` for Python's ``re`` with ECMA 262's meaning of ``$``: the end of the value.
+
+    Python's ``$`` also matches before a final newline, so jsonschema (which uses ``re.search``)
+    would pass ``"rw\\n"`` for ``^[rwm]*$``; Go and JavaScript do not. Each ``$`` outside a
+    character class becomes ``\\Z``.
+    """
+    out: list[str] = []
+    escaped = in_class = False
+    for ch in pattern:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "$":
+            out.append("\\Z")
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
 @cache
-def _validator(name: str) -> Any:
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(_whole_value(pattern))
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
     import jsonschema
 
-    schema = load_schema(name)
-    cls = jsonschema.validators.validator_for(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def make_validator(schema: dict[str, Any]) -> Any:
+    """A jsonschema validator for ``schema`` (its draft, with format checks) whose ``pattern``
+    must match the whole value, as in ECMA 262 and Go (see :func:`_whole_value`)."""
+    import jsonschema
+
+    base = jsonschema.validators.validator_for(schema)
+    cls = jsonschema.validators.extend(base, {"pattern": _pattern})
+    return cls(schema, format_checker=base.FORMAT_CHECKER)
+
+
+@cache
+def _validator(name: str) -> Any:
+    return make_validator(load_schema(name))
 
 
 def field_path(parts: Any) -> str:
@@ -57,12 +101,38 @@ def field_path(parts: Any) -> str:
     return out or "<root>"
 
 
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+def describe_value(value: Any) -> str:
+    """``value`` for an error message, at most about 60 characters: JSON for JSON values, and
+    the YAML type named for what JSON lacks (``a date (2001-01-01)``, ``binary data``, a set)."""
+    if isinstance(value, datetime.datetime):
+        return f"a timestamp ({value.isoformat()}); quote it to make it a string"
+    if isinstance(value, datetime.date):
+        return f"a date ({value.isoformat()}); quote it to make it a string"
+    if isinstance(value, (bytes, bytearray)):
+        return f"binary data ({len(value)} bytes)"
+    prefix = "a set " if isinstance(value, (set, frozenset)) else ""
+    try:
+        text = json.dumps(value, default=_jsonable)
+    except (TypeError, ValueError, RecursionError):
+        text = f"a {type(value).__name__}"
+    return prefix + (text if len(text) <= 60 else text[:57] + "...")
+
+
 def _describe(error: Any) -> str:
     if error.validator == "type":
         expected = error.validator_value
         if isinstance(expected, list):
             expected = " or ".join(expected)
-        return f"expected {expected}, got {json.dumps(error.instance)[:60]}"
+        return f"expected {expected}, got {describe_value(error.instance)}"
+    if error.validator == "enum":
+        choices = ", ".join("null" if c is None else str(c) for c in error.validator_value)
+        return f"expected one of {choices}, got {describe_value(error.instance)}"
     if error.validator == "additionalProperties":
         return f"{error.message} (check the spelling; unknown fields are not allowed)"
     return str(error.message)

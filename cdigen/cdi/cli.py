@@ -200,6 +200,13 @@ def _host_fs(args: argparse.Namespace) -> HostFS:
     from cdigen.cdi.host import HostFS
 
     fs = HostFS(args.host_root)
+    for flag, value in (("--driver-root", args.driver_root), ("--dev-root", args.dev_root)):
+        if not value.startswith("/"):
+            raise InputError(
+                f"{value!r} is not an absolute path",
+                where=flag,
+                hint="spec host paths are absolute; give e.g. / or /run/nvidia/driver",
+            )
     if not fs.confined:
         return fs
     if not Path(args.host_root).is_dir():

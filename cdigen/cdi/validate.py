@@ -7,8 +7,6 @@ One function, :func:`spec_problems`, serves both ``cdigen generate`` (before any
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 from collections.abc import Iterable, Mapping
 from functools import cache
@@ -19,7 +17,7 @@ from cdigen.cdi import names
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
 from cdigen.errors import CdigenError, InputError, SchemaError, first_of
 from cdigen.fileio import read_document
-from cdigen.schemas import field_path, load_schema, quick_valid
+from cdigen.schemas import describe_value, field_path, load_schema, make_validator, quick_valid
 
 SCHEMA_NAME = "cdi-spec"
 SPEC_SUFFIXES = (".yaml", ".json")
@@ -45,10 +43,8 @@ def _inline_refs(node: Any, defs: Mapping[str, Any], depth: int = 0) -> Any:
 
 @cache
 def _validator() -> Any:
-    import jsonschema
-
     schema = load_schema(SCHEMA_NAME)
-    return jsonschema.Draft202012Validator(_inline_refs(schema, schema.get("$defs", {})))
+    return make_validator(_inline_refs(schema, schema.get("$defs", {})))
 
 
 def _where(doc: Any, path: list[str | int]) -> str:
@@ -61,21 +57,6 @@ def _where(doc: Any, path: list[str | int]) -> str:
         if isinstance(name, str):
             return f"device {name!r}: {field_path(path[2:])}" if path[2:] else f"device {name!r}"
     return field_path(path)
-
-
-def _show(value: Any) -> str:
-    """A short rendering of a value from a spec file, whatever YAML made of it."""
-    if isinstance(value, datetime.date):
-        return f"a date ({value.isoformat()}); quote it to make it a string"
-    if isinstance(value, bytes | bytearray):
-        return "a !!binary value"
-    if isinstance(value, set | frozenset):
-        return "a !!set value"
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):  # a type JSON lacks, or an int too long to print
-        return f"a value of type {type(value).__name__}"
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _why(error: Any) -> str:
@@ -106,7 +87,7 @@ def _why(error: Any) -> str:
     if error.validator == "type":
         expected = error.validator_value
         expected = " or ".join(expected) if isinstance(expected, list) else expected
-        return f"expected {expected}, got {_show(value)}"
+        return f"expected {expected}, got {describe_value(value)}"
     if error.validator == "required":
         return str(error.message).replace("is a required property", "is required")
     return str(error.message)

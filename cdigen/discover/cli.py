@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen.errors import EXIT_OK, InputError
+from cdigen.model import MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
     from cdigen.model import Node
@@ -31,7 +32,12 @@ def parse_size(text: str) -> int:
         )
     number, unit = match.group(1), (match.group(2) or "").upper()
     factor = 1024 ** ("KMGT".index(unit[0]) + 1) if unit.endswith(("IB", "I")) else _UNITS[unit[:1]]
-    return int(float(number) * factor)
+    value = float(number) * factor
+    if not value <= MAX_MEMORY_BYTES:  # also inf, from a number of hundreds of digits
+        raise InputError(
+            f"--memory {text[:40]!r} is more than 16 TiB", hint="give the GPU's memory"
+        )
+    return int(value)
 
 
 @functools.cache  # every command that takes --node lists them in its help

@@ -17,17 +17,23 @@ from pathlib import Path
 
 from cdigen.errors import InputError
 from cdigen.fileio import read_text
-from cdigen.model import PCIE_LEVELS, Gpu, Link, Node, PcieLevel
+from cdigen.model import MAX_NUMA_NODE, MAX_NVLINKS, PCIE_LEVELS, Gpu, Link, Node, PcieLevel
 from cdigen.nodefile import check_node
 
 from .products import product
 
-_GPU = re.compile(r"^GPU(\d+)$")
-_NV = re.compile(r"^NV(\d+)$")
-_CPU_LIST = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
+# ASCII digits only (``\\d`` and ``str.isdigit`` take ``²`` and other scripts' digits), and few.
+_GPU = re.compile(r"^GPU([0-9]{1,5})$")
+_NV = re.compile(r"^NV([0-9]+)$")
+_CPU = "[0-9]{1,7}"
+_CPU_LIST = re.compile(rf"^{_CPU}(-{_CPU})?(,{_CPU}(-{_CPU})?)*$")
+_NUMA = re.compile(r"^[0-9]{1,4}$")
 _LEGACY_LABELS: dict[str, PcieLevel] = {"SOC": "SYS"}  # pre-2017 drivers said SOC for SYS
 # Trailing columns, as the header spells them (split on whitespace).
 _TRAILING = (("CPU", "Affinity"), ("NUMA", "Affinity"), ("GPU", "NUMA", "ID"))
+_TRAILING_NAMES = tuple(" ".join(words) for words in _TRAILING)
+_TAB = 8  # terminals expand nvidia-smi's tabs to 8-column stops; pastes keep the spaces
+_WORD = re.compile(r"\S+")
 _UUID_NAMESPACE = uuidlib.UUID("6d1c5f0e-2f4b-4a57-9a43-1f0c9a1e7c11")
 
 
@@ -53,26 +59,27 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
             hint="give the output of 'nvidia-smi topo -m' as it was printed",
         )
     header_line_no, header_line = content[header_at]
-    columns, trailing = _split_header(header_line.split())
+    columns, trailing = _header_columns(header_line)
     gpu_columns = [c for c in columns if _GPU.match(c)]
     expected = [f"GPU{i}" for i in range(len(gpu_columns))]
     if columns[: len(gpu_columns)] != expected:
         raise InputError(
-            f"line {header_line_no}: GPU columns must come first, in order: {' '.join(expected)}",
+            f"line {header_line_no}: GPU columns must come first, in order: "
+            f"{_clip(' '.join(expected))}",
             where=where,
         )
     rows: dict[int, tuple[int, list[str]]] = {}
     for line_no, line in content[header_at + 1 :]:
-        tokens = line.split()
-        if tokens[0].rstrip(":").lower() in ("legend", "nic legend"):
+        first = line.split()[0]
+        if first.rstrip(":").lower() in ("legend", "nic legend"):
             break
-        match = _GPU.match(tokens[0])
+        match = _GPU.match(first)
         if not match:
             continue  # NIC rows and anything else nvidia-smi prints below the matrix
         index = int(match.group(1))
         if index in rows:
             raise InputError(f"line {line_no}: a second row for GPU{index}", where=where)
-        rows[index] = (line_no, tokens[1:])
+        rows[index] = (line_no, _cells(line)[1:])
     if not rows:
         raise InputError(
             "no GPU rows found below the header",
@@ -133,6 +140,59 @@ def _first_cpu(cpus: str) -> int:
     return int(re.split(r"[-,]", cpus)[0])
 
 
+def _clip(text: str, limit: int = 40) -> str:
+    """``text`` cut to ``limit`` characters for an error message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one line, empty ones included, read by position as nvidia-smi aligns them.
+
+    nvidia-smi ends each cell with a tab, so an empty cell (a blank CPU Affinity under a Slurm
+    or cgroup CPU limit) is two tabs in a row. A terminal paste has the tabs expanded to
+    8-column stops; the stops give the cells back. Text aligned neither way is split on
+    whitespace (no empty cells can be told apart there).
+    """
+    if "\t" in line:
+        return [cell.strip() for cell in line.rstrip("\r\n").split("\t")]
+    return _tab_stop_cells(line) or line.split()
+
+
+def _tab_stop_cells(line: str) -> list[str] | None:
+    """The cells of a line whose tabs were expanded to 8-column stops, or None if it is not one."""
+    cells: list[str] = []
+    next_stop = 0  # where the cell after the current one starts
+    end = 0  # where the current cell's text ends
+    for word in _WORD.finditer(line):
+        start = word.start()
+        joined = f"{cells[-1]} {word.group()}" if cells else ""
+        if start == end + 1 and start < next_stop and _is_name_start(joined):
+            cells[-1] = joined  # a cell of several words: "CPU Affinity"
+        elif start >= next_stop and start % _TAB in (0, 1):  # 1: nvidia-smi's " X "
+            cells += [""] * ((start - next_stop) // _TAB)
+            cells.append(word.group())
+        else:
+            return None
+        end = word.end()
+        next_stop = (end // _TAB + 1) * _TAB
+    return cells
+
+
+def _is_name_start(text: str) -> bool:
+    return any(name.startswith(text) for name in _TRAILING_NAMES)
+
+
+def _header_columns(line: str) -> tuple[list[str], list[str]]:
+    """Device columns, then the trailing column names (multi-word names as one)."""
+    cells = _cells(line)
+    if cells and cells[0] == "":
+        cells = cells[1:]  # the empty corner above the row labels
+    if any(" " in cell for cell in cells) or any(c in _TRAILING_NAMES for c in cells):
+        at = next((i for i, c in enumerate(cells) if c in _TRAILING_NAMES), len(cells))
+        return cells[:at], cells[at:]
+    return _split_header(line.split())
+
+
 def _split_header(tokens: list[str]) -> tuple[list[str], list[str]]:
     """Device columns, then the trailing column names (multi-word names joined)."""
     columns: list[str] = []
@@ -165,22 +225,35 @@ def _parse_row(
     row = cells[: len(columns)]
     gpu_count = sum(1 for c in columns if _GPU.match(c))
     for col, label in zip(columns[:gpu_count], row, strict=False):
-        if label != "X" and not _NV.match(label) and label not in (*PCIE_LEVELS, "SOC"):
+        nv = _NV.match(label)
+        if nv and (len(nv.group(1)) > 2 or int(nv.group(1)) > MAX_NVLINKS):
             raise InputError(
-                f"column {col}: unknown link label {label!r}",
+                f"column {col}: {_clip(label)} is more NVLinks than two GPUs can share "
+                f"(at most NV{MAX_NVLINKS})",
+                where=where,
+            )
+        if label != "X" and not nv and label not in (*PCIE_LEVELS, "SOC"):
+            raise InputError(
+                f"column {col}: unknown link label {_clip(label)!r}",
                 where=where,
                 hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
             )
     row = [_LEGACY_LABELS.get(label, label) for label in row]
     tail = dict(zip(trailing, cells[len(columns) :], strict=False))
-    cpu = tail.get("CPU Affinity")
+    cpu = tail.get("CPU Affinity") or None  # empty under a Slurm or cgroup CPU limit
     if cpu is not None and cpu != "N/A" and not _CPU_LIST.match(cpu):
-        raise InputError(f"CPU Affinity {cpu!r} is not a CPU list like 0-15,32-47", where=where)
-    numa_text = tail.get("NUMA Affinity")
+        raise InputError(
+            f"CPU Affinity {_clip(cpu)!r} is not a CPU list like 0-15,32-47", where=where
+        )
+    numa_text = tail.get("NUMA Affinity") or None
     numa: int | None = None
     if numa_text is not None and numa_text != "N/A":
-        if not numa_text.isdigit():
-            raise InputError(f"NUMA Affinity {numa_text!r} is not a number", where=where)
+        if not _NUMA.match(numa_text) or int(numa_text) > MAX_NUMA_NODE:
+            raise InputError(
+                f"NUMA Affinity {_clip(numa_text)!r} is not a NUMA node number "
+                f"(0 to {MAX_NUMA_NODE})",
+                where=where,
+            )
         numa = int(numa_text)
     return row, (None if cpu in (None, "N/A") else cpu), numa
 
