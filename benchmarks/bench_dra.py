@@ -72,14 +72,14 @@ def report(label: str, ours: list[float], base: list[float], goal_ms: float | No
     met = goal_ms is None or p99 <= goal_ms
     goal = "" if goal_ms is None else f"  goal p99 <= {goal_ms:g} ms: {'met' if met else 'MISSED'}"
     print(
-        f"{label:<44}{p50:>8.3f}{p99:>8.3f}   baseline {b50:>7.3f}{b99:>8.3f}"
+        f"{label:<44}{p50:>9.3f}{p99:>9.3f}   baseline {b50:>8.3f}{b99:>9.3f}"
         f"   ratio {p50 / b50:>5.2f}x /{p99 / b99:>5.2f}x  mean {statistics.fmean(ours):.3f}{goal}"
     )
     return met
 
 
 def header() -> None:
-    print(f"{'':<44}{'p50 ms':>8}{'p99 ms':>8}   {'':<9}{'p50':>7}{'p99':>8}")
+    print(f"{'':<44}{'p50 ms':>9}{'p99 ms':>9}   {'':<9}{'p50':>8}{'p99':>9}")
 
 
 # --------------------------------------------------------------------------- prepare
