@@ -130,3 +130,43 @@ def build_graph(node: Node, weights: Mapping[str, int] | None = None) -> Any:
             score=pair_score(link.nvlinks, link.pcie, weights),
         )
     return graph
+
+
+@dataclass(frozen=True)
+class NvlinkGroups:
+    """NVLink facts per GPU index, derived from the graph.
+
+    ``domain``: the connected component of the NVLink graph (GPUs that can reach each other over
+    NVLink, possibly through others); ``clique``: a partition of each domain into cliques of
+    GPUs that are all directly linked to each other, biggest first. Both are small integers,
+    numbered by their lowest GPU index, so that ``matchAttribute`` can compare them.
+    """
+
+    domain: Mapping[int, int]
+    clique: Mapping[int, int]
+
+
+def nvlink_groups(node: Node) -> NvlinkGroups:
+    """The NVLink domains and cliques of ``node``; GPUs without NVLinks are in neither."""
+    import networkx as nx
+
+    graph = build_graph(node)
+    links = nx.Graph()
+    links.add_edges_from(
+        (a, b) for a, b, data in graph.edges(data=True) if data.get("nvlinks", 0) > 0
+    )
+    domain: dict[int, int] = {}
+    clique: dict[int, int] = {}
+    for component in sorted(nx.connected_components(links), key=lambda c: min(c)):
+        indexes = sorted(i for _, i in component)
+        for i in indexes:
+            domain[i] = indexes[0]
+        left = links.subgraph(component).copy()
+        while left.number_of_nodes():
+            # the biggest clique, ties broken by the lowest indexes: a stable partition
+            best = max(nx.find_cliques(left), key=lambda c: (len(c), [-i for _, i in sorted(c)]))
+            members = sorted(i for _, i in best)
+            for i in members:
+                clique[i] = members[0]
+            left.remove_nodes_from(best)
+    return NvlinkGroups(domain=domain, clique=clique)

@@ -1,8 +1,9 @@
-"""Regenerate the Python stubs of ``deviceplugin.proto``: ``python -m plugin.api.generate [OUT]``.
+"""Regenerate the Python stubs of the kubelet protos: ``python -m plugin.api.generate [OUT]``.
 
-Run from anywhere; the proto is compiled with the repository root as the include path, so the
-generated ``deviceplugin_pb2_grpc.py`` imports ``from plugin.api import deviceplugin_pb2`` and
-works once installed. ``OUT`` (default: the repository root) receives ``plugin/api/*_pb2*``.
+Run from anywhere; each proto is compiled with the repository root as the include path, so the
+generated ``*_pb2_grpc.py`` files import ``from plugin.api import deviceplugin_pb2`` (or
+``plugin.dra.api``) and work once installed. ``OUT`` (default: the repository root) receives the
+``*_pb2*`` files beside each proto.
 """
 
 from __future__ import annotations
@@ -12,28 +13,45 @@ from pathlib import Path
 
 from cdigen.errors import CdigenError
 
-PROTO = "plugin/api/deviceplugin.proto"
+# Every proto is a verbatim copy from k8s.io/kubelet (the tag is named at the top of each file).
+PROTOS = (
+    "plugin/api/deviceplugin.proto",
+    "plugin/dra/api/dra_v1.proto",
+    "plugin/dra/api/dra_v1beta1.proto",
+    "plugin/dra/api/pluginregistration_v1.proto",
+    "plugin/dra/api/dra_health_v1alpha1.proto",
+)
+PROTO = PROTOS[0]
 REPO_ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ("deviceplugin_pb2.py", "deviceplugin_pb2.pyi", "deviceplugin_pb2_grpc.py")
+SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+GENERATED = tuple(f"deviceplugin{suffix}" for suffix in SUFFIXES)
+
+
+def generated_paths(proto: str) -> list[str]:
+    """The stub paths (relative to the repository root) that ``proto`` compiles into."""
+    stem = proto.removesuffix(".proto")
+    return [f"{stem}{suffix}" for suffix in SUFFIXES]
 
 
 def generate(out_root: Path, repo_root: Path = REPO_ROOT) -> list[Path]:
-    """Compile the proto into ``out_root/plugin/api``; return the files written."""
+    """Compile every proto into ``out_root``; return the files written."""
     from grpc_tools import protoc
 
-    target = out_root / "plugin" / "api"
-    target.mkdir(parents=True, exist_ok=True)
-    args = [
-        "grpc_tools.protoc",
-        f"-I{repo_root}",
-        f"--python_out={out_root}",
-        f"--pyi_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        str(repo_root / PROTO),
-    ]
-    if protoc.main(args) != 0:
-        raise CdigenError(f"protoc failed on {PROTO}", hint="see the messages above")
-    return [target / name for name in GENERATED]
+    written: list[Path] = []
+    for proto in PROTOS:
+        (out_root / proto).parent.mkdir(parents=True, exist_ok=True)
+        args = [
+            "grpc_tools.protoc",
+            f"-I{repo_root}",
+            f"--python_out={out_root}",
+            f"--pyi_out={out_root}",
+            f"--grpc_python_out={out_root}",
+            str(repo_root / proto),
+        ]
+        if protoc.main(args) != 0:
+            raise CdigenError(f"protoc failed on {proto}", hint="see the messages above")
+        written.extend(out_root / path for path in generated_paths(proto))
+    return written
 
 
 def main(argv: list[str]) -> int:

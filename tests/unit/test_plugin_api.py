@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.generate import GENERATED, REPO_ROOT, generate
+from plugin.api.generate import GENERATED, PROTOS, REPO_ROOT, generate, generated_paths
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     written = generate(tmp_path)
-    assert [p.name for p in written] == list(GENERATED)
+    expected = [p for proto in PROTOS for p in generated_paths(proto)]
+    assert [str(p.relative_to(tmp_path)) for p in written] == expected
+    assert [p.name for p in written[:3]] == list(GENERATED)
     for path in written:
-        committed = REPO_ROOT / "plugin" / "api" / path.name
+        committed = REPO_ROOT / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), (
             f"{committed} is stale: run 'python -m plugin.api.generate' and commit the result"
         )
@@ -84,3 +86,32 @@ def test_a_kubelet_encoded_allocate_response_decodes() -> None:
     wire = bytes([0x2A, 0x07, 0x0A, 0x05]) + b"a/b=c"
     response = pb.ContainerAllocateResponse.FromString(wire)
     assert [d.name for d in response.cdi_devices] == ["a/b=c"]
+
+
+def test_dra_protos_are_the_kubelets_at_the_named_tag() -> None:
+    """Service names and field numbers the kubelet's DRA client uses (k8s.io/kubelet v0.36.3)."""
+    from plugin.dra.api import dra_health_v1alpha1_pb2 as health
+    from plugin.dra.api import dra_v1_pb2 as v1
+    from plugin.dra.api import dra_v1beta1_pb2 as v1beta1
+    from plugin.dra.api import pluginregistration_v1_pb2 as reg
+
+    assert v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    )
+    assert v1beta1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    )
+    assert reg.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
+    assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1alpha1.DRAResourceHealth"
+    )
+    fields = {f.name: f.number for f in v1.Device.DESCRIPTOR.fields}
+    assert fields == {
+        "request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4, "share_id": 5,
+    }  # fmt: skip
+    info = {f.name: f.number for f in reg.PluginInfo.DESCRIPTOR.fields}
+    assert info == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    for proto in PROTOS[1:]:
+        assert "k8s.io/kubelet v0.36.3" in (REPO_ROOT / proto).read_text().splitlines()[0]

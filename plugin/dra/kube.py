@@ -1,0 +1,169 @@
+"""The API server side of the DRA plugin: ResourceClaims read, ResourceSlices published.
+
+Talks through the official ``kubernetes`` client (resource.k8s.io/v1) with plain dicts in and
+out: the client's models are stricter than the API server, and the slices are built as dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from plugin.dra.slices import build_slices
+from policies.device_view import DeviceView
+
+log = logging.getLogger(__name__)
+
+
+class SliceApi(Protocol):
+    """The ResourceSlice calls the publisher needs."""
+
+    def list_slices(self, driver: str, node_name: str) -> list[dict[str, Any]]:
+        """This node's slices of ``driver``."""
+        ...
+
+    def create_slice(self, body: Mapping[str, Any]) -> None:
+        """Create one slice."""
+        ...
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> None:
+        """Replace one slice."""
+        ...
+
+    def delete_slice(self, name: str) -> None:
+        """Delete one slice."""
+        ...
+
+
+class KubeApi:
+    """:class:`SliceApi` and :class:`plugin.dra.claims.ClaimReader` over the kubernetes client."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._resource = client.ResourceV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
+
+    @staticmethod
+    def _json(response: Any) -> Any:
+        return json.loads(response.data)
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The ResourceClaim ``namespace/name`` as a dict."""
+        claim: dict[str, Any] = self._json(
+            self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        )
+        return claim
+
+    def list_slices(self, driver: str, node_name: str) -> list[dict[str, Any]]:
+        """This node's slices of ``driver``."""
+        doc = self._json(
+            self._resource.list_resource_slice(
+                field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
+                _preload_content=False,
+            )
+        )
+        items: list[dict[str, Any]] = doc.get("items") or []
+        return items
+
+    def create_slice(self, body: Mapping[str, Any]) -> None:
+        """Create one slice."""
+        payload: Any = dict(body)  # plain dicts: the client's models are stricter than the API
+        self._resource.create_resource_slice(body=payload, _preload_content=False)
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> None:
+        """Replace one slice."""
+        payload: Any = dict(body)
+        self._resource.replace_resource_slice(name, body=payload, _preload_content=False)
+
+    def delete_slice(self, name: str) -> None:
+        """Delete one slice."""
+        self._resource.delete_resource_slice(name, _preload_content=False)
+
+    def node_owner(self, node_name: str) -> dict[str, str] | None:
+        """``{"name", "uid"}`` of the Node object, for owner references; None if unreadable."""
+        try:
+            node = self._json(self._core.read_node(node_name, _preload_content=False))
+        except Exception as exc:  # RBAC may not allow it: slices then live until deleted
+            log.warning("cannot read Node %s (%s): slices get no owner reference", node_name, exc)
+            return None
+        uid = (node.get("metadata") or {}).get("uid")
+        return {"name": node_name, "uid": uid} if uid else None
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """A kubernetes ApiClient: from ``kubeconfig`` when given, else the in-cluster config."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    else:
+        config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    return client.ApiClient(configuration)
+
+
+class SlicePublisher:
+    """Keeps this node's pool of ResourceSlices equal to the device view, one generation per
+    change."""
+
+    def __init__(
+        self, api: SliceApi, *, driver: str, node_name: str, owner: dict[str, str] | None = None
+    ) -> None:
+        self._api = api
+        self.driver = driver
+        self.node_name = node_name
+        self._owner = owner
+        self.generation = 0
+
+    def publish(self, views: Sequence[DeviceView]) -> list[dict[str, Any]]:
+        """Replace this node's slices with ones for ``views`` (in that order); return them."""
+        existing = {
+            s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
+        }
+        published = max(
+            [
+                int(((s.get("spec") or {}).get("pool") or {}).get("generation", 0))
+                for s in existing.values()
+            ]
+            or [0]
+        )
+        self.generation = max(self.generation, published) + 1
+        wanted = build_slices(
+            views,
+            driver=self.driver,
+            node_name=self.node_name,
+            generation=self.generation,
+            owner=self._owner,
+        )
+        for body in wanted:
+            name = body["metadata"]["name"]
+            old = existing.pop(name, None)
+            if old is None:
+                self._api.create_slice(body)
+            else:
+                version = (old.get("metadata") or {}).get("resourceVersion")
+                if version:
+                    body["metadata"]["resourceVersion"] = version
+                self._api.replace_slice(name, body)
+        for name in existing:
+            self._api.delete_slice(name)
+        log.info(
+            "published %d devices in %d ResourceSlice(s), pool %s generation %d",
+            len(views),
+            len(wanted),
+            self.node_name,
+            self.generation,
+        )
+        return wanted
+
+    def delete_all(self) -> None:
+        """Delete this node's slices (a clean shutdown, when configured to)."""
+        for item in self._api.list_slices(self.driver, self.node_name):
+            self._api.delete_slice(item["metadata"]["name"])

@@ -1,0 +1,285 @@
+"""NodePrepareResources / NodeUnprepareResources: claims -> transient CDI specs, checkpointed.
+
+Calls are serialized (one lock) and idempotent: preparing a prepared claim returns what the
+first call returned, unpreparing an unknown claim is a success. Every prepared claim is kept in
+a checkpoint file, so that a restarted plugin still unprepares claims prepared before it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypedDict
+
+from cdigen.cdi.host import DriverFiles, HostFS
+from cdigen.cdi.names import qualified_name
+from cdigen.cdi.spec import SpecOptions, build_spec
+from cdigen.cdi.types import SpecDoc
+from cdigen.errors import CdigenError, InputError
+from cdigen.fileio import atomic_write
+from cdigen.model import Gpu, Node
+from plugin.dra.claims import AllocatedDevice, ClaimReader, ClaimRef, allocated_devices
+from policies.device_view import DeviceView
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 1
+CLAIM_CLASS = "claim"
+
+
+class DeviceDoc(TypedDict):
+    """A prepared device in the checkpoint (and, field for field, in the kubelet's answer)."""
+
+    requestNames: list[str]
+    poolName: str
+    deviceName: str
+    cdiDeviceIds: list[str]
+    shareId: str | None
+
+
+class ClaimDoc(TypedDict):
+    """A prepared claim in the checkpoint."""
+
+    namespace: str
+    name: str
+    devices: list[DeviceDoc]
+    shareable: dict[str, bool]
+    specPath: str
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    """The devices of one prepared claim, or why it failed (that claim only)."""
+
+    devices: tuple[DeviceDoc, ...] = ()
+    error: str = ""
+
+
+def claim_kind(driver: str) -> str:
+    """The CDI kind of the transient per-claim specs: ``k8s.<driver>/claim``."""
+    return f"k8s.{driver}/{CLAIM_CLASS}"
+
+
+def claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
+    """Where the transient spec of claim ``uid`` lives."""
+    return spec_dir / f"k8s.{driver}-{CLAIM_CLASS}_{uid}.yaml"
+
+
+class Preparer:
+    """Prepares and unprepares claims for one driver and pool on this node."""
+
+    def __init__(
+        self,
+        *,
+        driver: str,
+        pool: str,
+        node: Node,
+        views: Sequence[DeviceView],
+        reader: ClaimReader,
+        spec_dir: Path,
+        checkpoint: Path,
+        options: SpecOptions,
+        driver_files: DriverFiles,
+        fs: HostFS,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self._node = node
+        self._views = {v.name: v for v in views}
+        self._reader = reader
+        self._spec_dir = spec_dir
+        self._checkpoint = checkpoint
+        self._options = replace(
+            options,
+            vendor=f"k8s.{driver}",
+            cls=CLAIM_CLASS,
+            name_strategies=("uuid",),
+            hook_path=None,
+            cdi_version=None,
+        )
+        self._driver_files = driver_files
+        self._fs = fs
+        self._lock = threading.Lock()
+        self._claims: dict[str, ClaimDoc] = load_checkpoint(checkpoint)
+
+    def set_devices(self, node: Node, views: Sequence[DeviceView]) -> None:
+        """A new layout: prepare from now on against these devices."""
+        with self._lock:
+            self._node = node
+            self._views = {v.name: v for v in views}
+
+    def prepared(self) -> dict[str, ClaimDoc]:
+        """A copy of the prepared claims by UID."""
+        with self._lock:
+            return dict(self._claims)
+
+    # ------------------------------------------------------------------ prepare
+
+    def prepare(self, ref: ClaimRef) -> PrepareResult:
+        """Prepare one claim; a failure belongs to this claim and is returned, never raised."""
+        with self._lock:
+            done = self._claims.get(ref.uid)
+            if done is not None:
+                return PrepareResult(tuple(done["devices"]))
+        try:
+            claim = self._reader.read_claim(ref.namespace, ref.name)
+        except Exception as exc:  # an API error belongs to this claim; the kubelet retries
+            return PrepareResult(error=f"reading ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+        with self._lock:
+            done = self._claims.get(ref.uid)
+            if done is not None:  # prepared by a concurrent duplicate call
+                return PrepareResult(tuple(done["devices"]))
+            try:
+                return PrepareResult(tuple(self._prepare_locked(ref, claim)))
+            except CdigenError as exc:
+                log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, exc.message)
+                return PrepareResult(error=exc.message)
+
+    def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[DeviceDoc]:
+        allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
+        views: list[DeviceView] = []
+        for result in allocated:
+            view = self._views.get(result.device)
+            if view is None:
+                raise InputError(
+                    f"device {result.device!r} of pool {self.pool!r} is not offered by this node",
+                    where=f"ResourceClaim {ref.namespace}/{ref.name}",
+                    hint="the node's devices changed since the claim was allocated",
+                )
+            self._refuse_if_held(ref, result)
+            views.append(view)
+        path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
+        devices: list[DeviceDoc] = []
+        if views:
+            spec = self._claim_spec(ref.uid, views)
+            # One line of JSON (valid YAML, so the .yaml name stands), by json's C encoder: the
+            # YAML representer, or json with indent (pure Python), was most of the time of
+            # NodePrepareResources (benchmarks/bench_dra.py)
+            atomic_write(path, (json.dumps(spec) + "\n").encode("utf-8"))
+        kind = claim_kind(self.driver)
+        for result in allocated:
+            devices.append(
+                {
+                    "requestNames": [result.request] if result.request else [],
+                    "poolName": self.pool,
+                    "deviceName": result.device,
+                    "cdiDeviceIds": [qualified_name(kind, claim_device_name(ref.uid, result))],
+                    "shareId": result.share_id,
+                }
+            )
+        self._claims[ref.uid] = {
+            "namespace": ref.namespace,
+            "name": ref.name,
+            "devices": devices,
+            "shareable": {r.device: r.shareable for r in allocated},
+            "specPath": str(path) if views else "",
+        }
+        self._save()
+        log.info(
+            "prepared claim %s/%s (%s): %s",
+            ref.namespace,
+            ref.name,
+            ref.uid,
+            ", ".join(d["deviceName"] for d in devices) or "no devices of ours",
+        )
+        return devices
+
+    def _refuse_if_held(self, ref: ClaimRef, result: AllocatedDevice) -> None:
+        for uid, other in self._claims.items():
+            if uid == ref.uid or result.device not in other["shareable"]:
+                continue
+            if result.shareable and other["shareable"][result.device]:
+                continue
+            raise InputError(
+                f"device {result.device!r} is already prepared for claim "
+                f"{other['namespace']}/{other['name']} ({uid})",
+                where=f"ResourceClaim {ref.namespace}/{ref.name}",
+                hint="a device is shared only when both claims were allocated it for sharing",
+            )
+
+    def _claim_spec(self, uid: str, views: Sequence[DeviceView]) -> SpecDoc:
+        """The transient spec of one claim: cdigen's generator on a node holding only the
+        claim's devices, each renamed to a name unique to the claim."""
+        gpus: dict[int, Gpu] = {}
+        for view in views:
+            gpu = gpus.get(view.gpu.index)
+            if view.mig is None:
+                gpus[view.gpu.index] = replace(view.gpu, mig_enabled=False, mig_devices=())
+            elif gpu is None:
+                gpus[view.gpu.index] = replace(view.gpu, mig_devices=(view.mig,))
+            else:
+                gpus[view.gpu.index] = replace(gpu, mig_devices=(*gpu.mig_devices, view.mig))
+        sub_node = replace(self._node, gpus=tuple(gpus.values()), links=())
+        spec = build_spec(sub_node, self._options, self._driver_files, self._fs)
+        by_uuid = {v.uuid: f"{uid}-{v.name}" for v in views}
+        spec["devices"] = [
+            {**d, "name": by_uuid[d["name"]]} for d in spec["devices"] if d["name"] in by_uuid
+        ]
+        return spec
+
+    # ------------------------------------------------------------------ unprepare
+
+    def unprepare(self, ref: ClaimRef) -> str:
+        """Unprepare one claim: remove its transient spec and forget it. The error, or ""."""
+        with self._lock:
+            done = self._claims.get(ref.uid)
+            if done is None:
+                return ""
+            path = done["specPath"]
+            if path:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    return f"cannot remove {path}: {exc.strerror}"
+            del self._claims[ref.uid]
+            try:
+                self._save()
+            except CdigenError as exc:
+                return exc.message
+            log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+            return ""
+
+    def _save(self) -> None:
+        doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
+        atomic_write(
+            self._checkpoint, json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o600
+        )
+
+
+def claim_device_name(uid: str, result: AllocatedDevice) -> str:
+    """The CDI device name of one allocated device in its claim's transient spec."""
+    return f"{uid}-{result.device}"
+
+
+def load_checkpoint(path: Path) -> dict[str, ClaimDoc]:
+    """The prepared claims in the checkpoint at ``path`` ({} when there is none).
+
+    A checkpoint that cannot be read is an error: starting empty would leak the specs and device
+    holds of the claims it lists.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise InputError(f"cannot read the checkpoint: {exc.strerror}", where=str(path)) from None
+    try:
+        doc = json.loads(text)
+        if doc.get("version") != CHECKPOINT_VERSION or not isinstance(doc.get("claims"), dict):
+            raise ValueError("unknown layout")
+    except (ValueError, AttributeError) as exc:
+        raise InputError(
+            f"the checkpoint is not one cdigen wrote ({exc})",
+            where=str(path),
+            hint="move it away only after unpreparing its claims by hand (their specs are in "
+            "the CDI dir, named after the claim UID)",
+        ) from None
+    claims: dict[str, ClaimDoc] = doc["claims"]
+    return claims

@@ -1,0 +1,254 @@
+"""The DRA kubelet plugin's gRPC services: thin translations between messages and the library.
+
+- ``DRAPlugin`` (dra/v1 and dra/v1beta1, the same handlers): NodePrepareResources and
+  NodeUnprepareResources, one answer per claim, an error belonging to its claim only.
+- ``Registration`` (pluginregistration/v1): the kubelet's plugin watcher asks GetInfo and tells
+  us the result in NotifyRegistrationStatus.
+- ``DRAResourceHealth`` (dra-health/v1alpha1): a stream of device health for kubelets that ask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cdigen.errors import CdigenError
+from plugin.dra.claims import ClaimRef
+from plugin.dra.prepare import Preparer
+from plugin.health import HealthBoard
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+# The kubelet matches these strings exactly, newest first.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_RESEND_S = 30.0
+
+
+def _claim_refs(request: Any) -> list[ClaimRef]:
+    """The request's claims, each UID once (the answer is a map by UID)."""
+    refs = {c.uid: ClaimRef(c.namespace, c.uid, c.name) for c in request.claims}
+    return list(refs.values())
+
+
+class DraService:
+    """``DRAPlugin`` for one API version (``pb`` is its generated ``*_pb2`` module)."""
+
+    def __init__(self, preparer: Preparer, pb: ModuleType) -> None:
+        self._preparer = preparer
+        self._pb = pb
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        """Prepare every claim of the request; each answer carries its devices or its error."""
+        pb = self._pb
+        response = pb.NodePrepareResourcesResponse()
+        for ref in _claim_refs(request):
+            result = self._preparer.prepare(ref)
+            answer = response.claims[ref.uid]
+            if result.error:
+                answer.error = result.error
+                continue
+            for device in result.devices:
+                entry = answer.devices.add(
+                    request_names=device["requestNames"],
+                    pool_name=device["poolName"],
+                    device_name=device["deviceName"],
+                    cdi_device_ids=device["cdiDeviceIds"],
+                )
+                if device["shareId"] and "share_id" in entry.DESCRIPTOR.fields_by_name:
+                    entry.share_id = device["shareId"]
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        """Unprepare every claim of the request (unknown claims are a success)."""
+        response = self._pb.NodeUnprepareResourcesResponse()
+        for ref in _claim_refs(request):
+            response.claims[ref.uid].error = self._preparer.unprepare(ref)
+        return response
+
+
+@dataclass
+class RegistrationState:
+    """What the kubelet last told us about our registration (for logs, /healthz and tests)."""
+
+    registered: bool = False
+    error: str = ""
+    calls: int = 0
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_registered(self, timeout_s: float) -> bool:
+        """Block until the kubelet reports a successful registration, or the timeout."""
+        with self.changed:
+            return self.changed.wait_for(lambda: self.registered, timeout=timeout_s)
+
+
+class RegistrationService:
+    """``pluginregistration.Registration`` for one DRA driver."""
+
+    def __init__(self, driver: str, endpoint: Path, state: RegistrationState) -> None:
+        self._driver = driver
+        self._endpoint = endpoint
+        self.state = state
+
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        """Our type, driver name, DRA socket (as the kubelet sees it) and API versions."""
+        from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
+
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self._driver,
+            endpoint=str(self._endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        """Log the kubelet's verdict; a refusal is logged with the kubelet's reason."""
+        from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
+
+        with self.state.changed:
+            self.state.calls += 1
+            self.state.registered = request.plugin_registered
+            self.state.error = request.error
+            self.state.changed.notify_all()
+        if request.plugin_registered:
+            log.info("the kubelet registered DRA driver %s", self._driver)
+        else:
+            log.error("the kubelet refused DRA driver %s: %s", self._driver, request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+class HealthService:
+    """``DRAResourceHealth``: every device's health now, then again on each change."""
+
+    def __init__(self, board: HealthBoard, pool: str, stop: threading.Event) -> None:
+        self._board = board
+        self._pool = pool
+        self._stop = stop
+
+    def _message(self, reasons: dict[str, tuple[str, ...]]) -> Any:
+        from plugin.dra.api import dra_health_v1alpha1_pb2 as health_pb
+
+        now = int(time.time())
+        response = health_pb.NodeWatchResourcesResponse()
+        for device, why in sorted(reasons.items()):
+            response.devices.add(
+                device=health_pb.DeviceIdentifier(pool_name=self._pool, device_name=device),
+                health=health_pb.UNHEALTHY if why else health_pb.HEALTHY,
+                last_updated_time=now,
+                message="; ".join(why),
+            )
+        return response
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        """Stream the health of every device until the client or the plugin goes away."""
+        version, reasons = self._board.snapshot()
+        yield self._message(reasons)
+        while not self._stop.is_set() and context.is_active():
+            seen = version
+            version = self._board.wait_for_change(seen, HEALTH_RESEND_S)
+            if self._stop.is_set():
+                return
+            if version != seen:
+                version, reasons = self._board.snapshot()
+                yield self._message(reasons)
+
+
+class UnixServer:
+    """A gRPC server on a unix socket, with its services added by ``add``; 0600 socket."""
+
+    def __init__(self, path: Path, add: Callable[[Any], None], *, workers: int = 4) -> None:
+        self.path = path
+        self._add = add
+        self._workers = workers
+        self._server: Any = None
+
+    def start(self) -> None:
+        """Listen on a fresh socket (a stale file at the path is removed first)."""
+        import grpc
+
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if self.path.is_dir():
+            raise CdigenError(
+                f"cannot listen on {self.path}: it is a directory",
+                where=str(self.path),
+                hint="remove the directory or choose another --kubelet-dir",
+            )
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dra")
+        )
+        self._add(server)
+        old_umask = os.umask(0o177)  # the socket is born 0600: only root (the kubelet) talks
+        try:
+            bound = server.add_insecure_port("unix:" + str(self.path))
+        except RuntimeError:
+            bound = 0
+        finally:
+            os.umask(old_umask)
+        if bound == 0:
+            raise CdigenError(
+                f"cannot listen on {self.path}",
+                where=str(self.path.parent),
+                hint="is the directory writable, and the path under 108 bytes?",
+            )
+        server.start()
+        self._server = server
+        log.info("listening on %s", self.path)
+
+    def stop(self) -> None:
+        """Stop serving and remove the socket."""
+        if self._server is not None:
+            self._server.stop(grace=0.2).wait(timeout=2)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def dra_services(preparer: Preparer, health: HealthService) -> Callable[[Any], None]:
+    """Adds dra/v1, dra/v1beta1 and dra-health/v1alpha1 to a server."""
+
+    def add(server: Any) -> None:
+        from plugin.dra.api import (
+            dra_health_v1alpha1_pb2_grpc,
+            dra_v1_pb2,
+            dra_v1_pb2_grpc,
+            dra_v1beta1_pb2,
+            dra_v1beta1_pb2_grpc,
+        )
+
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(preparer, dra_v1_pb2), server)
+        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+            DraService(preparer, dra_v1beta1_pb2), server
+        )
+        dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)
+
+    return add
+
+
+def registration_service(service: RegistrationService) -> Callable[[Any], None]:
+    """Adds pluginregistration/v1 to a server."""
+
+    def add(server: Any) -> None:
+        from plugin.dra.api import pluginregistration_v1_pb2_grpc
+
+        pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)
+
+    return add
+
+
+def socket_paths(kubelet_dir: Path, driver: str) -> tuple[Path, Path]:
+    """``(registration socket, DRA socket)`` under the kubelet dir, as the kubelet expects."""
+    return (
+        kubelet_dir / "plugins_registry" / f"{driver}-reg.sock",
+        kubelet_dir / "plugins" / driver / "dra.sock",
+    )

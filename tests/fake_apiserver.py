@@ -1,0 +1,204 @@
+"""A fake Kubernetes API server on loopback for the DRA plugin's tests.
+
+It serves the few resource.k8s.io/v1 paths the plugin uses (ResourceSlices: list with field
+selectors, create, replace, delete; ResourceClaims: get) and core/v1 Node get, stores objects
+in memory, and logs every request. The official kubernetes client talks to it through a
+kubeconfig written by :meth:`FakeApiServer.kubeconfig`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+
+
+class FakeApiServer:
+    """In-memory ResourceSlices, ResourceClaims and Nodes behind a real HTTP server."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self._version = 0
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeApiServer:
+        """Serve in a thread; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self._server.shutdown()
+        self._server.server_close()
+
+    def kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig at ``path`` that points the kubernetes client here."""
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        path.write_text(json.dumps(doc))
+        return path
+
+    def next_version(self) -> str:
+        """A new resourceVersion."""
+        self._version += 1
+        return str(self._version)
+
+    def add_claim(self, claim: dict[str, Any]) -> None:
+        """Store a ResourceClaim (as the scheduler would have allocated it)."""
+        meta = claim["metadata"]
+        with self.lock:
+            self.claims[(meta["namespace"], meta["name"])] = claim
+
+
+def _matches(obj: dict[str, Any], selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        field, _, value = term.partition("=")
+        current: Any = obj
+        for part in field.split("."):
+            current = current.get(part) if isinstance(current, dict) else None
+        if current != value:
+            return False
+    return True
+
+
+def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _send(self, code: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _status(self, code: int, reason: str, message: str) -> None:
+            self._send(
+                code,
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": reason,
+                    "message": message,
+                    "code": code,
+                },
+            )
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            doc: dict[str, Any] = json.loads(self.rfile.read(length) or b"{}")
+            return doc
+
+        def _route(self, method: str) -> None:
+            url = urlparse(self.path)
+            path = url.path.rstrip("/")
+            with api.lock:
+                api.requests.append((method, self.path))
+            parts = path.split("/")
+            if path == SLICES and method == "GET":
+                selector = parse_qs(url.query).get("fieldSelector", [""])[0]
+                with api.lock:
+                    items = [s for s in api.slices.values() if _matches(s, selector)]
+                self._send(200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                                 "metadata": {}, "items": items})  # fmt: skip
+            elif path == SLICES and method == "POST":
+                body = self._body()
+                name = body["metadata"]["name"]
+                with api.lock:
+                    if name in api.slices:
+                        return self._status(409, "AlreadyExists", f"{name} already exists")
+                    body["metadata"]["uid"] = str(uuid.uuid4())
+                    body["metadata"]["resourceVersion"] = api.next_version()
+                    api.slices[name] = body
+                self._send(201, body)
+            elif path.startswith(SLICES + "/") and method in ("PUT", "DELETE"):
+                name = parts[-1]
+                with api.lock:
+                    if name not in api.slices:
+                        return self._status(404, "NotFound", f"{name} not found")
+                    if method == "DELETE":
+                        gone = api.slices.pop(name)
+                        return self._send(200, gone)
+                    body = self._body()
+                    sent = body["metadata"].get("resourceVersion")
+                    held = api.slices[name]["metadata"]["resourceVersion"]
+                    if sent and sent != held:
+                        return self._status(409, "Conflict", "the object has been modified")
+                    body["metadata"]["uid"] = api.slices[name]["metadata"]["uid"]
+                    body["metadata"]["resourceVersion"] = api.next_version()
+                    api.slices[name] = body
+                self._send(200, body)
+            elif (
+                method == "GET"
+                and len(parts) == 8
+                and parts[:5] == ["", "apis", "resource.k8s.io", "v1", "namespaces"]
+                and parts[6] == "resourceclaims"
+            ):
+                with api.lock:
+                    claim = api.claims.get((parts[5], parts[7]))
+                if claim is None:
+                    return self._status(404, "NotFound", f"resourceclaims {parts[7]} not found")
+                self._send(200, claim)
+            elif method == "GET" and path.startswith("/api/v1/nodes/"):
+                with api.lock:
+                    node = api.nodes.get(parts[-1])
+                if node is None:
+                    return self._status(404, "NotFound", f"nodes {parts[-1]} not found")
+                self._send(200, node)
+            else:
+                self._status(404, "NotFound", f"{method} {path} is not served by the fake")
+            return None
+
+        def do_GET(self) -> None:
+            self._route("GET")
+
+        def do_POST(self) -> None:
+            self._route("POST")
+
+        def do_PUT(self) -> None:
+            self._route("PUT")
+
+        def do_DELETE(self) -> None:
+            self._route("DELETE")
+
+    return Handler
+
+
+def allocated_claim(
+    name: str, uid: str, results: list[dict[str, Any]], namespace: str = "default"
+) -> dict[str, Any]:
+    """A ResourceClaim as the scheduler leaves it after allocation."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }

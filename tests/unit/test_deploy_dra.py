@@ -1,0 +1,489 @@
+"""deploy/dra: the DRA DaemonSet, DeviceClasses and RBAC, rendered, validated for 1.34 and 1.35,
+and checked against the code (the CLI that parses the command, the CEL that evaluates the class
+selectors over the published device view, the API calls the plugin really makes)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from cdigen.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DRA_DIR = REPO / "deploy" / "dra"
+DEVICE_PLUGIN_DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
+KUBERNETES_VERSIONS = ("1.34", "1.35")
+DRIVER = "gpu.cdigen.dev"
+KUBELET_DIR = "/var/lib/kubelet"
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _tool(name: str) -> str:
+    """A command-line tool: beside this Python first (the venv), then on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.exists() else (shutil.which(name) or "")
+
+
+def render_per_file() -> str:
+    """deploy/dra applied file by file, for machines without kubectl (resources, labels, images:
+    what the kustomization uses)."""
+    kustomization = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
+    assert "namespace" not in kustomization, "objects name their namespace (see the comment)"
+    docs: list[dict[str, Any]] = []
+    for resource in kustomization["resources"]:
+        text = (DRA_DIR / resource).read_text(encoding="utf-8")
+        docs += [d for d in yaml.safe_load_all(text) if d]
+    images = {i["name"]: i for i in kustomization.get("images", [])}
+    for doc in docs:
+        for entry in kustomization.get("labels", []):
+            doc["metadata"].setdefault("labels", {}).update(entry["pairs"])
+        for container in _pod_containers(doc):
+            image = images.get(container["image"])
+            if image:
+                name = image.get("newName", container["image"])
+                container["image"] = f"{name}:{image['newTag']}" if "newTag" in image else name
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _pod_containers(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> str:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        return render_per_file()
+    result = subprocess.run(
+        [kubectl, "kustomize", str(DRA_DIR)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def objects(rendered: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = of_kind(objects, kind)
+    return found
+
+
+@pytest.fixture(scope="module")
+def pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.fixture(scope="module")
+def plugin(pod: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod["containers"]
+    assert "initContainers" not in pod
+    return dict(container)
+
+
+@pytest.fixture(scope="module")
+def argv(plugin: dict[str, Any]) -> list[str]:
+    """The `cdigen ...` arguments of the plugin container's exec line."""
+    (line,) = [x for x in plugin["args"][0].splitlines() if "exec cdigen" in x]
+    return shlex.split(line.strip())[2:]
+
+
+def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+
+
+def volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in pod["volumes"]}
+
+
+def flag(argv: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")]
+    return value
+
+
+# -- rendering and validation -----------------------------------------------------------------
+
+
+def test_per_file_rendering_matches_kustomize(rendered: str) -> None:
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed: nothing to compare the per-file rendering with")
+
+    def key(doc: dict[str, Any]) -> tuple[str, str]:
+        return (doc["kind"], doc["metadata"]["name"])
+
+    mine = sorted((d for d in yaml.safe_load_all(render_per_file()) if d), key=key)
+    theirs = sorted((d for d in yaml.safe_load_all(rendered) if d), key=key)
+    assert mine == theirs
+
+
+def test_renders_the_expected_objects(objects: list[dict[str, Any]]) -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] != "DeviceClass"}
+    assert kinds == {
+        ("Namespace", "cdigen-dra"),
+        ("ServiceAccount", "cdigen-dra-plugin"),
+        ("ClusterRole", "cdigen-dra-plugin"),
+        ("ClusterRoleBinding", "cdigen-dra-plugin"),
+        ("DaemonSet", "cdigen-dra-plugin"),
+    }
+    for obj in objects:
+        scoped = obj["kind"] in ("ServiceAccount", "DaemonSet")
+        assert (obj["metadata"].get("namespace") == "cdigen-dra") == scoped, obj["metadata"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "cdigen"
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_passes_strict_validation(rendered: str, version: str) -> None:
+    validator = _tool("kubernetes-validate")
+    if not validator:
+        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate)")
+    result = subprocess.run(
+        [validator, "--strict", "--quiet", "-k", version, "-"],
+        input=rendered,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_strict_validation_catches_a_misspelt_device_class_field(
+    objects: list[dict[str, Any]],
+) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    device_class = of_kind(objects, "DeviceClass")[0]
+    kubernetes_validate.validate(device_class, "1.34", strict=True)
+    broken = yaml.safe_load(yaml.safe_dump(device_class))
+    broken["spec"]["selectors"][0]["cel"]["expresion"] = "true"
+    with pytest.raises(kubernetes_validate.ValidationError, match="expresion"):
+        kubernetes_validate.validate(broken, "1.34", strict=True)
+
+
+# -- the DaemonSet ----------------------------------------------------------------------------
+
+
+def test_uses_the_device_plugins_image(plugin: dict[str, Any]) -> None:
+    device_plugin = yaml.safe_load(DEVICE_PLUGIN_DAEMONSET.read_text(encoding="utf-8"))
+    names = {c["image"] for c in _pod_containers(device_plugin)}
+    assert plugin["image"].split(":")[0] in names
+    theirs = yaml.safe_load((REPO / "deploy/kubernetes/kustomization.yaml").read_text("utf-8"))
+    ours = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
+    assert ours["images"] == theirs["images"]
+
+
+def test_command_parses_with_the_real_cli(argv: list[str]) -> None:
+    assert argv[:2] == ["dra", "serve"]
+    args = build_parser().parse_args(argv)
+    assert args.func is not None
+    assert args.driver_name == DRIVER
+    assert args.node == "nvml"
+    assert not args.delete_slices_on_exit, "an upgrade must keep the slices"
+
+
+def test_node_name_comes_from_the_pod_spec(plugin: dict[str, Any], argv: list[str]) -> None:
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert not any(a.startswith("--node-name") for a in argv), "NODE_NAME is the one source"
+
+
+def test_no_host_network(pod: dict[str, Any]) -> None:
+    assert not pod.get("hostNetwork", False)
+    assert not pod.get("hostPID", False)
+
+
+def test_every_mount_names_a_volume(pod: dict[str, Any]) -> None:
+    defined = volumes(pod)
+    assert len(defined) == len(pod["volumes"]), "duplicate volume names"
+    for container in _pod_containers({"spec": {"template": {"spec": pod}}}):
+        for path, mount in mounts(container).items():
+            assert mount["name"] in defined, f"{path} mounts undefined volume {mount['name']}"
+
+
+def test_kubelet_dirs_are_mounted_at_their_host_paths(
+    pod: dict[str, Any], plugin: dict[str, Any], argv: list[str]
+) -> None:
+    # the DRA socket path GetInfo returns is dialled by the kubelet on the host: same path inside
+    assert flag(argv, "--kubelet-dir") == KUBELET_DIR
+    defined = volumes(pod)
+    for sub in ("plugins", "plugins_registry"):
+        path = f"{KUBELET_DIR}/{sub}"
+        mount = mounts(plugin)[path]
+        assert defined[mount["name"]]["hostPath"]["path"] == path
+        assert not mount.get("readOnly", False), f"{path} must be writable (sockets)"
+
+
+def test_the_cdi_dir_is_the_hosts_var_run_cdi_writable(
+    pod: dict[str, Any], plugin: dict[str, Any], argv: list[str]
+) -> None:
+    cdi_dir = flag(argv, "--cdi-dir")
+    assert cdi_dir == "/var/run/cdi"
+    mount = mounts(plugin)[cdi_dir]
+    assert not mount.get("readOnly", False)
+    host = volumes(pod)[mount["name"]]["hostPath"]
+    assert host == {"path": "/var/run/cdi", "type": "DirectoryOrCreate"}
+
+
+def test_the_host_installed_driver_is_read_through_host_root(
+    pod: dict[str, Any], plugin: dict[str, Any], argv: list[str]
+) -> None:
+    host_root = flag(argv, "--host-root")
+    mount = mounts(plugin)[host_root]
+    assert (mount["readOnly"], mount["recursiveReadOnly"]) == (True, "IfPossible")
+    assert volumes(pod)[mount["name"]]["hostPath"]["path"] == "/"
+    assert (flag(argv, "--driver-root"), flag(argv, "--dev-root")) == ("/", "/")
+    env = {e["name"]: e.get("value") for e in plugin["env"]}
+    assert env["DRIVER_ROOT"] == host_root  # NVML is preloaded from the host's driver
+    assert '"$DRIVER_ROOT$dir/libnvidia-ml.so.1"' in plugin["args"][0]
+    # nothing of the host is writable except the kubelet's plugin dirs and the CDI dir
+    writable = {p for p, m in mounts(plugin).items() if not m.get("readOnly", False)}
+    assert writable == {f"{KUBELET_DIR}/plugins", f"{KUBELET_DIR}/plugins_registry", "/var/run/cdi"}
+
+
+def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: list[str]) -> None:
+    from plugin.dra.serve import DraOptions
+
+    options = DraOptions(
+        node_name="n", driver=DRIVER, kubelet_dir=Path(flag(argv, "--kubelet-dir"))
+    )
+    assert any(options.checkpoint.is_relative_to(p) for p in mounts(plugin) if p != "/host")
+
+
+def test_runs_on_opted_in_gpu_nodes_as_a_node_critical_pod(pod: dict[str, Any]) -> None:
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", f"{DRIVER}/dra": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["automountServiceAccountToken"] is True  # the in-cluster config needs the token
+
+
+def test_requests_and_limits(plugin: dict[str, Any]) -> None:
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(plugin["resources"][kind]), kind
+    assert plugin["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+# -- RBAC -------------------------------------------------------------------------------------
+
+
+def test_the_binding_grants_the_role_to_the_pods_service_account(
+    objects: list[dict[str, Any]], pod: dict[str, Any]
+) -> None:
+    binding = only(objects, "ClusterRoleBinding")
+    daemonset = only(objects, "DaemonSet")
+    account = only(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": only(objects, "ClusterRole")["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": pod["serviceAccountName"],
+            "namespace": daemonset["metadata"]["namespace"],
+        }
+    ]
+    assert account["metadata"]["name"] == pod["serviceAccountName"]
+
+
+def granted(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """``(apiGroup, resource, verb)`` triples the ClusterRole allows."""
+    out = set()
+    for rule in only(objects, "ClusterRole")["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out |= {(group, resource, verb) for verb in rule["verbs"]}
+    return out
+
+
+def test_the_role_is_what_the_issue_asks_and_no_more(objects: list[dict[str, Any]]) -> None:
+    slices = {
+        ("resource.k8s.io", "resourceslices", v)
+        for v in ("create", "update", "delete", "get", "list", "watch")
+    }
+    assert granted(objects) == slices | {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("", "nodes", "get"),
+    }
+
+
+def _verb(method: str, path: str) -> tuple[str, str, str]:
+    """The RBAC ``(apiGroup, resource, verb)`` of one request to the fake API server."""
+    parts = urlparse(path).path.strip("/").split("/")
+    if parts[0] == "api":  # /api/v1/nodes/NAME
+        group, rest = "", parts[2:]
+    else:  # /apis/GROUP/VERSION/...
+        group, rest = parts[1], parts[3:]
+    if rest[0] == "namespaces":
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+    return (group, resource, verb or ("get" if named else "list"))
+
+
+@pytest.fixture
+def fake_api() -> Iterator[Any]:
+    from tests.fake_apiserver import FakeApiServer
+
+    server = FakeApiServer().start()
+    server.nodes["node-a"] = {"metadata": {"name": "node-a", "uid": "node-uid-1"}}
+    yield server
+    server.stop()
+
+
+def test_the_role_allows_every_call_the_plugin_makes(
+    objects: list[dict[str, Any]], fake_api: Any, tmp_path: Path
+) -> None:
+    """Publish, republish, delete on exit and read a claim through the official client against
+    the fake API server; every request it logged must be allowed by the ClusterRole."""
+    from cdigen.discover import load_node
+    from plugin.dra.kube import KubeApi, SlicePublisher, api_client
+    from policies.device_view import device_views
+    from tests.fake_apiserver import allocated_claim
+
+    api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))
+    owner = api.node_owner("node-a")
+    views = device_views(load_node("builtin:dgx-a100-mig-mixed"))
+    publisher = SlicePublisher(api, driver=DRIVER, node_name="node-a", owner=owner)
+    publisher.publish(views)
+    publisher.publish(views[:3])
+    fake_api.add_claim(allocated_claim("c", "uid-c", []))
+    api.read_claim("default", "c")
+    publisher.delete_all()
+    made = {_verb(method, path) for method, path in fake_api.requests}
+    assert {v for _, _, v in made} == {"get", "list", "create", "update", "delete"}
+    assert made <= granted(objects), made - granted(objects)
+
+
+# -- DeviceClasses ----------------------------------------------------------------------------
+
+
+def classes(objects: list[dict[str, Any]]) -> dict[str, str]:
+    """``{class name: its one CEL expression}``."""
+    out = {}
+    for obj in of_kind(objects, "DeviceClass"):
+        (selector,) = obj["spec"]["selectors"]
+        out[obj["metadata"]["name"]] = " ".join(selector["cel"]["expression"].split())
+    return out
+
+
+def test_class_names_are_dns_subdomains_in_the_drivers_name(
+    objects: list[dict[str, Any]],
+) -> None:
+    for name in classes(objects):
+        assert DNS_SUBDOMAIN.fullmatch(name) and len(name) <= 253, name
+        assert name == DRIVER or name.endswith(f".{DRIVER}"), name
+
+
+def test_the_whole_gpu_class_is_the_issues_selector(objects: list[dict[str, Any]]) -> None:
+    assert classes(objects)[DRIVER] == (
+        f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "gpu"'
+    )
+    for expression in classes(objects).values():
+        assert "gpu.nvidia.com" not in expression
+
+
+def _builtin_views() -> dict[str, Any]:
+    from cdigen.discover import load_node
+    from cdigen.discover.builtin import names
+    from policies.device_view import device_views
+
+    return {n: device_views(load_node(f"builtin:{n}")) for n in names()}
+
+
+def test_every_mig_profile_of_the_builtin_samples_has_a_class(
+    objects: list[dict[str, Any]],
+) -> None:
+    profiles = {
+        v.mig.profile for views in _builtin_views().values() for v in views if v.mig is not None
+    }
+    assert profiles, "the samples have MIG devices"
+    for profile in profiles:
+        assert f"mig-{profile}.{DRIVER}" in classes(objects), profile
+
+
+def cel_device(view: Any, driver: str) -> Any:
+    """The CEL ``device`` a kube-scheduler evaluates for one published device: attributes and
+    capacities grouped by domain, plain names in the driver's."""
+    import celpy.celtypes as ct
+
+    from policies.cel import DomainMap, Quantity, parse_semver
+
+    def typed(kind: str, value: Any) -> Any:
+        if kind == "version":
+            return parse_semver(str(value))
+        return {"string": ct.StringType, "int": ct.IntType, "bool": ct.BoolType}[kind](value)
+
+    attributes: dict[str, dict[str, Any]] = {}
+    for name, attribute in view.attributes.items():
+        domain, _, short = name.rpartition("/")
+        attributes.setdefault(domain or driver, {})[short] = typed(attribute.kind, attribute.value)
+    capacity = {
+        driver: ct.MapType(
+            {ct.StringType(k): Quantity(Fraction(v)) for k, v in view.capacity.items()}
+        )
+    }
+    return ct.MapType(
+        {
+            ct.StringType("driver"): ct.StringType(driver),
+            ct.StringType("attributes"): DomainMap(
+                {
+                    ct.StringType(d): ct.MapType({ct.StringType(k): v for k, v in a.items()})
+                    for d, a in attributes.items()
+                }
+            ),
+            ct.StringType("capacity"): DomainMap(
+                {ct.StringType(d): c for d, c in capacity.items()}
+            ),
+        }
+    )
+
+
+def test_each_class_selects_exactly_its_devices(objects: list[dict[str, Any]]) -> None:
+    """Every selector, compiled by cdigen's CEL (the Kubernetes dialect) and evaluated over the
+    device view the slices publish for every built-in sample, picks exactly the devices its name
+    promises, and nothing of another driver."""
+    from policies.cel import compile_expression
+
+    programs = {
+        n: compile_expression(e, frozenset({"device"})) for n, e in classes(objects).items()
+    }
+    checked = 0
+    every = _builtin_views()
+    # whole GPUs beside MIG devices of every profile in the samples (the rest repeat these)
+    for sample in ("rtx4090", "dgx-a100-mig-mixed"):
+        for view in every[sample]:
+            chosen = {
+                n for n, p in programs.items() if p.evaluate({"device": cel_device(view, DRIVER)})
+            }
+            if view.mig is None:
+                assert chosen == {DRIVER}, (sample, view.name, chosen)
+            else:
+                assert chosen == {f"mig.{DRIVER}", f"mig-{view.mig.profile}.{DRIVER}"}, (
+                    sample,
+                    view.name,
+                    chosen,
+                )
+            foreign = cel_device(view, "gpu.nvidia.com")
+            assert not any(p.evaluate({"device": foreign}) for p in programs.values())
+            checked += 1
+    assert checked == 19
