@@ -232,7 +232,7 @@ def _array_ok(key: str, value: list[Any], arg: Any, root: Any) -> bool:
 
 def _string_ok(key: str, value: str, arg: Any) -> bool:
     if key == "pattern":
-        return re.search(arg, value) is not None
+        return _compiled(arg).search(value) is not None
     return bool(len(value) >= arg if key == "minLength" else len(value) <= arg)
 
 
