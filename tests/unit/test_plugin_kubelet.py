@@ -469,3 +469,61 @@ def test_serve_with_a_directory_at_the_socket_path_exits_2_with_one_line(tmp_pat
     assert "Traceback" not in result.stderr and "IsADirectoryError" not in result.stderr
     assert len(said) == 1 and "remove that directory" in said[0]
     assert result.stderr.strip().splitlines()[-1] == said[0]
+
+
+def test_healthz_says_it_waits_for_the_kubelet() -> None:
+    from plugin.metrics import PluginMetrics
+
+    metrics = PluginMetrics()
+    metrics.declare_resource(RESOURCE)
+    metrics.set_waiting("/var/lib/kubelet/device-plugins/kubelet.sock")
+    assert metrics.health_problem() == (
+        "waiting for kubelet at /var/lib/kubelet/device-plugins/kubelet.sock"
+    )
+    metrics.set_waiting(None)
+    assert metrics.health_problem() == f"not registered with the kubelet: {RESOURCE}"
+    metrics.mark_registered(RESOURCE)
+    assert metrics.health_problem() is None
+
+
+# A plugin whose shutdown hangs (as a gRPC worker stuck in a call would make it hang).
+HANGING_STOP = """
+import sys, time
+import plugin.serve
+real_stop = plugin.serve.Plugin.stop
+def stop(self):
+    real_stop(self)
+    if HANG:
+        time.sleep(30)
+plugin.serve.Plugin.stop = stop
+from cdigen.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_sigterm_ends_the_plugin_within_2_s(tmp_path: Path, hang: bool) -> None:
+    log = tmp_path / "plugin.log"
+    args = ["plugin", "serve", "--node", "builtin:rtx4090", "--plugin-dir", str(tmp_path / "dp")]
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"HANG = {hang}\n" + HANGING_STOP, *args, "--spec-dir", "/"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "waiting for the kubelet" not in log.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            started = time.monotonic()
+            proc.terminate()
+            assert proc.wait(timeout=10) == 0
+            assert time.monotonic() - started < 2.0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    said = log.read_text()
+    assert "Traceback" not in said
+    assert ("exiting without waiting further" in said) == hang
+    assert not (tmp_path / "dp" / "cdigen-nvidia.com-gpu.sock").exists()
