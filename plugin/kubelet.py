@@ -1,8 +1,10 @@
 """Talking to the kubelet: registration with backoff, and watching the plugin directory.
 
-The kubelet removes every socket in its plugin directory when it restarts and re-creates
-``kubelet.sock``; a plugin that does not notice is left unregistered and the node loses its
-GPUs. :class:`PluginDirWatcher` notices both events (by polling ``stat``, no inotify needed).
+A kubelet that starts removes every socket in its plugin directory and then creates
+``kubelet.sock``; this happens on node boot (plugin first), on every kubelet restart, and not
+at all when the plugin starts second. :class:`Registrar` handles all three by polling ``stat``
+(no inotify needed): it registers only with a ``kubelet.sock`` that exists, once per kubelet
+start, and only after checking that our own sockets are still in place.
 """
 
 from __future__ import annotations
@@ -29,7 +31,23 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 
 class RegistrationError(CdigenError):
-    """The kubelet refused or could not take our registration."""
+    """Registration did not happen (one of the three kinds below)."""
+
+
+class KubeletRefused(RegistrationError):
+    """The kubelet answered ``Register`` with an error: it refused the registration."""
+
+
+class KubeletUnreachable(RegistrationError):
+    """No answer from the kubelet: its socket refused the connection or the connection broke."""
+
+
+class RegistrationTimeout(RegistrationError):
+    """Our own deadline passed before the kubelet answered ``Register``."""
+
+
+class RegistrationCancelled(RegistrationError):
+    """We gave up on a registration in flight because the plugin is stopping."""
 
 
 def resource_name_problem(name: str) -> str | None:
@@ -55,14 +73,32 @@ def socket_name(resource: str) -> str:
     return "cdigen-" + resource.replace("/", "-") + ".sock"
 
 
+# Status codes that mean the call never got an answer from the kubelet's Register handler: the
+# transport failed (UNAVAILABLE, INTERNAL for a broken HTTP/2 stream, CANCELLED by the far side)
+# or our deadline passed. A handler that returns an error gives UNKNOWN (a plain Go error) or the
+# code it chose: that, and only that, is a refusal.
+_NOT_ANSWERED = frozenset({"UNAVAILABLE", "INTERNAL", "CANCELLED"})
+
+# The kubelet dials back to the plugin inside Register with a 10 s timeout of its own; our
+# deadline is longer, so that the kubelet always answers first (a refusal we can retry) and never
+# finishes a registration we already gave up on (which would leave it with two).
+REGISTER_TIMEOUT_S = 15.0
+
+
 def register(
     plugin_dir: Path,
     *,
     endpoint: str,
     resource_name: str,
-    timeout_s: float = 5.0,
+    timeout_s: float = REGISTER_TIMEOUT_S,
+    cancel: threading.Event | None = None,
 ) -> None:
-    """Register once with ``plugin_dir/kubelet.sock``; :class:`RegistrationError` on failure."""
+    """Register once with ``plugin_dir/kubelet.sock``.
+
+    Raises :class:`KubeletRefused` when the kubelet's ``Register`` answered with an error,
+    :class:`KubeletUnreachable` when it could not be reached, :class:`RegistrationTimeout` when our
+    deadline passed first, and :class:`RegistrationCancelled` when ``cancel`` was set meanwhile.
+    """
     import grpc
 
     from plugin.api import deviceplugin_pb2 as pb
@@ -78,18 +114,38 @@ def register(
         ),
     )
     with grpc.insecure_channel("unix:" + str(kubelet)) as channel:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=timeout_s)
-            pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            raise RegistrationError(
-                "kubelet not reachable", where=str(kubelet), hint="is the kubelet running?"
-            ) from None
-        except grpc.RpcError as exc:
-            raise RegistrationError(
-                f"kubelet refused registration of {resource_name}: {exc.details()}",
+        # Not wait_for_ready: a socket that refuses connections fails the call at once.
+        call = pb_grpc.RegistrationStub(channel).Register.future(request, timeout=timeout_s)
+        finished = threading.Event()
+        call.add_done_callback(lambda _: finished.set())
+        while not finished.wait(0.05):
+            if cancel is not None and cancel.is_set():
+                call.cancel()
+                raise RegistrationCancelled(
+                    f"registration of {resource_name} cancelled: the plugin is stopping",
+                    where=str(kubelet),
+                )
+        if call.cancelled():  # only we cancel a call, and only above
+            raise RegistrationCancelled(f"registration of {resource_name} cancelled")
+        code = call.code()
+        if code == grpc.StatusCode.OK:
+            return
+        details = call.details() or code.name
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise RegistrationTimeout(
+                f"no answer to Register for {resource_name} within {timeout_s:g} s",
                 where=str(kubelet),
-            ) from None
+                hint="the kubelet is slow or stuck; retrying",
+            )
+        if code.name in _NOT_ANSWERED:
+            raise KubeletUnreachable(
+                f"kubelet not reachable ({code.name.lower()}: {details})",
+                where=str(kubelet),
+                hint="is the kubelet running?",
+            )
+        raise KubeletRefused(
+            f"kubelet refused registration of {resource_name}: {details}", where=str(kubelet)
+        )
 
 
 @dataclass(frozen=True)
@@ -104,7 +160,11 @@ class Backoff:
         return self.first_s if delay is None else min(delay * 2, self.max_s)
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """``(device, inode, ctime)`` of ``path``, or None when there is nothing there.
+
+    The ctime tells a re-created file from the old one when the inode number is reused.
+    """
     try:
         st = os.stat(path)
     except OSError:
@@ -112,34 +172,19 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
-class PluginDirWatcher:
-    """Notices a re-created ``kubelet.sock`` and removed sockets of ours (by polling ``stat``)."""
+class Endpoint(Protocol):
+    """A served resource as the registrar sees it (a :class:`plugin.serve.ResourceServer`)."""
 
-    def __init__(self, plugin_dir: Path, our_sockets: Callable[[], Sequence[Path]]) -> None:
-        self.plugin_dir = plugin_dir
-        self._our_sockets = our_sockets
-        self._kubelet_id = _identity(plugin_dir / KUBELET_SOCKET)
+    @property
+    def resource(self) -> str:
+        """The resource name it advertises."""
 
-    def rebase(self) -> None:
-        """Take the current kubelet socket as the known one (just before registering)."""
-        self._kubelet_id = _identity(self.plugin_dir / KUBELET_SOCKET)
+    @property
+    def socket_path(self) -> Path:
+        """The socket it listens on."""
 
-    def kubelet_present(self) -> bool:
-        """Whether ``kubelet.sock`` exists now."""
-        return (self.plugin_dir / KUBELET_SOCKET).exists()
-
-    def check(self) -> str | None:
-        """One poll: what changed that needs a restart and re-registration, or None."""
-        current = _identity(self.plugin_dir / KUBELET_SOCKET)
-        if current is not None and current != self._kubelet_id:
-            self._kubelet_id = current
-            return "kubelet.sock was re-created"
-        if current is None:
-            self._kubelet_id = None
-        for sock in self._our_sockets():
-            if not sock.exists():
-                return f"our socket {sock.name} was removed"
-        return None
+    def socket_intact(self) -> bool:
+        """Whether the file at ``socket_path`` is still the socket it listens on."""
 
 
 class RegistrationObserver(Protocol):
@@ -154,86 +199,186 @@ class RegistrationObserver(Protocol):
     def mark_unregistered(self, resource: str | None = None) -> None:
         """``resource`` is no longer registered (None: all of them)."""
 
+    def set_waiting(self, kubelet_socket: str | None) -> None:
+        """The plugin waits for the kubelet at ``kubelet_socket`` (None: it no longer waits)."""
+
 
 class Registrar:
-    """Keeps every resource registered: registers with backoff while the kubelet is down, and
-    restarts the servers and registers again when the kubelet restarts.
+    """Registers every resource exactly once per kubelet start, in either boot order.
 
-    One daemon thread polls the plugin directory every ``interval_s``. ``endpoints`` gives
-    (resource, socket path) of the servers; ``restart`` restarts them on fresh sockets.
+    One daemon thread polls the plugin directory every ``interval_s`` (``stat`` only):
+
+    - while ``kubelet.sock`` is absent it waits and registers nothing (a kubelet that starts
+      deletes every socket in the directory before it creates ``kubelet.sock``, so a socket
+      registered before that would be gone when the kubelet dials back); it logs the socket it
+      waits for once, then every ``wait_log_every_s``;
+    - a ``kubelet.sock`` it has not seen before is a new kubelet that knows none of our
+      registrations: every resource is registered again;
+    - before registering, servers whose socket file vanished or was replaced are restarted
+      (``restart`` gets their resource names), so the kubelet always dials a live socket.
+
+    A failed attempt is retried with ``backoff``; a refusal by the kubelet, an unreachable
+    kubelet and our own timeout are told apart in the log.
     """
 
     def __init__(
         self,
         plugin_dir: Path,
-        endpoints: Callable[[], Sequence[tuple[str, Path]]],
-        restart: Callable[[], None],
+        endpoints: Callable[[], Sequence[Endpoint]],
+        restart: Callable[[Sequence[str]], None],
         *,
         interval_s: float = 0.1,
         backoff: Backoff = Backoff(),
         clock: Callable[[], float] = time.monotonic,
         observer: RegistrationObserver | None = None,
+        wait_log_every_s: float = 30.0,
+        register_timeout_s: float = REGISTER_TIMEOUT_S,
     ) -> None:
         self.plugin_dir = plugin_dir
+        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self._observer = observer
         self._endpoints = endpoints
         self._restart = restart
         self._interval_s = interval_s
         self._backoff = backoff
         self._clock = clock
-        self._watcher = PluginDirWatcher(plugin_dir, lambda: [p for _, p in endpoints()])
+        self._wait_log_every_s = wait_log_every_s
+        self._register_timeout_s = register_timeout_s
         self.registered = threading.Event()
-        self._done: set[str] = set()  # resources the kubelet has taken since the last restart
+        self._kubelet_id: tuple[int, int, int] | None = None  # the kubelet we registered with
+        self._done: set[str] = set()  # resources that kubelet has taken
         self.registrations = 0  # accepted rounds, for logs and tests
         self._delay: float | None = None
         self._next_attempt = 0.0
         self._failures = 0
+        self._waiting_since: float | None = None
+        self._next_wait_log = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """True while ``kubelet.sock`` is absent and the plugin waits for it."""
+        return self._waiting_since is not None
 
     def forget(self, resource: str) -> None:
         """``resource`` is no longer served (its server stopped): stop tracking it."""
         self._done.discard(resource)
 
     def step(self) -> None:
-        """One round: restart if the kubelet restarted, then register what is not yet
-        registered (new resources after a layout change, too) when due."""
-        reason = self._watcher.check()
-        if reason and (self._done or "removed" in reason):
-            log.warning("%s: restarting the plugin server and re-registering", reason)
-            self.registered.clear()
-            self._done.clear()
-            if self._observer is not None:
-                self._observer.mark_unregistered(None)
-            self._restart()
+        """One round: wait while there is no kubelet; on a new kubelet forget what was
+        registered; restart servers whose socket is gone; then register what is pending."""
+        current = file_identity(self.kubelet_socket)
+        if current is None:
+            if self._kubelet_id is not None:
+                log.info("%s is gone: the kubelet stopped", self.kubelet_socket)
+                self._kubelet_id = None
+                self._unregister_all()
+            self._wait("it does not exist yet")
+            return
+        new_kubelet = current != self._kubelet_id  # one we have not registered with
+        if new_kubelet:
+            if self._kubelet_id is not None:
+                log.info("%s was re-created: the kubelet restarted", self.kubelet_socket)
+            self._kubelet_id = current
+            self._unregister_all()
             self._delay, self._next_attempt = None, 0.0
-        elif reason:  # the kubelet appeared while we waited for it: register now
-            self._delay, self._next_attempt = None, 0.0
-        endpoints = list(self._endpoints())
-        pending = [(r, p) for r, p in endpoints if r not in self._done]
+        endpoints = self._repair(list(self._endpoints()), by_kubelet=new_kubelet)
+        pending = [e for e in endpoints if e.resource not in self._done]
         if not pending:
             if endpoints:
                 self.registered.set()
             return
         self.registered.clear()
-        if not self._watcher.kubelet_present() or self._clock() < self._next_attempt:
+        if self._clock() < self._next_attempt:
             return
-        self._watcher.rebase()
+        self._register(pending)
+
+    def _wait(self, why: str) -> None:
+        """Note that we wait for the kubelet: one info line now, then one every 30 s."""
+        now = self._clock()
+        if self._waiting_since is None:
+            self._waiting_since = now
+            self._next_wait_log = now
+            if self._observer is not None:
+                self._observer.set_waiting(str(self.kubelet_socket))
+        if now >= self._next_wait_log:
+            waited = now - self._waiting_since
+            if waited < self._wait_log_every_s:
+                log.info("waiting for the kubelet at %s (%s)", self.kubelet_socket, why)
+            else:
+                log.info(
+                    "still waiting for the kubelet at %s (%s, %.0f s)",
+                    self.kubelet_socket,
+                    why,
+                    waited,
+                )
+            self._next_wait_log = now + self._wait_log_every_s
+
+    def _end_wait(self) -> None:
+        if self._waiting_since is None:
+            return
+        waited = self._clock() - self._waiting_since
+        log.info("the kubelet at %s is up after %.1f s of waiting", self.kubelet_socket, waited)
+        self._waiting_since = None
+        if self._observer is not None:
+            self._observer.set_waiting(None)
+
+    def _unregister_all(self) -> None:
+        if self._done and self._observer is not None:
+            self._observer.mark_unregistered(None)
+        self._done.clear()
+        self.registered.clear()
+
+    def _repair(self, endpoints: list[Endpoint], *, by_kubelet: bool) -> list[Endpoint]:
+        """Restart the servers whose socket file vanished or was replaced; the endpoints after.
+
+        ``by_kubelet``: a kubelet has just started, and it removes every socket (expected)."""
+        broken = [e.resource for e in endpoints if not e.socket_intact()]
+        if not broken:
+            return endpoints
+        log.log(
+            logging.INFO if by_kubelet else logging.WARNING,
+            "socket of %s was removed or replaced%s: restarting %s on a fresh socket",
+            ", ".join(broken),
+            " by the starting kubelet" if by_kubelet else "",
+            "its server" if len(broken) == 1 else "their servers",
+        )
+        for resource in broken:
+            if resource in self._done:
+                self._done.discard(resource)
+                if self._observer is not None:
+                    self._observer.mark_unregistered(resource)
+        self._restart(broken)
+        return list(self._endpoints())
+
+    def _register(self, pending: Sequence[Endpoint]) -> None:
         started = self._clock()
         resource = ""
         try:
-            for resource, path in pending:
-                register(self.plugin_dir, endpoint=path.name, resource_name=resource, timeout_s=2.0)
+            for endpoint in pending:
+                resource = endpoint.resource
+                register(
+                    self.plugin_dir,
+                    endpoint=endpoint.socket_path.name,
+                    resource_name=resource,
+                    timeout_s=self._register_timeout_s,
+                    cancel=self._stop,
+                )
                 self._done.add(resource)
                 if self._observer is not None:
                     self._observer.observe_registration(resource, ok=True)
-                    self._observer.mark_registered(resource)
+        except RegistrationCancelled:
+            return
         except RegistrationError as exc:
             if self._observer is not None:
                 self._observer.observe_registration(resource, ok=False)
             self._failures += 1
             self._delay = self._backoff.after(self._delay)
             self._next_attempt = self._clock() + self._delay
+            if isinstance(exc, KubeletUnreachable):  # e.g. a stale kubelet.sock after a reboot
+                self._wait(f"it refuses connections: {exc.message}")
+                return
             level = (
                 logging.WARNING
                 if self._failures in (1, 10) or self._failures % 50 == 0
@@ -241,13 +386,15 @@ class Registrar:
             )
             log.log(level, "registration attempt %d failed: %s", self._failures, exc)
             return
+        self._end_wait()
         self.registrations += 1
         self._failures = 0
         self._delay = None
         self.registered.set()
-        names = ", ".join(r for r, _ in pending)
         log.info(
-            "registered %s with the kubelet in %.0f ms", names, (self._clock() - started) * 1000
+            "registered %s with the kubelet in %.0f ms",
+            ", ".join(e.resource for e in pending),
+            (self._clock() - started) * 1000,
         )
 
     def start(self) -> None:
@@ -256,15 +403,21 @@ class Registrar:
         self._thread.start()
 
     def _run(self) -> None:
+        said = ""
         while not self._stop.is_set():
             try:
                 self.step()
+                said = ""
+            except CdigenError as exc:  # e.g. a server that cannot listen: said once, retried
+                if str(exc) != said:
+                    log.error("%s", exc)
+                said = str(exc)
             except Exception:  # keep watching: the next round gets another try
                 log.exception("registration round failed")
             self._stop.wait(self._interval_s)
 
-    def stop(self) -> None:
-        """Stop the thread (a registration in flight finishes first)."""
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Stop the thread; a registration in flight is cancelled (bounded by ``timeout_s``)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=timeout_s)

@@ -13,13 +13,15 @@ its servicer and its registration loop:
 - ``observe_request_failed(method, resource)``: an error answered without raising (a gRPC abort).
 - ``observe_link_score(resource, score, fallback=)``: each preferred allocation the allocator made.
 - ``observe_registration(resource, ok=)``: each registration attempt with the kubelet (a success
-  also marks the resource registered); ``mark_unregistered(resource)`` when the kubelet restarts.
+  also marks the resource registered); ``mark_unregistered(resource)`` when the kubelet restarts;
+  ``set_waiting(socket)`` while there is no kubelet to register with (``None`` once there is).
 - ``observe_policy_reload(ok=)``: each (re)load of the policies; ``set_policies({resource:
   policy_name})`` after a successful one.
 
 ``start_http_server("127.0.0.1:9465")`` serves ``/metrics`` (Prometheus text format) and
 ``/healthz`` (200 ``ok`` once every declared resource is registered with the kubelet, else 503
-naming the ones that are not) from a daemon thread and returns ``(server, bound_port)``; port 0
+with one line: ``waiting for kubelet at <socket>`` while there is no kubelet, or naming the
+resources that are not registered) from a daemon thread and returns ``(server, bound_port)``; port 0
 picks a free port. ``server.close()`` stops it. Metric names all start with ``cdigen_plugin_``.
 """
 
@@ -141,6 +143,7 @@ class PluginMetrics:
         self._lock = threading.Lock()
         self._resources: dict[str, bool] = {}  # resource -> registered with the kubelet now
         self._plugin_registered = False  # mark_registered() before any resource was declared
+        self._waiting_for: str | None = None  # the kubelet socket the plugin waits for
         self._policies: dict[str, str] = {}
         self._children: dict[tuple[str, str], _RequestChildren] = {}
         self._link_children: dict[str, Any] = {}
@@ -232,6 +235,22 @@ class PluginMetrics:
                 self._resources[name] = registered
         for name in names:
             self._registered.labels(name).set(1 if registered else 0)
+
+    def set_waiting(self, kubelet_socket: str | None) -> None:
+        """The plugin waits for the kubelet at ``kubelet_socket`` (None: no longer)."""
+        with self._lock:
+            self._waiting_for = kubelet_socket
+
+    def health_problem(self) -> str | None:
+        """Why ``/healthz`` says not ready, as one line, or None when it is ready."""
+        with self._lock:
+            waiting = self._waiting_for
+        if waiting is not None:
+            return f"waiting for kubelet at {waiting}"
+        missing = self.unregistered_resources()
+        if missing:
+            return f"not registered with the kubelet: {', '.join(missing)}"
+        return None
 
     def observe_policy_reload(self, *, ok: bool) -> None:
         """Count one load of the policies; ``ok=False`` also counts a failure."""
@@ -356,10 +375,9 @@ class _Handler(BaseHTTPRequestHandler):
 
             self._send(200, self.server.metrics.exposition(), CONTENT_TYPE_PLAIN_0_0_4)
         elif path == "/healthz":
-            missing = self.server.metrics.unregistered_resources()
-            if missing:
-                body = f"not registered with the kubelet: {', '.join(missing)}\n"
-                self._send(503, body.encode())
+            problem = self.server.metrics.health_problem()
+            if problem is not None:
+                self._send(503, f"{problem}\n".encode())
             else:
                 self._send(200, b"ok\n")
         else:

@@ -9,8 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -219,6 +222,92 @@ def spec_device_names(spec_dirs: Sequence[Path]) -> set[str]:
 # --- one gRPC server per resource -------------------------------------------------------------
 
 
+SOCKET_MODE = 0o600  # the kubelet runs as root; nobody else may talk to the plugin
+PLUGIN_DIR_MODE = 0o755
+BIND_DIR_PREFIX = ".cdigen-"  # private directory a socket is bound in before it is renamed
+UNIX_PATH_MAX = 107  # sun_path holds 107 bytes and a NUL
+
+
+def make_plugin_dir(plugin_dir: Path) -> None:
+    """Create ``plugin_dir`` and its missing parents with mode 0755, whatever the umask, and
+    remove our own bind directories left by a killed run."""
+    missing: list[Path] = []
+    for path in (plugin_dir, *plugin_dir.parents):
+        if path.exists() or path.is_symlink():
+            break
+        missing.append(path)
+    try:
+        for path in reversed(missing):
+            with contextlib.suppress(FileExistsError):  # made meanwhile by someone else
+                path.mkdir()
+                os.chmod(path, PLUGIN_DIR_MODE)
+        if not plugin_dir.is_dir():
+            raise NotADirectoryError(20, "not a directory")
+        for leftover in plugin_dir.glob(BIND_DIR_PREFIX + "*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    except OSError as exc:
+        raise InputError(
+            f"cannot create the plugin directory: {exc.strerror}",
+            where=str(plugin_dir),
+            hint="pass --plugin-dir with a writable directory",
+        ) from None
+
+
+def bind_socket(server: Any, path: Path) -> tuple[int, int]:
+    """Bind the gRPC ``server`` to the unix socket ``path`` with mode 0600 whatever the umask.
+
+    The socket is bound in a private 0700 directory beside ``path``, made 0600 there and renamed
+    into place, so it is never reachable with a looser mode. Returns its (device, inode).
+    """
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise CdigenError(
+            f"cannot listen on {path}",
+            where=str(path.parent),
+            hint=f"the socket path is too long for a unix socket ({UNIX_PATH_MAX} bytes at most)",
+        )
+    if path.is_dir() and not path.is_symlink():
+        raise InputError(
+            "the plugin's socket path is a directory",
+            where=str(path),
+            hint="remove that directory, or pass another --plugin-dir",
+        )
+    try:
+        private = Path(tempfile.mkdtemp(prefix=BIND_DIR_PREFIX, dir=path.parent))
+        os.chmod(private, 0o700)
+    except OSError as exc:
+        raise CdigenError(
+            f"cannot listen on {path}: {exc.strerror}",
+            where=str(path.parent),
+            hint="is the directory writable?",
+        ) from None
+    temp = private / "s"
+    try:
+        try:
+            bound = server.add_insecure_port("unix:" + str(temp))
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            bound = 0
+        if bound == 0:
+            raise CdigenError(
+                f"cannot listen on {path}",
+                where=str(path.parent),
+                hint="the socket path is too long for a unix socket"
+                if len(os.fsencode(temp)) > UNIX_PATH_MAX
+                else "is the directory writable?",
+            )
+        os.chmod(temp, SOCKET_MODE)
+        os.replace(temp, path)  # atomically replaces a stale socket of ours
+        st = os.stat(path)
+    except OSError as exc:
+        raise CdigenError(
+            f"cannot put the socket in place: {exc.strerror}",
+            where=str(path),
+            hint="is the plugin directory writable?",
+        ) from None
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return (st.st_dev, st.st_ino)
+
+
 class ResourceServer:
     """A DevicePlugin gRPC server on ``<plugin-dir>/cdigen-<resource>.sock``."""
 
@@ -229,6 +318,7 @@ class ResourceServer:
         self.plugin_dir = plugin_dir
         self._server: Any = None
         self._stop_streams = threading.Event()
+        self._socket_id: tuple[int, int] | None = None
         self.service: DevicePluginService | None = None
 
     @property
@@ -242,8 +332,19 @@ class ResourceServer:
         """Where the server listens."""
         return self.plugin_dir / socket_name(self.resource)
 
+    def socket_intact(self) -> bool:
+        """Whether the file at :attr:`socket_path` is still the socket this server listens on
+        (False once the kubelet, or anyone, removed or replaced it)."""
+        if self._server is None or self._socket_id is None:
+            return False
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._socket_id
+
     def start(self) -> None:
-        """Listen on a fresh socket (a stale file of ours is removed first)."""
+        """Listen on a fresh socket, mode 0600 (a stale file of ours is replaced)."""
         import grpc
 
         from plugin.api import deviceplugin_pb2_grpc as pb_grpc
@@ -251,38 +352,41 @@ class ResourceServer:
         self._stop_streams = threading.Event()
         self.service = self._make_service(self._stop_streams)
         path = self.socket_path
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        try:
-            bound = server.add_insecure_port("unix:" + str(path))
-        except RuntimeError:  # grpcio raises where older versions returned 0
-            bound = 0
-        if bound == 0:
-            too_long = len(os.fsencode(path)) >= 108  # sun_path holds 107 bytes and a NUL
-            raise CdigenError(
-                f"cannot listen on {path}",
-                where=str(self.plugin_dir),
-                hint="the socket path is too long for a unix socket (107 bytes at most)"
-                if too_long
-                else "is the directory writable?",
-            )
+        self._socket_id = bind_socket(server, path)
         server.start()
         self._server = server
         log.info("serving %s on %s", self.resource, path)
 
-    def stop(self) -> None:
-        """Stop serving (ending open ListAndWatch streams) and remove the socket."""
+    def halt(self) -> threading.Event | None:
+        """Begin stopping: end open ListAndWatch streams, stop taking calls, remove our socket
+        (only if it is still ours). Returns the event set once the server has stopped."""
         self._stop_streams.set()
         if self.service is not None:
             self.service.wake_streams()
-        if self._server is not None:
-            self._server.stop(grace=0.2).wait(timeout=2)
-            self._server = None
-        if self.service is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
+            if self.socket_intact():
+                with contextlib.suppress(FileNotFoundError):
+                    self.socket_path.unlink()
+        self._socket_id = None
+        server, self._server = self._server, None
+        if server is None:
+            return None
+        done: threading.Event = server.stop(grace=0.2)
+        return done
+
+    def stop(self) -> None:
+        """Stop serving (ending open ListAndWatch streams) and remove the socket."""
+        stop_servers([self])
+
+
+def stop_servers(servers: Sequence[ResourceServer], timeout_s: float = 1.0) -> None:
+    """Stop ``servers`` together, not one after another: ``timeout_s`` at most in all."""
+    stopping = [server.halt() for server in servers]
+    deadline = time.monotonic() + timeout_s
+    for done in stopping:
+        if done is not None:
+            done.wait(max(0.0, deadline - time.monotonic()))
 
 
 # --- layout changes ---------------------------------------------------------------------------
@@ -355,7 +459,7 @@ class Plugin:
         self._xid: XidHealth | None = None
         self.registrar = Registrar(
             config.plugin_dir,
-            lambda: [(s.resource, s.socket_path) for s in list(self.servers)],
+            lambda: list(self.servers),
             self._restart_servers,
             interval_s=watch_interval_s,
             observer=self.metrics,
@@ -487,14 +591,7 @@ class Plugin:
             self.board.subscribe(self._report_devices)
         self.preferences.load(config.policy_dir)
         self._poller = Poller(self._watchers(), config.health.poll_interval_s)
-        try:
-            config.plugin_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InputError(
-                f"cannot create the plugin directory: {exc.strerror}",
-                where=str(config.plugin_dir),
-                hint="pass --plugin-dir with a writable directory",
-            ) from None
+        make_plugin_dir(config.plugin_dir)
         for resource in self.resources:
             warning = (
                 advisory_warning(resource.sharing, resource.name) if resource.sharing else None
@@ -579,11 +676,12 @@ class Plugin:
                 resource.name, healthy=len(resource.devices) - unhealthy, unhealthy=unhealthy
             )
 
-    def _restart_servers(self) -> None:
-        """Restart every server on a fresh socket (the kubelet restarted)."""
+    def _restart_servers(self, resources: Sequence[str]) -> None:
+        """Restart the servers of ``resources`` on fresh sockets (theirs were removed)."""
         with self._layout_lock:  # not while a layout change starts or stops servers
-            for server in list(self.servers):
-                server.stop()
+            chosen = [s for s in self.servers if s.resource in resources]
+            stop_servers(chosen)
+            for server in chosen:
                 server.start()
 
     def reload_policies(self) -> bool:
@@ -600,8 +698,7 @@ class Plugin:
         self.registrar.stop()  # first: no restart may race with the shutdown
         if self._poller is not None:
             self._poller.stop()  # no layout change may start a server after this
-        for server in self.servers:
-            server.stop()
+        stop_servers(self.servers)
         if self._xid is not None:
             self._xid.stop()
         if self._metrics_server is not None:
@@ -621,13 +718,37 @@ def open_nvml(source: str, driver_root: str = "/") -> Any:
     return pynvml
 
 
+STOP_DEADLINE_S = 1.5  # SIGTERM ends the process within 2 s, whatever hangs
+
+
+def _exit_after(deadline_s: float) -> None:
+    """End the process ``deadline_s`` from now unless it has ended by itself (a daemon thread:
+    an orderly exit, atexit joins included, simply ends it)."""
+
+    def run() -> None:
+        time.sleep(deadline_s)
+        log.warning("stopping took more than %.1f s: exiting without waiting further", deadline_s)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(0)
+
+    threading.Thread(target=run, name="stop-deadline", daemon=True).start()
+
+
 def serve_until_signalled(plugin: Plugin) -> int:
-    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads the policies."""
+    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads the policies.
+
+    It owns the process: from the stop signal on, the process ends within
+    :data:`STOP_DEADLINE_S` even if a thread hangs (a stuck call in a gRPC worker, say).
+    """
     stop = threading.Event()
     reload = threading.Event()
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: stopping", signal.Signals(signum).name)
+        if not stop.is_set():
+            log.info("signal %s: stopping", signal.Signals(signum).name)
+            _exit_after(STOP_DEADLINE_S)
         stop.set()
 
     def on_hup(signum: int, frame: FrameType | None) -> None:
