@@ -152,10 +152,11 @@ class _Table:
             reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
         self.score = score
         self.numa_bits = numa_bits
-        self._numa_of_bit = [n for n, _ in sorted(numa_ids.items(), key=lambda kv: kv[1])]
-        self._numa_tuples: dict[int, tuple[int, ...]] = {}
         self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
         self._min_pair: list[int] | None = None
+        self._popcounts: list[int] | None = None
+        # constraint results by this table's raw fact arrays (see Allocator._mask_ok)
+        self.ok_cache: dict[tuple[int, ...], bool] = {}
         self.numa_span = [_popcount(b) for b in numa_bits]
         by_size: list[list[int]] = [[] for _ in range(count + 1)]
         for mask in range(size):
@@ -186,16 +187,6 @@ class _Table:
         """The GPU positions of a table mask, ascending."""
         return tuple(sorted(self.universe[b] for b in _bits(mask)))
 
-    def numa_nodes(self, mask: int) -> tuple[int, ...]:
-        """The known NUMA nodes of a mask, sorted (as ``Topology.numa_nodes``)."""
-        bits = self.numa_bits[mask]
-        nodes = self._numa_tuples.get(bits)
-        if nodes is None:
-            found = [self._numa_of_bit[b] for b in _bits(bits)]
-            nodes = tuple(sorted(n for n in found if n is not None))
-            self._numa_tuples[bits] = nodes
-        return nodes
-
     def min_pair_nvlinks(self, mask: int) -> int:
         """The fewest NVLinks between two GPUs of a mask (0 below two); a table built once."""
         table = self._min_pair
@@ -203,13 +194,28 @@ class _Table:
             table = self._min_pair = _min_pair_within(self._nvlinks, len(self.universe))
         return table[mask]
 
-    def facts(self, mask: int, fields: Sequence[str]) -> tuple[Any, ...]:
-        """The named ``allocation`` facts of a mask, in ``fields`` order."""
-        return tuple(_FACTS[f](self, mask) for f in fields)
+    def fact_arrays(self, fields: Sequence[str]) -> list[list[int]]:
+        """Per-mask arrays of the named ``allocation`` facts, in ``fields`` order; within this
+        table equal entries mean equal facts (NUMA nodes as this table's bit set)."""
+        out = []
+        for name in fields:
+            if name == "numaNodes":
+                out.append(self.numa_bits)
+            elif name == "size":
+                if self._popcounts is None:
+                    self._popcounts = [_popcount(m) for m in range(len(self.score))]
+                out.append(self._popcounts)
+            elif name == "linkScore":
+                out.append(self.score)
+            else:
+                self.min_pair_nvlinks(0)
+                assert self._min_pair is not None
+                out.append(self._min_pair)
+        return out
 
 
 def _position_fact(topology: Topology, positions: tuple[int, ...], name: str) -> Any:
-    """One ``allocation`` fact of a set of GPU positions (as ``_Table.facts`` gives it)."""
+    """One ``allocation`` fact of a set of GPU positions."""
     if name == "numaNodes":
         return topology.numa_nodes(positions)
     if name == "size":
@@ -217,14 +223,6 @@ def _position_fact(topology: Topology, positions: tuple[int, ...], name: str) ->
     if name == "linkScore":
         return topology.set_score(positions)
     return topology.min_pair_nvlinks(positions)
-
-
-_FACTS: dict[str, Any] = {
-    "numaNodes": _Table.numa_nodes,
-    "size": lambda table, mask: _popcount(mask),
-    "linkScore": lambda table, mask: table.score[mask],
-    "minPairNVLinks": _Table.min_pair_nvlinks,
-}
 
 
 @dataclass
@@ -504,6 +502,8 @@ class Allocator:
         best_cut: int | None = None
         left_sets, left_pairs = table.left_best_set, table.left_pairs
         constraints = bool(self.policy.constraints)
+        fields = self._fact_fields
+        arrays = table.fact_arrays(fields) if constraints and fields is not None else None
         for idx, mask in enumerate(order):
             if mask & busy or mask & must != must:
                 continue
@@ -515,7 +515,7 @@ class Allocator:
                     break
                 if best_ok and (fails, neg_score, span) > (best_key[0], *best_key[2:4]):
                     break
-            ok = self._mask_ok(table, mask) if constraints else True
+            ok = self._mask_ok(table, mask, arrays) if constraints else True
             if best_key is not None and (fails, not ok, neg_score, span) > best_key[:4]:
                 continue
             load = -free_of(mask) if free_of is not None else 0
@@ -544,24 +544,29 @@ class Allocator:
             notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
         return table.positions(best_mask)
 
-    def _mask_ok(self, table: _Table, mask: int) -> bool:
-        """Whether the set of a table mask satisfies the constraints (facts from the table)."""
+    def _mask_ok(self, table: _Table, mask: int, arrays: list[list[int]] | None) -> bool:
+        """Whether the set of a table mask satisfies the constraints; with ``arrays`` (the
+        table's fact arrays), looked up by its facts first."""
+        if arrays is None:
+            return self._constraints_ok(table.positions(mask))[0]
+        key = tuple([array[mask] for array in arrays])
+        ok = table.ok_cache.get(key)
+        if ok is None:
+            positions = table.positions(mask)
+            ok = self._constraints_ok(positions)[0]
+            if self._constraint_key(positions) in self._constraint_cache:  # not over a limit
+                table.ok_cache[key] = ok
+        return ok
+
+    def _constraint_key(self, positions: tuple[int, ...]) -> tuple[Any, ...]:
         fields = self._fact_fields
         if fields is None:
-            return self._constraints_ok(table.positions(mask))[0]
-        key = table.facts(mask, fields)
-        cached = self._constraint_cache.get(key)
-        if cached is None:
-            return self._constraints_ok(table.positions(mask))[0]
-        return cached[0]
+            return positions
+        return tuple(_position_fact(self.topology, positions, f) for f in fields)
 
     def _constraints_ok(self, positions: tuple[int, ...]) -> tuple[bool, str | None]:
         topo = self.topology
-        fields = self._fact_fields
-        if fields is None:
-            key: tuple[Any, ...] = positions
-        else:
-            key = tuple(_position_fact(topo, positions, f) for f in fields)
+        key = self._constraint_key(positions)
         cached = self._constraint_cache.get(key)
         if cached is None:
             deadline = getattr(self._request, "deadline", None)
