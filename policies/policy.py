@@ -10,6 +10,7 @@ expression; ``load_policy`` raises the first one as an InputError.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,6 +35,8 @@ from policies.graph import DEFAULT_LINK_WEIGHTS
 log = logging.getLogger("cdigen.policy")
 
 BUILTIN_NAMES = ("default", "single-numa", "pack", "spread")
+# CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
+TRIAL_BUDGET_S = 2.0
 ReplicaPlacement = Literal["spread", "pack"]
 
 
@@ -211,13 +214,14 @@ def _trial_problems(
     another. The first error of each expression is a problem."""
     from policies.graph import build_topology
 
+    deadline = time.thread_time() + TRIAL_BUDGET_S  # a check, a start, a reload: all bounded
     failed: dict[str, str] = {}
     for label, node in _trial_nodes():
         gpus = [g for g in node.gpus if not g.error]
         devices = [device_value(g, node) for g in gpus]
         if selector is not None and selector.field not in failed:
             for gpu, device in zip(gpus, devices, strict=True):
-                problem = _trial(source, selector, {"device": device}, label, gpu.index)
+                problem = _trial(source, selector, {"device": device}, label, gpu.index, deadline)
                 if problem:
                     failed[selector.field] = problem
                     break
@@ -238,7 +242,8 @@ def _trial_problems(
                 if expression.field in failed:
                     continue
                 where = ",".join(str(gpus[i].index) for i in chosen)
-                problem = _trial(source, expression, {"allocation": allocation}, label, where)
+                activation = {"allocation": allocation}
+                problem = _trial(source, expression, activation, label, where, deadline)
                 if problem:
                     failed[expression.field] = problem
     order = [e.field for e in ([selector] if selector else []) + list(constraints)]
@@ -246,14 +251,25 @@ def _trial_problems(
 
 
 def _trial(
-    source: str, expression: Expression, activation: dict[str, Any], label: str, gpus: object
+    source: str,
+    expression: Expression,
+    activation: dict[str, Any],
+    label: str,
+    gpus: object,
+    deadline: float,
 ) -> str | None:
     try:
-        expression.program.evaluate(activation)
+        expression.program.evaluate(activation, deadline)
     except CelEvaluationError as exc:
         on = label.format(gpu=gpus) if "{gpu}" in label else label
         if "{gpu}" in label and expression.field != "spec.selector":
             on = on.replace(" GPU ", " GPUs ")
+        if exc.over_limit and time.thread_time() >= deadline:
+            return (
+                f"{_where(source, expression.field, 1, 1)}: its trial evaluations on the sample "
+                f"nodes took over {TRIAL_BUDGET_S:.0f} s of CPU (stopped on {on}); simplify it: "
+                f"{_excerpt(expression.text, None, None)}"
+            )
         return (
             f"{_where(source, expression.field, exc.line, exc.column)}: {exc} "
             f"(trial evaluation on {on}): {_excerpt(expression.text, exc.line, exc.column)}"

@@ -306,3 +306,19 @@ def test_constraints_on_set_facts_give_the_answers_of_per_set_evaluation() -> No
         free = tuple(sorted(rng.sample(ids, rng.randint(1, len(ids))), key=int))
         request = AllocationRequest(free, (), rng.randint(1, len(free)))
         assert cached.prefer(request) == per_set.prefer(request)
+
+
+def test_trial_evaluations_of_a_slow_policy_stop_at_their_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check (and so a plugin start or reload) never runs for long: past the trial budget
+    the expression is refused, naming the field."""
+    from policies import policy as policy_module
+
+    monkeypatch.setattr(policy_module, "TRIAL_BUDGET_S", 0.0)
+    path = tmp_path / "slow.yaml"
+    path.write_text(policy_text("slow", selector=f"{TEN}.map(a, {TEN}.map(b, a + b)).size() > 0"))
+    problems = check_policy_file(path)
+    assert len(problems) == 1
+    assert problems[0].startswith(f"{path}: spec.selector (line 1, column 1): its trial")
+    assert "took over" in problems[0]
