@@ -36,7 +36,7 @@ log = logging.getLogger("cdigen.policy")
 
 BUILTIN_NAMES = ("default", "single-numa", "pack", "spread")
 # CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
-TRIAL_BUDGET_S = 2.0
+TRIAL_BUDGET_S = 3.0
 ReplicaPlacement = Literal["spread", "pack"]
 
 
@@ -197,9 +197,11 @@ def _trial_nodes() -> tuple[tuple[str, Node], ...]:
 
 
 def _trial_sets(size: int) -> list[tuple[int, ...]]:
-    """Positions of the sets a constraint is tried on: every prefix, and every pair with 0."""
-    sets = [tuple(range(k)) for k in range(1, size + 1)]
-    sets.extend((0, j) for j in range(2, size))
+    """Positions of the sets a constraint is tried on: every pair with GPU 0 (sizes and link
+    kinds), then every larger prefix up to all the GPUs (every device, NUMA spans)."""
+    sets: list[tuple[int, ...]] = [(0,)]
+    sets.extend((0, j) for j in range(1, size))
+    sets.extend(tuple(range(k)) for k in range(3, size + 1))
     return sets
 
 
@@ -216,6 +218,7 @@ def _trial_problems(
 
     deadline = time.thread_time() + TRIAL_BUDGET_S  # a check, a start, a reload: all bounded
     failed: dict[str, str] = {}
+    tried: set[tuple[str, ...]] = set()
     for label, node in _trial_nodes():
         gpus = [g for g in node.gpus if not g.error]
         devices = [device_value(g, node) for g in gpus]
@@ -232,15 +235,23 @@ def _trial_problems(
         position = {g.index: topology.position_by_index[g.index] for g in gpus}
         for chosen in _trial_sets(len(gpus)):
             positions = tuple(position[gpus[i].index] for i in chosen)
-            allocation = allocation_value(
-                [devices[i] for i in chosen],
-                topology.numa_nodes(positions),
-                topology.set_score(positions),
-                topology.min_pair_nvlinks(positions),
-            )
+            numa = topology.numa_nodes(positions)
+            score = topology.set_score(positions)
+            min_pair = topology.min_pair_nvlinks(positions)
+            facts = {"numaNodes": numa, "size": len(chosen), "linkScore": score}
+            facts["minPairNVLinks"] = min_pair
+            allocation = allocation_value([devices[i] for i in chosen], numa, score, min_pair)
             for expression in pending:
                 if expression.field in failed:
                     continue
+                fields = expression.program.allocation_fields
+                if fields is None and 3 <= len(chosen) < len(gpus) and len(chosen) % 4:
+                    continue  # reads the devices: sets of 3, 4, 8, 12, ... and all suffice
+                if fields is not None:  # its result depends on these facts alone
+                    key = (expression.field, *(repr(facts[f]) for f in sorted(fields)))
+                    if key in tried:
+                        continue
+                    tried.add(key)
                 where = ",".join(str(gpus[i].index) for i in chosen)
                 activation = {"allocation": allocation}
                 problem = _trial(source, expression, activation, label, where, deadline)
