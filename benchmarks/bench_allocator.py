@@ -12,7 +12,10 @@ must-include devices: valid answers, best link score, avoidable NUMA-span excess
 (``cdigen policy simulate``, seeds 1-5): best-link share, mean link score (in all, 2- and 4-GPU
 jobs) and NUMA-span excess, ours beside the baseline, "(behind)" where ours is lower.
 
-    python benchmarks/bench_allocator.py [--quick]
+Every cookbook policy (docs/policies) on 16 GPUs (issue 13, goal p99 <= 20 ms), wall clock and
+CPU time of the thread.
+
+    python benchmarks/bench_allocator.py [--quick] [--cookbook]
 """
 
 from __future__ import annotations
