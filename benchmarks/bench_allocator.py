@@ -12,7 +12,10 @@ must-include devices: valid answers, best link score, avoidable NUMA-span excess
 (``cdigen policy simulate``, seeds 1-5): best-link share, mean link score (in all, 2- and 4-GPU
 jobs) and NUMA-span excess, ours beside the baseline, "(behind)" where ours is lower.
 
-    python benchmarks/bench_allocator.py [--quick]
+Every cookbook policy (docs/policies) on 16 GPUs (issue 13, goal p99 <= 20 ms), wall clock and
+CPU time of the thread.
+
+    python benchmarks/bench_allocator.py [--quick] [--cookbook]
 """
 
 from __future__ import annotations
@@ -316,11 +319,34 @@ def jobs(quick: bool) -> None:
             )
 
 
+def cookbook(quick: bool) -> None:
+    """Every cookbook policy (docs/policies) on 16 GPUs, every request new to the engine."""
+    print(f"== cookbook policies on {SIXTEEN_GPU_SAMPLE}, first sight (goal: p99 <= 20 ms)")
+    big = load_node(f"builtin:{SIXTEEN_GPU_SAMPLE}")
+    requests = random_requests(big, 100 if quick else 400, seed=13)
+    cookbook_dir = Path(__file__).resolve().parent.parent / "docs" / "policies"
+    print("    (wall clock, then CPU time of the thread: the second ignores a busy machine)")
+    for path in sorted(cookbook_dir.glob("*.yaml")):
+        allocator = Allocator(big, load_policy(path))
+        wall, cpu = [], []
+        for r in requests:
+            start_cpu, start = time.thread_time_ns(), time.perf_counter_ns()
+            allocator.prefer(r)
+            wall.append((time.perf_counter_ns() - start) / 1000)
+            cpu.append((time.thread_time_ns() - start_cpu) / 1000)
+        report(f"16 GPUs, {path.stem}", wall)
+        report("    CPU time", cpu)
+
+
 def main() -> None:
     gc.disable()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests; skip quality")
+    parser.add_argument("--cookbook", action="store_true", help="only the cookbook policies")
     args = parser.parse_args()
+    cookbook(args.quick)
+    if args.cookbook:
+        return
     speed(args.quick)
     sharing(args.quick)
     jobs(args.quick)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ MEMO_LIMIT = 65536
 # Fragmentation looks at what stays free for the next request: the best set of this size (the
 # commonest multi-GPU job after a pair), then the best split into pairs.
 NEXT_SET_SIZE = 4
+# CPU time one request may spend evaluating policy constraints; past it the sets not yet
+# evaluated count as failing them (a fallback reason says so), so that a slow policy cannot
+# hold a kubelet call (each evaluation is bounded too: policies.cel.EVAL_TIME_LIMIT_S).
+CONSTRAINT_BUDGET_S = 0.08
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,12 @@ class _Table:
             numa_bits[mask] = numa_bits[rest] | numa_bit[bit]
             reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
         self.score = score
+        self.numa_bits = numa_bits
+        self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
+        self._min_pair: list[int] | None = None
+        self._popcounts: list[int] | None = None
+        # constraint results by this table's raw fact arrays (see Allocator._mask_ok)
+        self.ok_cache: dict[tuple[int, ...], bool] = {}
         self.numa_span = [_popcount(b) for b in numa_bits]
         by_size: list[list[int]] = [[] for _ in range(count + 1)]
         for mask in range(size):
@@ -175,6 +186,43 @@ class _Table:
     def positions(self, mask: int) -> tuple[int, ...]:
         """The GPU positions of a table mask, ascending."""
         return tuple(sorted(self.universe[b] for b in _bits(mask)))
+
+    def min_pair_nvlinks(self, mask: int) -> int:
+        """The fewest NVLinks between two GPUs of a mask (0 below two); a table built once."""
+        table = self._min_pair
+        if table is None:
+            table = self._min_pair = _min_pair_within(self._nvlinks, len(self.universe))
+        return table[mask]
+
+    def fact_arrays(self, fields: Sequence[str]) -> list[list[int]]:
+        """Per-mask arrays of the named ``allocation`` facts, in ``fields`` order; within this
+        table equal entries mean equal facts (NUMA nodes as this table's bit set)."""
+        out = []
+        for name in fields:
+            if name == "numaNodes":
+                out.append(self.numa_bits)
+            elif name == "size":
+                if self._popcounts is None:
+                    self._popcounts = [_popcount(m) for m in range(len(self.score))]
+                out.append(self._popcounts)
+            elif name == "linkScore":
+                out.append(self.score)
+            else:
+                self.min_pair_nvlinks(0)
+                assert self._min_pair is not None
+                out.append(self._min_pair)
+        return out
+
+
+def _position_fact(topology: Topology, positions: tuple[int, ...], name: str) -> Any:
+    """One ``allocation`` fact of a set of GPU positions."""
+    if name == "numaNodes":
+        return topology.numa_nodes(positions)
+    if name == "size":
+        return len(positions)
+    if name == "linkScore":
+        return topology.set_score(positions)
+    return topology.min_pair_nvlinks(positions)
 
 
 @dataclass
@@ -217,7 +265,13 @@ class Allocator:
         )
         self._tables: OrderedDict[tuple[int, ...], _Table] = OrderedDict()
         self._tables_lock = threading.Lock()
-        self._constraint_cache: dict[tuple[int, ...], tuple[bool, str | None]] = {}
+        self._constraint_cache: dict[tuple[Any, ...], tuple[bool, str | None]] = {}
+        # constraints that read only set facts (allocation.size, ...) are evaluated once per
+        # distinct facts, not once per set; None: one evaluation per set of GPUs
+        self._fact_fields = self.policy.constraint_facts()
+        self._request = threading.local()  # the constraint-evaluation deadline of a request
+        if self._table is not None and self._fact_fields and "minPairNVLinks" in self._fact_fields:
+            self._table.min_pair_nvlinks(0)  # build its table now, not on a kubelet call
         self._devices = (
             [device_value(g, node) for g in topo.gpus] if self.policy.constraints else []
         )
@@ -230,7 +284,12 @@ class Allocator:
         key = (request.available, request.must_include, request.size)
         answer = self._memo.get(key)
         if answer is None:
-            answer = self._solve(request)
+            self._request.deadline = time.thread_time() + CONSTRAINT_BUDGET_S
+            self._request.exhausted = False
+            try:
+                answer = self._solve(request)
+            finally:
+                self._request.deadline = None
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = answer
@@ -443,6 +502,8 @@ class Allocator:
         best_cut: int | None = None
         left_sets, left_pairs = table.left_best_set, table.left_pairs
         constraints = bool(self.policy.constraints)
+        fields = self._fact_fields
+        arrays = table.fact_arrays(fields) if constraints and fields is not None else None
         for idx, mask in enumerate(order):
             if mask & busy or mask & must != must:
                 continue
@@ -454,7 +515,7 @@ class Allocator:
                     break
                 if best_ok and (fails, neg_score, span) > (best_key[0], *best_key[2:4]):
                     break
-            ok = self._constraints_ok(table.positions(mask))[0] if constraints else True
+            ok = self._mask_ok(table, mask, arrays) if constraints else True
             if best_key is not None and (fails, not ok, neg_score, span) > best_key[:4]:
                 continue
             load = -free_of(mask) if free_of is not None else 0
@@ -472,24 +533,59 @@ class Allocator:
                     best_mask, best_ok, best_cut = mask, ok, cut
         if best_key is None:
             return None
-        if self.policy.constraints and not best_ok:
+        if getattr(self._request, "exhausted", False):
+            notes.append(
+                f"constraint evaluation ran past {CONSTRAINT_BUDGET_S * 1000:.0f} ms; "
+                "sets not evaluated count as failing"
+            )
+        elif self.policy.constraints and not best_ok:
             notes.append("no available set satisfies the policy constraints")
         if best_key[0]:
             notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
         return table.positions(best_mask)
 
+    def _mask_ok(self, table: _Table, mask: int, arrays: list[list[int]] | None) -> bool:
+        """Whether the set of a table mask satisfies the constraints; with ``arrays`` (the
+        table's fact arrays), looked up by its facts first."""
+        if arrays is None:
+            return self._constraints_ok(table.positions(mask))[0]
+        key = tuple([array[mask] for array in arrays])
+        ok = table.ok_cache.get(key)
+        if ok is None:
+            positions = table.positions(mask)
+            ok = self._constraints_ok(positions)[0]
+            if self._constraint_key(positions) in self._constraint_cache:  # not over a limit
+                table.ok_cache[key] = ok
+        return ok
+
+    def _constraint_key(self, positions: tuple[int, ...]) -> tuple[Any, ...]:
+        fields = self._fact_fields
+        if fields is None:
+            return positions
+        return tuple(_position_fact(self.topology, positions, f) for f in fields)
+
     def _constraints_ok(self, positions: tuple[int, ...]) -> tuple[bool, str | None]:
-        cached = self._constraint_cache.get(positions)
+        topo = self.topology
+        key = self._constraint_key(positions)
+        cached = self._constraint_cache.get(key)
         if cached is None:
-            topo = self.topology
+            deadline = getattr(self._request, "deadline", None)
+            if deadline is not None and time.thread_time() > deadline:
+                self._request.exhausted = True
+                return False, "the constraint evaluation budget of this request ran out"
             allocation = allocation_value(
                 [self._devices[p] for p in positions],
                 topo.numa_nodes(positions),
                 topo.set_score(positions),
                 topo.min_pair_nvlinks(positions),
             )
-            cached = self.policy.constraints_result(allocation)
-            self._constraint_cache[positions] = cached
+            ok, reason, cacheable = self.policy.constraints_outcome(allocation, deadline)
+            if not cacheable:
+                if deadline is not None and time.thread_time() > deadline:
+                    self._request.exhausted = True
+                return ok, reason
+            cached = (ok, reason)
+            self._constraint_cache[key] = cached
         return cached
 
     def _full_key(
@@ -641,6 +737,25 @@ def _best_set_within(score: list[int], count: int, k: int) -> list[int]:
                     top = best[mask ^ low]
             best[mask] = top
     return best
+
+
+def _min_pair_within(nvlinks: list[list[int]], count: int) -> list[int]:
+    """For every mask: the fewest NVLinks between two of its bits (0 below two bits).
+
+    A pair of a set either misses its lowest bit a, or misses its second-lowest b, or is
+    {a, b}: so the minimum is min(best[mask - a], best[mask - b], nvlinks[a][b]).
+    """
+    big = 1 << 30
+    best = [big] * (1 << count)
+    for mask in range(1, 1 << count):
+        low = mask & -mask
+        rest = mask ^ low
+        if not rest:
+            continue
+        second = rest & -rest
+        pair = nvlinks[low.bit_length() - 1][second.bit_length() - 1]
+        best[mask] = min(best[rest], best[mask ^ second], pair)
+    return [0 if v == big else v for v in best]
 
 
 def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -19,9 +20,9 @@ from functools import total_ordering
 from typing import Any
 
 import celpy
-from celpy import celtypes
+from celpy import InterpretedRunner, celtypes
 from celpy.celparser import CELParseError
-from celpy.evaluation import CELEvalError
+from celpy.evaluation import CELEvalError, Evaluator
 
 from cdigen.model import Gpu, Node
 
@@ -29,6 +30,15 @@ DRIVER = "gpu.nvidia.com"
 KUBERNETES_DOMAIN = "resource.kubernetes.io"
 CDIGEN_DOMAIN = "cdigen.dev"
 MAX_EXPRESSION_BYTES = 10 * 1024
+# Limits, as Kubernetes bounds CEL in the API server (DRA selectors: a cost of 1,000,000, 10 KiB).
+COST_LIMIT = 1_000_000  # estimated at compile time over worst-case sizes, and counted at run time
+MAX_NESTING = 32  # brackets, and operators, nested in one another
+MAX_TREE_DEPTH = 250  # parse-tree levels: what the evaluator recurses through
+EVAL_TIME_LIMIT_S = 0.25  # CPU time per evaluation: a backstop behind the cost limit
+MAX_VALUE_LENGTH = 1 << 20  # characters or elements a function or + may build
+# Worst-case sizes the cost estimate assumes: strings of device attributes, the devices and
+# NUMA nodes of a set. Larger values are still bounded at run time by the limits above.
+VALUE_SIZE_BOUND = 64
 
 # --------------------------------------------------------------------------- quantities
 
@@ -50,21 +60,55 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def parse_quantity(text: str) -> Fraction:
-    """The exact value of a Kubernetes quantity string (``"40Gi"``, ``"1.5"``, ``"100m"``).
+    """The value of a Kubernetes quantity string (``"40Gi"``, ``"1.5"``, ``"100m"``).
 
-    Raises ValueError on anything Kubernetes' ``resource.ParseQuantity`` would reject.
+    Raises ValueError on anything Kubernetes' ``resource.ParseQuantity`` would reject, and on
+    more than 64 digits.
+    Bounded as Kubernetes bounds it: the exponent of ``1e<n>`` must fit an int32; a non-zero
+    value is rounded up (away from zero) to a multiple of 1n; a magnitude above 2^63-1 is capped
+    there (Kubernetes caps binary quantities so; it also keeps ``1e99999999`` from costing
+    a 330-million-bit number here).
     """
+    shown = text if len(text) <= 40 else text[:37] + "..."
     match = _QUANTITY_RE.match(text.strip()) if text.strip() == text else None
     if match is None:
-        raise ValueError(f"invalid quantity {text!r}")
-    number, suffix = Fraction(match.group(1)), match.group(2)
+        raise ValueError(f"invalid quantity {shown!r}")
+    digits, suffix = match.group(1), match.group(2)
+    if len(digits) > 64:
+        raise ValueError(f"invalid quantity {shown!r}: more than 64 digits")
+    number = Fraction(digits)
     if suffix in _BINARY_SUFFIXES:
-        return number * Fraction(1024) ** _BINARY_SUFFIXES[suffix]
+        return _bounded(number * Fraction(1024) ** _BINARY_SUFFIXES[suffix])
     if suffix in _DECIMAL_SUFFIXES:
-        return number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix]
+        return _bounded(number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix])
     if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        return number * Fraction(10) ** int(suffix[1:])
-    raise ValueError(f"invalid quantity {text!r}: unknown suffix {suffix!r}")
+        exponent_text = suffix[1:].lstrip("+-").lstrip("0") or "0"
+        if len(exponent_text) > 10 or int(exponent_text) > 2**31 - 1:
+            raise ValueError(f"invalid quantity {shown!r}: the exponent does not fit an int32")
+        exponent = -int(exponent_text) if suffix[1] == "-" else int(exponent_text)
+        if number == 0:
+            return Fraction(0)
+        sign = 1 if number > 0 else -1
+        if exponent > 100:  # |number| >= 10^-64: the value is far above the cap
+            return sign * Fraction(_INT64_MAX)
+        if exponent < -100:  # |number| < 10^65: the value is far below 1n
+            return sign * _NANO
+        return _bounded(number * Fraction(10) ** exponent)
+    raise ValueError(f"invalid quantity {shown!r}: unknown suffix {suffix!r}")
+
+
+_NANO = Fraction(1, 10**9)
+
+
+def _bounded(value: Fraction) -> Fraction:
+    """Round a non-zero value up to a multiple of 1n (away from zero); cap it at 2^63-1."""
+    if value == 0:
+        return value
+    sign = 1 if value > 0 else -1
+    magnitude = abs(value)
+    nanos = -((-magnitude.numerator * 10**9) // magnitude.denominator)  # ceil
+    rounded = Fraction(nanos, 10**9)
+    return sign * min(rounded, Fraction(_INT64_MAX))
 
 
 class Quantity:
@@ -273,7 +317,22 @@ def _cel_split(s: Any, sep: Any, limit: Any = -1) -> Any:
 def _cel_replace(s: Any, old: Any, new: Any, limit: Any = -1) -> Any:
     if not all(isinstance(x, str) for x in (s, old, new)):
         return _err("no such overload: replace(string, string, string)")
+    count = len(s) + 1 if not old else s.count(old)
+    if int(limit) >= 0:
+        count = min(count, int(limit))
+    if len(s) + count * (len(new) - len(old)) > MAX_VALUE_LENGTH:
+        return _err(f"replace() would build a string over {MAX_VALUE_LENGTH} characters")
     return celtypes.StringType(str(s).replace(str(old), str(new), int(limit)))
+
+
+def _cel_add(a: Any, b: Any) -> Any:
+    if (
+        isinstance(a, (str, list))
+        and isinstance(b, (str, list))
+        and len(a) + len(b) > MAX_VALUE_LENGTH
+    ):
+        return _err(f"+ would build a value over {MAX_VALUE_LENGTH} characters or elements")
+    return a + b
 
 
 FUNCTIONS: dict[str, Any] = {
@@ -294,6 +353,7 @@ FUNCTIONS: dict[str, Any] = {
     "lowerAscii": _cel_lower_ascii,
     "split": _cel_split,
     "replace": _cel_replace,
+    "_+_": _cel_add,
 }
 
 # --------------------------------------------------------------------------- compiling
@@ -309,12 +369,20 @@ class CelCompileError(Exception):
 
 
 class CelEvaluationError(Exception):
-    """A CEL expression failed at run time, or did not return a bool."""
+    """A CEL expression failed at run time, or did not return a bool; ``over_limit``: it ran
+    past the cost or time limit (the time limit depends on the machine: not worth caching)."""
 
-    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        line: int | None = None,
+        column: int | None = None,
+        over_limit: bool = False,
+    ) -> None:
         super().__init__(message)
         self.line = line
         self.column = column
+        self.over_limit = over_limit
 
 
 _ENVIRONMENT: Any = None
@@ -372,21 +440,87 @@ def _rewrite_bind(tree: Any) -> None:
             )
 
 
+class _LimitExceeded(Exception):
+    """An evaluation ran past the cost or time limit (not a CEL error: nothing may catch it)."""
+
+
+class _Meter:
+    """The cost counted and the deadline (CPU time of the evaluating thread, so that a busy
+    machine preempting the thread does not count) of one evaluation."""
+
+    __slots__ = ("cost", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self.cost = 0
+        self.deadline = deadline
+
+    def tick(self) -> None:
+        self.cost += 1
+        if self.cost & 63 == 0:
+            if self.cost > COST_LIMIT:
+                raise _LimitExceeded(f"the evaluation exceeds the cost limit ({COST_LIMIT})")
+            if time.thread_time() > self.deadline:
+                raise _LimitExceeded(
+                    "the evaluation took longer than the time limit "
+                    f"({EVAL_TIME_LIMIT_S * 1000:.0f} ms of CPU, or the caller's deadline)"
+                )
+
+
+class _BoundedEvaluator(Evaluator):
+    """celpy's evaluator, counting each step against a :class:`_Meter` (macros included)."""
+
+    def __init__(self, ast: Any, activation: Any, meter: _Meter) -> None:
+        super().__init__(ast, activation)
+        self.meter = meter
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _BoundedEvaluator(ast, self.activation, self.meter)
+
+    def visit(self, tree: Any) -> Any:
+        self.meter.tick()
+        return super().visit(tree)
+
+    def visit_children(self, tree: Any) -> Any:
+        self.meter.tick()
+        return super().visit_children(tree)
+
+
+class _BoundedRunner(InterpretedRunner):
+    """Each evaluation gets a fresh meter: the cost limit and ``EVAL_TIME_LIMIT_S``, or an
+    earlier ``deadline`` (``time.thread_time()``) of the caller."""
+
+    def evaluate(self, context: Any, deadline: float | None = None) -> Any:
+        own = time.thread_time() + EVAL_TIME_LIMIT_S
+        meter = _Meter(own if deadline is None else min(own, deadline))
+        return _BoundedEvaluator(self.ast, self.new_activation(), meter).evaluate(context)
+
+
 @dataclass(frozen=True)
 class CelProgram:
-    """One compiled expression; ``evaluate`` returns its bool or raises CelEvaluationError."""
+    """One compiled expression; ``evaluate`` returns its bool or raises CelEvaluationError.
+
+    ``allocation_fields``: the ``allocation.<name>`` facts the expression reads, when it reads
+    ``allocation`` only that way (then its result depends on those facts alone), else None.
+    """
 
     text: str
     program: Any
+    cost: int = 0
+    allocation_fields: frozenset[str] | None = None
 
-    def evaluate(self, activation: Mapping[str, Any]) -> bool:
-        """Evaluate against ``activation`` (e.g. ``{"device": device_value(...)}``)."""
+    def evaluate(self, activation: Mapping[str, Any], deadline: float | None = None) -> bool:
+        """Evaluate against ``activation`` (e.g. ``{"device": device_value(...)}``), within
+        the cost and time limits, and by ``deadline`` (``time.thread_time()``) if given."""
         try:
-            result = self.program.evaluate(dict(activation))
+            result = self.program.evaluate(dict(activation), deadline)
         except CELEvalError as exc:
             raise _runtime_error(self.text, exc) from None
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise CelEvaluationError(str(exc)) from None
+        except _LimitExceeded as exc:
+            raise CelEvaluationError(str(exc), 1, 1, over_limit=True) from None
+        except RecursionError:
+            raise CelEvaluationError("the expression is nested too deeply", 1, 1) from None
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as exc:
+            raise CelEvaluationError(str(exc)[:200]) from None
         if isinstance(result, CELEvalError):
             raise _runtime_error(self.text, result)
         if not isinstance(result, celtypes.BoolType):
@@ -505,22 +639,247 @@ def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
                 )
 
 
+def _position(node: Any) -> tuple[int | None, int | None]:
+    meta = getattr(node, "meta", None)
+    if meta is None or meta.empty:
+        return None, None
+    return meta.line, meta.column
+
+
+def _nesting_problem(text: str) -> CelCompileError | None:
+    """Brackets nested deeper than MAX_NESTING (outside string literals), before parsing."""
+    depth, quote, index = 0, "", 0
+    while index < len(text):
+        char = text[index]
+        if quote:
+            if char == "\\":
+                index += 1
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char in "([{":
+            depth += 1
+            if depth > MAX_NESTING:
+                line, column = _offset_position(text, index)
+                return CelCompileError(
+                    f"the expression is nested too deeply (more than {MAX_NESTING} levels "
+                    "of brackets)",
+                    line,
+                    column,
+                )
+        elif char in ")]}":
+            depth -= 1
+        index += 1
+    return None
+
+
+def _offset_position(text: str, offset: int) -> tuple[int, int]:
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
+def _check_depth(tree: Any) -> None:
+    """CelCompileError if the parse tree is deeper than MAX_TREE_DEPTH (walked without
+    recursion): long chains of operators or calls nest as deeply as brackets do."""
+    from lark import Tree
+
+    stack: list[tuple[Any, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            line, column = _position(node)
+            raise CelCompileError(
+                "the expression is nested too deeply (a chain of operators, calls or "
+                f"brackets over {MAX_TREE_DEPTH} parse levels); split it or use cel.bind",
+                line,
+                column,
+            )
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
+
+
+_COMPREHENSIONS = {"map", "filter", "all", "exists", "exists_one"}
+_STRING_TOKENS = {"STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"}
+
+
+@dataclass
+class _Estimate:
+    """Worst-case cost of a subtree, and a bound on the length of what it yields."""
+
+    cost: int
+    size: int
+
+
+class _CostEstimator:
+    """A static cost estimate in the manner of Kubernetes' CEL cost estimator: every step
+    costs 1, a comprehension costs its body times the size of its range, string work costs
+    a tenth per character; sizes are worst cases (VALUE_SIZE_BOUND for what the variables
+    give). Recursion is safe: :func:`_check_depth` ran first."""
+
+    def __init__(self, variables: frozenset[str]) -> None:
+        self.variables = variables
+        self.costly: list[tuple[int, Any]] = []  # (cost, node), to point at the culprit
+
+    def estimate(self, node: Any, scope: Mapping[str, int]) -> _Estimate:
+        from lark import Token, Tree
+
+        if isinstance(node, Token):
+            size = len(node) if node.type in _STRING_TOKENS else 1
+            return _Estimate(0, size)
+        kind = node.data
+        if kind == "ident":
+            name = str(node.children[0])
+            return _Estimate(1, scope.get(name, VALUE_SIZE_BOUND))
+        if kind == "member_dot_arg":
+            result = self._call(node, scope)
+        else:
+            parts = [self.estimate(c, scope) for c in node.children if isinstance(c, Tree | Token)]
+            cost = 1 + sum(p.cost for p in parts)
+            sizes = [p.size for p in parts] or [1]
+            size = max(sizes)
+            if kind == "addition" and len(parts) == 2:  # concatenation
+                size = sum(sizes)
+                cost += size // 10
+            elif kind in ("list_lit", "map_lit", "exprlist", "mapinits"):
+                size = max(size, len(parts))
+                cost += len(parts)
+            elif kind == "relation" and len(parts) == 2:
+                cost += max(sizes) // 10 + (sizes[1] if "relation_in" in _kinds(node) else 0)
+            elif kind == "member_index" or kind == "member_dot":
+                size = max(sizes[0], VALUE_SIZE_BOUND) if kind == "member_dot" else sizes[0]
+            result = _Estimate(cost, size)
+        if result.cost > COST_LIMIT:
+            self.costly.append((result.cost, node))
+        return result
+
+    def _call(self, node: Any, scope: Mapping[str, int]) -> _Estimate:
+        target, name = node.children[0], str(node.children[1])
+        args = list(node.children[2].children) if len(node.children) > 2 else []
+        receiver = self.estimate(target, scope)
+        if name in _COMPREHENSIONS and len(args) >= 2:
+            idents = [t for t in args[0].iter_subtrees() if t.data == "ident"]
+            inner = dict(scope)
+            if idents:
+                inner[str(idents[0].children[0])] = receiver.size
+            body = [self.estimate(a, inner) for a in args[1:]]
+            per_item = 1 + sum(b.cost for b in body)
+            cost = receiver.cost + 1 + receiver.size * per_item
+            size = receiver.size
+            if name == "map":
+                size = max(receiver.size, body[-1].size)
+            elif name != "filter":
+                size = 1
+            return _Estimate(cost, size)
+        parts = [self.estimate(a, scope) for a in args]
+        cost = 1 + receiver.cost + sum(p.cost for p in parts)
+        sizes = [p.size for p in parts]
+        if name == "replace" and len(sizes) >= 2:
+            size = receiver.size + (receiver.size + 1) * sizes[1]
+            return _Estimate(cost + size // 10, size)
+        if name in ("split", "lowerAscii", "upperAscii", "trim"):
+            return _Estimate(cost + receiver.size // 10, receiver.size)
+        if name in ("contains", "startsWith", "endsWith", "matches", "indexOf"):
+            return _Estimate(cost + receiver.size * max(sizes or [1]) // 10, 1)
+        return _Estimate(cost, max([receiver.size, *sizes]))
+
+
+def _kinds(node: Any) -> set[str]:
+    from lark import Tree
+
+    return {c.data for c in node.children if isinstance(c, Tree)}
+
+
+def _estimate_cost(tree: Any, variables: frozenset[str]) -> int:
+    """The estimated worst-case cost; CelCompileError at the costliest innermost node when it
+    exceeds COST_LIMIT."""
+    estimator = _CostEstimator(variables)
+    cost = estimator.estimate(tree, {}).cost
+    if cost > COST_LIMIT:
+        # the innermost positioned node over the limit (the first recorded, post-order)
+        line, column = next(
+            (_position(n) for _, n in estimator.costly if _position(n)[0] is not None),
+            (None, None),
+        )
+        raise CelCompileError(
+            f"the expression exceeds the cost limit (estimated cost {cost:,} > "
+            f"{COST_LIMIT:,}, over worst-case sizes: strings and lists of "
+            f"{VALUE_SIZE_BOUND}); simplify it or bound its comprehensions",
+            line,
+            column,
+        )
+    return cost
+
+
+ALLOCATION_FACTS = frozenset({"numaNodes", "size", "linkScore", "minPairNVLinks"})
+
+
+def _allocation_fields(tree: Any) -> frozenset[str] | None:
+    """The facts read as ``allocation.<fact>``, or None when ``allocation`` is used otherwise
+    (its devices, indexing, a macro variable of that name)."""
+    from lark import Tree
+
+    fields: set[str] = set()
+    plain = 0
+    for node in tree.iter_subtrees():
+        if node.data == "ident" and str(node.children[0]) == "allocation":
+            plain += 1
+        if node.data == "member_dot" and len(node.children) == 2:
+            inner = node.children[0]
+            if (
+                isinstance(inner, Tree)
+                and inner.data == "member"
+                and isinstance(inner.children[0], Tree)
+                and inner.children[0].data == "primary"
+                and isinstance(inner.children[0].children[0], Tree)
+                and inner.children[0].children[0].data == "ident"
+                and str(inner.children[0].children[0].children[0]) == "allocation"
+            ):
+                fields.add(str(node.children[1]))
+                plain -= 1
+        if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
+            args = node.children[2].children if len(node.children) > 2 else []
+            if args and any(
+                t.data == "ident" and str(t.children[0]) == "allocation"
+                for t in args[0].iter_subtrees()
+            ):
+                return None
+    if plain != 0 or not fields <= ALLOCATION_FACTS:
+        return None
+    return frozenset(fields)
+
+
 def compile_expression(
     text: str, variables: frozenset[str] = frozenset({"device", "allocation"})
 ) -> CelProgram:
-    """Parse and bind ``text`` once; CelCompileError with the position of a syntax error or of
-    an identifier outside ``variables``."""
+    """Parse and bind ``text`` once; CelCompileError with the position of a syntax error, of
+    an identifier outside ``variables``, or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
+    nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
     if len(text.encode()) > MAX_EXPRESSION_BYTES:
         raise CelCompileError(f"expression longer than {MAX_EXPRESSION_BYTES} bytes", 1, 1)
+    nesting = _nesting_problem(text)
+    if nesting is not None:
+        raise nesting
     env = _environment()
     try:
         ast = env.compile(text)
     except CELParseError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
-        raise CelCompileError(f"syntax error near {first!r}", exc.line, exc.column) from None
+        raise CelCompileError(f"syntax error near {first[:80]!r}", exc.line, exc.column) from None
+    except RecursionError:
+        raise CelCompileError("the expression is nested too deeply", 1, 1) from None
+    except (ValueError, OverflowError) as exc:  # e.g. an int literal of 5,000 digits
+        raise CelCompileError(f"bad literal: {str(exc)[:120]}", 1, 1) from None
+    _check_depth(ast)
     _check_identifiers(ast, variables)
     _rewrite_bind(ast)
-    return CelProgram(text=text, program=env.program(ast, functions=FUNCTIONS))
+    _check_depth(ast)
+    cost = _estimate_cost(ast, variables)
+    return CelProgram(
+        text=text,
+        program=_BoundedRunner(env, ast, FUNCTIONS),
+        cost=cost,
+        allocation_fields=_allocation_fields(ast) if "allocation" in variables else None,
+    )
 
 
 # --------------------------------------------------------------------------- values

@@ -127,9 +127,18 @@ def _at_least(flag: str, value: int, minimum: int) -> None:
 
 def _ids(text: str, flag: str) -> tuple[str, ...]:
     ids = tuple(part.strip() for part in text.split(",") if part.strip())
-    if len(set(ids)) != len(ids):
-        raise InputError(f"{flag} lists a device twice: {text}", hint="list each ID once")
+    _unique(ids, flag)
     return ids
+
+
+def _unique(ids: tuple[str, ...], where: str) -> None:
+    """InputError when ``ids`` names a device twice (``0`` and ``"0"`` are the same ID): the
+    one check of explain's flags and replay's lines."""
+    seen: set[str] = set()
+    twice = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
+    if twice:
+        shown = ", ".join(twice[:3])
+        raise InputError(f"{where} lists a device twice: {shown}", hint="list each ID once")
 
 
 def _request(
@@ -334,6 +343,16 @@ def _parse_request_line(line: str, where: str) -> dict[str, Any]:
         doc = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON at column {exc.colno}: {exc.msg}", where=where) from None
+    except RecursionError:
+        raise InputError(
+            "JSON nested too deeply",
+            where=where,
+            hint="a request is {available, mustInclude, size}",
+        ) from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise InputError(
+            f"invalid JSON: {str(exc).split(';')[0]}", where=where, hint="use short integers"
+        ) from None
     if not isinstance(doc, dict):
         raise InputError("expected an object {available, mustInclude, size}", where=where)
     unknown = set(doc) - {"available", "mustInclude", "size"}
@@ -343,15 +362,20 @@ def _parse_request_line(line: str, where: str) -> dict[str, Any]:
         )
     available, must, size = doc.get("available"), doc.get("mustInclude", []), doc.get("size")
     for name, value in (("available", available), ("mustInclude", must)):
-        if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+        if not isinstance(value, list) or not all(
+            isinstance(v, (str, int)) and not isinstance(v, bool) for v in value
+        ):
             raise InputError(f"{name} must be a list of IDs (strings or indexes)", where=where)
     if not isinstance(size, int) or isinstance(size, bool):
         raise InputError("size must be an integer", where=where)
-    return {
+    doc = {
         "available": tuple(str(v) for v in available),  # type: ignore[union-attr]
         "mustInclude": tuple(str(v) for v in must),
         "size": size,
     }
+    _unique(doc["available"], f"{where}: available")
+    _unique(doc["mustInclude"], f"{where}: mustInclude")
+    return doc
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """Policy files -> compiled :class:`Policy` objects (CEL compiled once, at load).
 
 A policy file is YAML or JSON (``schemas/policy.schema.json``). ``check_policy_file`` reports
-every problem (schema, CEL syntax, a trial evaluation on a sample device and a sample set) with
+every problem (schema, CEL syntax and limits, trial evaluations on every GPU and on sets of
+GPUs of every built-in sample node) with
 the file, the field (``spec.selector``, ``spec.constraints[1]``) and the position in the
 expression; ``load_policy`` raises the first one as an InputError.
 """
@@ -9,8 +10,10 @@ expression; ``load_policy`` raises the first one as an InputError.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +35,8 @@ from policies.graph import DEFAULT_LINK_WEIGHTS
 log = logging.getLogger("cdigen.policy")
 
 BUILTIN_NAMES = ("default", "single-numa", "pack", "spread")
+# CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
+TRIAL_BUDGET_S = 3.0
 ReplicaPlacement = Literal["spread", "pack"]
 
 
@@ -81,16 +86,35 @@ class Policy:
         self._selector_cache[key] = result
         return result
 
+    def constraint_facts(self) -> tuple[str, ...] | None:
+        """The ``allocation`` facts the constraints read, sorted, when they read nothing else
+        (their results then depend on those facts alone), else None."""
+        fields: set[str] = set()
+        for expression in self.constraints:
+            used = expression.program.allocation_fields
+            if used is None:
+                return None
+            fields |= used
+        return tuple(sorted(fields))
+
     def constraints_result(self, allocation: Any) -> tuple[bool, str | None]:
         """Whether a candidate set (its CEL ``allocation`` value) satisfies every constraint."""
+        ok, reason, _ = self.constraints_outcome(allocation)
+        return ok, reason
+
+    def constraints_outcome(
+        self, allocation: Any, deadline: float | None = None
+    ) -> tuple[bool, str | None, bool]:
+        """:meth:`constraints_result` by ``deadline`` (``time.thread_time()``), and whether
+        the result may be cached (not when an evaluation ran past a time limit)."""
         for expression in self.constraints:
             try:
-                if not expression.program.evaluate({"allocation": allocation}):
-                    return False, f"{expression.field} is false"
+                if not expression.program.evaluate({"allocation": allocation}, deadline):
+                    return False, f"{expression.field} is false", True
             except CelEvaluationError as exc:
                 log.warning("policy %s: %s failed: %s", self.name, expression.field, exc)
-                return False, f"{expression.field} error: {exc}"
-        return True, None
+                return False, f"{expression.field} error: {exc}", not exc.over_limit
+        return True, None, True
 
 
 def _sample_node() -> Node:
@@ -163,28 +187,105 @@ def _compile_problems(
     return problems, selector, constraints
 
 
+@lru_cache(maxsize=1)
+def _trial_nodes() -> tuple[tuple[str, Node], ...]:
+    """What trial evaluations run on: a sample A100 pair, then every built-in sample node."""
+    from cdigen.discover.builtin import load_builtin, names
+
+    builtins = ((f"builtin:{name} GPU {{gpu}}", load_builtin(name)) for name in names())
+    return (("a sample A100", _sample_node()), *builtins)
+
+
+def _trial_sets(size: int) -> list[tuple[int, ...]]:
+    """Positions of the sets a constraint is tried on: every pair with GPU 0 (sizes and link
+    kinds), then every larger prefix up to all the GPUs (every device, NUMA spans)."""
+    sets: list[tuple[int, ...]] = [(0,)]
+    sets.extend((0, j) for j in range(1, size))
+    sets.extend(tuple(range(k)) for k in range(3, size + 1))
+    return sets
+
+
 def _trial_problems(
-    source: str, selector: Expression | None, constraints: Sequence[Expression]
+    source: str,
+    selector: Expression | None,
+    constraints: Sequence[Expression],
+    link_weights: Mapping[str, int],
 ) -> list[str]:
-    """Evaluate each expression once on the sample node, as a type check: errors are problems."""
-    node = _sample_node()
-    problems: list[str] = []
-    devices = [device_value(g, node) for g in node.gpus]
-    trials: list[tuple[Expression, dict[str, Any]]] = []
-    if selector is not None:
-        trials.append((selector, {"device": devices[0]}))
-    allocation = allocation_value(devices, [0], link_score=1200, min_pair_nvlinks=12)
-    trials.extend((c, {"allocation": allocation}) for c in constraints)
-    for expression, activation in trials:
-        try:
-            expression.program.evaluate(activation)
-        except CelEvaluationError as exc:
-            problems.append(
-                f"{_where(source, expression.field, exc.line, exc.column)}: {exc} "
-                "(trial evaluation on a sample A100): "
-                f"{_excerpt(expression.text, exc.line, exc.column)}"
+    """Evaluate each expression on every GPU (selector) and on sets of GPUs (constraints) of
+    every sample node, as a type check: a type error hidden behind ``&&`` on one node shows on
+    another. The first error of each expression is a problem."""
+    from policies.graph import build_topology
+
+    deadline = time.thread_time() + TRIAL_BUDGET_S  # a check, a start, a reload: all bounded
+    failed: dict[str, str] = {}
+    tried: set[tuple[str, ...]] = set()
+    for label, node in _trial_nodes():
+        gpus = [g for g in node.gpus if not g.error]
+        devices = [device_value(g, node) for g in gpus]
+        if selector is not None and selector.field not in failed:
+            for gpu, device in zip(gpus, devices, strict=True):
+                problem = _trial(source, selector, {"device": device}, label, gpu.index, deadline)
+                if problem:
+                    failed[selector.field] = problem
+                    break
+        pending = [c for c in constraints if c.field not in failed]
+        if not pending or not gpus:
+            continue
+        topology = build_topology(node, link_weights)
+        position = {g.index: topology.position_by_index[g.index] for g in gpus}
+        for chosen in _trial_sets(len(gpus)):
+            positions = tuple(position[gpus[i].index] for i in chosen)
+            numa = topology.numa_nodes(positions)
+            score = topology.set_score(positions)
+            min_pair = topology.min_pair_nvlinks(positions)
+            facts = {"numaNodes": numa, "size": len(chosen), "linkScore": score}
+            facts["minPairNVLinks"] = min_pair
+            allocation = allocation_value([devices[i] for i in chosen], numa, score, min_pair)
+            for expression in pending:
+                if expression.field in failed:
+                    continue
+                fields = expression.program.allocation_fields
+                if fields is None and 3 <= len(chosen) < len(gpus) and len(chosen) % 4:
+                    continue  # reads the devices: sets of 3, 4, 8, 12, ... and all suffice
+                if fields is not None:  # its result depends on these facts alone
+                    key = (expression.field, *(repr(facts[f]) for f in sorted(fields)))
+                    if key in tried:
+                        continue
+                    tried.add(key)
+                where = ",".join(str(gpus[i].index) for i in chosen)
+                activation = {"allocation": allocation}
+                problem = _trial(source, expression, activation, label, where, deadline)
+                if problem:
+                    failed[expression.field] = problem
+    order = [e.field for e in ([selector] if selector else []) + list(constraints)]
+    return [failed[f] for f in order if f in failed]
+
+
+def _trial(
+    source: str,
+    expression: Expression,
+    activation: dict[str, Any],
+    label: str,
+    gpus: object,
+    deadline: float,
+) -> str | None:
+    try:
+        expression.program.evaluate(activation, deadline)
+    except CelEvaluationError as exc:
+        on = label.format(gpu=gpus) if "{gpu}" in label else label
+        if "{gpu}" in label and expression.field != "spec.selector":
+            on = on.replace(" GPU ", " GPUs ")
+        if exc.over_limit and time.thread_time() >= deadline:
+            return (
+                f"{_where(source, expression.field, 1, 1)}: its trial evaluations on the sample "
+                f"nodes took over {TRIAL_BUDGET_S:.0f} s of CPU (stopped on {on}); simplify it: "
+                f"{_excerpt(expression.text, None, None)}"
             )
-    return problems
+        return (
+            f"{_where(source, expression.field, exc.line, exc.column)}: {exc} "
+            f"(trial evaluation on {on}): {_excerpt(expression.text, exc.line, exc.column)}"
+        )
+    return None
 
 
 def _parse(text: str, source: str) -> tuple[list[str], Policy | None]:
@@ -197,12 +298,12 @@ def _parse(text: str, source: str) -> tuple[list[str], Policy | None]:
         return problems, None
     compile_problems, selector, constraints = _compile_problems(doc, source)
     problems.extend(compile_problems)
-    problems.extend(_trial_problems(source, selector, constraints))
-    if problems:
-        return problems, None
     spec = doc.get("spec") or {}
     weights = dict(DEFAULT_LINK_WEIGHTS)
     weights.update(spec.get("linkWeights") or {})
+    problems.extend(_trial_problems(source, selector, constraints, weights))
+    if problems:
+        return problems, None
     policy = Policy(
         name=doc["metadata"]["name"],
         source=source,
