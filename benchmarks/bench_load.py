@@ -9,9 +9,9 @@ baseline in the same run, a DevicePlugin servicer in its own process that answer
 and ``--calls`` GetPreferredAllocation calls are spread over that many clients, each a thread with
 its own channel (its own connection) on a loopback unix socket: one client sends them in turn;
 of 8 or 64, half send Allocate and half GetPreferredAllocation, all at once. The floor gets the
-same messages from the same clients. Allocate asks for random GPU sets of 1..16; GetPreferredAllocation
-for sizes 1..16 out of random free sets of at least half the GPUs, half of them with a
-must-include GPU (seeded).
+same messages from the same clients. Allocate asks for random GPU sets of 1..16;
+GetPreferredAllocation for sizes 1..16 out of random free sets of at least half the GPUs, half of
+them with a must-include GPU (seeded; new requests for each client count).
 
 Prints per (clients, method, target): calls/s, p50 and p99 latency and errors; the plugin/floor
 ratios; the plugin's p99 at each client count against its own one-client p99; and the serving

@@ -156,6 +156,12 @@ class FifoGate:
                 return False
         return True
 
+    @property
+    def waiting(self) -> int:
+        """How many callers wait for their turn."""
+        with self._lock:
+            return len(self._waiting)
+
     def release(self) -> None:
         """Hand the gate to the longest waiter, or open it."""
         with self._lock:
@@ -226,7 +232,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._options = pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
         )
-        self._policy_gate = FifoGate()
+        self._policy_gate = FifoGate()  # one policy computation at a time (see FifoGate)
 
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next

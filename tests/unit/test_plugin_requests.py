@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -201,6 +202,11 @@ def test_a_call_that_ends_while_waiting_for_the_policy_leaves_the_queue(harness:
         with pytest.raises(grpc.RpcError) as info:  # queued behind it, then past its deadline
             prefer(harness, UUIDS, 1, 0.5)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        gate = harness.server.service._policy_gate  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while gate.waiting and time.monotonic() < deadline:  # the server sees the call end
+            time.sleep(0.01)
+        assert gate.waiting == 0  # it left the queue while the policy still computed
         policy.release.set()
         assert first.result(timeout=30) == [UUIDS[7]]
     assert harness.kubelet.preferred(RESOURCE, UUIDS, 2) == [UUIDS[7], UUIDS[6]]
@@ -222,8 +228,8 @@ def test_fifo_gate_serves_in_arrival_order_and_lets_waiters_leave() -> None:
     for k in range(4):
         threads.append(threading.Thread(target=wait, args=(k,)))
         threads[-1].start()
-        while len(gate._waiting) < k + 1:  # queued in this order
-            threading.Event().wait(0.01)
+        while gate.waiting < k + 1:  # queued in this order
+            time.sleep(0.01)
     turns[2].set()  # the third waiter's call ends: it leaves without the gate
     threads[2].join(timeout=10)
     gate.release()
