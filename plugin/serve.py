@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdigen.plugin")
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
+SERVER_THREADS = 64  # gRPC threads per resource server (created on demand)
+SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while serving
 
 
 def is_node_file(source: str) -> bool:
@@ -352,7 +355,13 @@ class ResourceServer:
         self._stop_streams = threading.Event()
         self.service = self._make_service(self._stop_streams)
         path = self.socket_path
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
+        # a thread per concurrent call up to SERVER_THREADS: a call waiting for the policy
+        # (one computation at a time) must not keep Allocate calls queued behind it
+        pool = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc")
+        # while a policy computes, gRPC's threads wait up to the switch interval for each turn
+        # at the interpreter lock: 5 ms by default, several turns per call (benchmarks/bench_load)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        server = grpc.server(pool)
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
         self._socket_id = bind_socket(server, path)
         server.start()

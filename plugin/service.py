@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import uuid as uuidlib
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +30,8 @@ UNHEALTHY = "Unhealthy"
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 PLUGIN_NAME = "cdigen"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+ECHOED_ID_CHARS = 64  # an ID quoted in an error or a log line is cut to this many characters
+LOGGED_IDS = 3  # at most this many unknown IDs are named in one warning
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,80 @@ class PreferenceFailed(Exception):
     """The preferred-allocation request itself is invalid (reported to the kubelet)."""
 
 
+def call_ended(context: Any) -> threading.Event:
+    """An event set when the gRPC call ends (cancelled, past its deadline, server stopping)."""
+    ended = threading.Event()
+    if not context.add_callback(ended.set):  # it has ended already
+        ended.set()
+    return ended
+
+
+def short_id(device_id: str) -> str:
+    """``device_id`` as errors and logs quote it: whole when short, else its first 64 characters
+    and its length (a 1 MB ID would overflow gRPC's 8 KB metadata limit in a status message)."""
+    if len(device_id) <= ECHOED_ID_CHARS:
+        return device_id
+    return f"{device_id[:ECHOED_ID_CHARS]}…({len(device_id.encode(errors='replace'))} bytes)"
+
+
+def id_list_problem(ids: Sequence[str], what: str) -> str | None:
+    """Why the device ID list ``ids`` (named ``what`` in the message) is malformed: empty, or an
+    ID listed more than once; None when it is fine."""
+    if not ids:
+        return f"no {what} device IDs: the request must list at least one"
+    if len(set(ids)) == len(ids):
+        return None
+    counts = Counter(ids)
+    twice = next(d for d in ids if counts[d] > 1)
+    return (
+        f"{what} device {short_id(twice)} is listed {counts[twice]} times: "
+        "each device may appear once"
+    )
+
+
+class FifoGate:
+    """One holder at a time, served in arrival order; a waiter leaves when its call ends.
+
+    The allocation policy runs behind it, one computation per resource at a time: the policy is
+    CPU-bound, so several at once only share the interpreter lock with each other and with the
+    gRPC threads that answer Allocate, and every call gets slower (see benchmarks/bench_load.py).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: deque[threading.Event] = deque()
+        self._busy = False
+
+    def acquire(self, turn: threading.Event) -> bool:
+        """Wait until ``turn`` is set: by :meth:`release` handing the gate over (True), or by
+        the caller when its call ended while it waited (False, not holding the gate)."""
+        with self._lock:
+            if not self._busy:
+                self._busy = True
+                return True
+            self._waiting.append(turn)
+        turn.wait()
+        with self._lock:
+            if turn in self._waiting:  # woken by the caller, not handed over: leave the queue
+                self._waiting.remove(turn)
+                return False
+        return True
+
+    @property
+    def waiting(self) -> int:
+        """How many callers wait for their turn."""
+        with self._lock:
+            return len(self._waiting)
+
+    def release(self) -> None:
+        """Hand the gate to the longest waiter, or open it."""
+        with self._lock:
+            if self._waiting:
+                self._waiting.popleft().set()
+            else:
+                self._busy = False
+
+
 def describe_response(response: pb.ContainerAllocateResponse) -> str:
     """What one container is handed, in one short phrase for the Allocate log line."""
     parts = []
@@ -155,6 +232,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._options = pb.DevicePluginOptions(
             pre_start_required=False, get_preferred_allocation_available=True
         )
+        self._policy_gate = FifoGate()  # one policy computation at a time (see FifoGate)
 
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next
@@ -205,44 +283,76 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         """One preferred set per container request, chosen by the allocation policy."""
         out = pb.PreferredAllocationResponse()
         with self._observe("GetPreferredAllocation"):
+            if not request.container_requests:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
             for index, creq in enumerate(request.container_requests):
                 try:
                     chosen = self.preferred(
                         tuple(creq.available_deviceIDs),
                         tuple(creq.must_include_deviceIDs),
                         int(creq.allocation_size),
+                        ended=call_ended(context),
                     )
                 except PreferenceFailed as exc:
                     context.abort(
                         grpc.StatusCode.INVALID_ARGUMENT, f"container request {index}: {exc}"
                     )
+                if chosen is None:  # the call ended (client gone, server stopping) as it waited
+                    context.abort(grpc.StatusCode.CANCELLED, "the call ended before its turn")
+                    return out  # not reached: abort raises
                 out.container_responses.add(deviceIDs=list(chosen))
         return out
 
     def preferred(
-        self, available: tuple[str, ...], must_include: tuple[str, ...], size: int
-    ) -> tuple[str, ...]:
-        """The preferred devices; unknown available IDs are left out, never an error."""
+        self,
+        available: tuple[str, ...],
+        must_include: tuple[str, ...],
+        size: int,
+        ended: threading.Event | None = None,
+    ) -> tuple[str, ...] | None:
+        """The preferred devices; unknown available IDs are left out, never an error. Raises
+        PreferenceFailed for a malformed request; None when ``ended`` was set (the call was
+        cancelled or the server stops) while the request waited for its turn at the policy."""
+        if size < 1:
+            raise PreferenceFailed(f"allocation size {size}: must be at least 1")
+        problem = id_list_problem(available, "available")
+        if problem is None and must_include:
+            problem = id_list_problem(must_include, "must-include")
+        if problem is not None:
+            raise PreferenceFailed(problem)
+        if len(must_include) > size:
+            raise PreferenceFailed(
+                f"{len(must_include)} must-include devices but the allocation size is {size}: "
+                "they cannot all be in the answer"
+            )
         known = self._advertised.names
         unknown_must = [d for d in must_include if d not in known]
         if unknown_must:
             raise PreferenceFailed(
-                f"must-include device {unknown_must[0]} is not advertised by {self.resource}"
+                f"must-include device {short_id(unknown_must[0])} is not advertised by "
+                f"{self.resource}"
             )
         ignored = [d for d in available if d not in known]
         if ignored:
             log.warning(
-                "preferred allocation: ignoring unknown available IDs %s", ", ".join(ignored)
+                "preferred allocation: ignoring %d unknown available ID(s): %s%s",
+                len(ignored),
+                ", ".join(short_id(d) for d in ignored[:LOGGED_IDS]),
+                ", …" if len(ignored) > LOGGED_IDS else "",
             )
-        candidates = tuple(dict.fromkeys(d for d in available if d in known))
+        candidates = tuple(d for d in available if d in known)
         pool = set(candidates) | set(must_include)
-        if size < 0 or size > len(pool):
+        if size > len(pool):
             raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
+        if not self._policy_gate.acquire(ended or threading.Event()):
+            return None
         try:
             answer = self._prefer()(candidates, must_include, size)
         except Exception as exc:  # the policy must never fail the kubelet's request
             log.error("allocation policy failed (%s); answering without it", exc)
             return fallback_preference(candidates, must_include, size)
+        finally:
+            self._policy_gate.release()
         chosen = answer.devices
         if len(chosen) != size or not set(chosen) <= pool or not set(must_include) <= set(chosen):
             log.error("allocation policy gave an invalid answer %s; answering without it", chosen)
@@ -251,16 +361,18 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             self._metrics.observe_link_score(
                 self.resource, answer.link_score, fallback=answer.fallback
             )
-        log.debug(
-            "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] (link score %s%s)",
-            self.resource,
-            ",".join(candidates),
-            ",".join(must_include),
-            size,
-            ",".join(chosen),
-            answer.link_score,
-            ", policy fell back" if answer.fallback else "",
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] "
+                "(link score %s%s)",
+                self.resource,
+                ",".join(candidates),
+                ",".join(must_include),
+                size,
+                ",".join(chosen),
+                answer.link_score,
+                ", policy fell back" if answer.fallback else "",
+            )
         return tuple(chosen)
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
@@ -271,14 +383,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def _allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
         names = self._advertised.names
+        if not request.container_requests:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
         for index, creq in enumerate(request.container_requests):
             ids = list(creq.devices_ids)
+            problem = id_list_problem(ids, "allocated")
+            if problem is not None:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"container request {index}: {problem}"
+                )
             unknown = [d for d in ids if d not in names]
             if unknown:
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    f"container request {index}: unknown device {unknown[0]} for {self.resource} "
-                    f"(advertised: {len(names)} devices)",
+                    f"container request {index}: unknown device {short_id(unknown[0])} for "
+                    f"{self.resource} (advertised: {len(names)} devices)",
                 )
             try:
                 response = self.container_response(ids, names)
