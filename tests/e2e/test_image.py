@@ -136,10 +136,20 @@ def test_image_runs_as_non_root_by_default(image: Image) -> None:
 def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> None:
     if not KUBELETSIM.exists():
         pytest.skip(f"{KUBELETSIM} is absent (../shared/tools is not beside this checkout)")
+    from cdigen.nodefile import dump_node
+    from tests.cdihost import build_host, make_node
+
     plugin_dir = tmp_path / "device-plugins"
     spec_dir = tmp_path / "cdi"
     plugin_dir.mkdir()
     spec_dir.mkdir()
+    # The simulator injects the returned names as a runtime does, stat'ing every device node and
+    # mount source on this host: a fake host with real (mknod) nodes, mounted at the same path.
+    host = build_host(tmp_path / "host", make_node(2))
+    if not host.real_nodes:
+        pytest.skip("mknod is not permitted here, so no device nodes for the runtime check")
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(dump_node(host.node, "yaml"))
     name = f"cdigen-test-{uuid.uuid4().hex[:8]}"
     # kubelet first: the simulator owns kubelet.sock before the plugin container starts
     sim = subprocess.Popen(
@@ -152,7 +162,10 @@ def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> Non
             "run", "-d", "--name", name, "--network", "none", "--user", "0",
             "-v", f"{plugin_dir}:/var/lib/kubelet/device-plugins",
             "-v", f"{spec_dir}:/var/run/cdi",
-            image.tag, "plugin", "serve", "--node", "builtin:rtx4090",
+            "-v", f"{host.base}:{host.base}:ro",
+            "-v", f"{node_file}:/etc/cdigen/node.yaml:ro",
+            image.tag, "plugin", "serve", "--node", "/etc/cdigen/node.yaml",
+            "--driver-root", str(host.driver_root), "--dev-root", str(host.dev_root),
             "--spec-dir", "/var/run/cdi", "--generate-specs",
         )  # fmt: skip
         assert started.returncode == 0, started.stderr
