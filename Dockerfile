@@ -26,8 +26,8 @@ COPY --from=build /opt/cdigen /opt/cdigen
 ENV PATH=/opt/cdigen/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# Non-root by default. The DaemonSet runs its containers as uid 0 on purpose (the kubelet's plugin
-# directory and /etc/cdi belong to root), with every capability dropped.
+# Non-root by default. The DaemonSet runs the plugin as uid 0 on purpose (the kubelet's plugin
+# directory and /var/run/cdi belong to root, and NVML needs the GPUs: see docs/install.md).
 USER 65532:65532
 ENTRYPOINT ["cdigen"]
 CMD ["--help"]

@@ -69,6 +69,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--dev-root", metavar="DIR", help="device-node root for --generate-specs")
     serve.add_argument(
+        "--host-root",
+        metavar="DIR",
+        help="where the host's / is mounted (e.g. /host): --driver-root and --dev-root are host "
+        "paths under it, as for `cdigen generate --host-root`",
+    )
+    serve.add_argument(
         "--health-poll-interval",
         type=float,
         metavar="SECONDS",
@@ -146,6 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         "generate_specs": args.generate_specs,
         "driver_root": args.driver_root,
         "dev_root": args.dev_root,
+        "host_root": args.host_root,
     }
     config = load_config(args.config, flags=flags)
     setup_logging(config.log_level, config.log_format)

@@ -67,6 +67,7 @@ class PluginConfig:
     generate_specs: bool = False  # rewrite the CDI spec in spec_dirs[0] on a new MIG layout
     driver_root: str = "/"  # for generation
     dev_root: str = "/"  # for generation
+    host_root: str = "/"  # for generation: where the host's / is (driver/dev roots are under it)
     rescan_interval_s: float = 30.0  # how often NVML is asked for a new MIG layout
     sysfs_root: str = "/sys"  # NVML discovery: NUMA fallback
     proc_root: str = "/proc"  # NVML discovery: driver/nvidia-caps/mig-minors
@@ -129,6 +130,7 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
         "generateSpecs": "generate_specs",
         "driverRoot": "driver_root",
         "devRoot": "dev_root",
+        "hostRoot": "host_root",
         "rescanIntervalSeconds": "rescan_interval_s",
         "sysfsRoot": "sysfs_root",
         "procRoot": "proc_root",

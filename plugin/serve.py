@@ -403,7 +403,7 @@ def stop_servers(servers: Sequence[ResourceServer], timeout_s: float = 1.0) -> N
 
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
-    from cdigen.cdi.host import find_hook
+    from cdigen.cdi.host import HostFS, find_hook
     from cdigen.cdi.names import split_kind
     from cdigen.cdi.spec import SpecOptions
     from cdigen.cdi.write import generate_spec_file
@@ -416,7 +416,8 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         cls=cls,
         driver_root=config.driver_root,
         dev_root=config.dev_root,
-        hook_path=find_hook(config.driver_root),
+        host_root=config.host_root,
+        hook_path=find_hook(config.driver_root, HostFS(config.host_root)),
     )
     spec, result = generate_spec_file(node, options, config.spec_dirs[0])
     log.info(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -19,8 +18,17 @@ from cdigen.schemas import schema_dir, schema_errors
 
 REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE_DIR = REPO / "deploy" / "kubernetes"
-KUBERNETES_VERSIONS = ("1.31", "1.35")
-DRIVER_ROOT = "/run/nvidia/driver"
+BASE_DIR = KUSTOMIZE_DIR / "base"
+COMPONENTS = sorted(p.name for p in (KUSTOMIZE_DIR / "components").iterdir() if p.is_dir())
+# The oldest release the docs support (DevicePluginCDIDevices alpha), the first with it GA, a
+# recent one and the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.28", "1.31", "1.35")
+# Each shipped kustomization and the one driver-layout component it uses.
+SHIPPED = {"": "host-driver", "containerized-driver": "containerized-driver"}
+LAYOUT_ROOTS = {
+    "host-driver": {"--host-root=/host", "--driver-root=/", "--dev-root=/"},
+    "containerized-driver": {"--driver-root=/run/nvidia/driver", "--dev-root=/"},
+}
 
 
 def _tool(name: str) -> str:
@@ -29,68 +37,46 @@ def _tool(name: str) -> str:
     return str(beside) if beside.exists() else (shutil.which(name) or "")
 
 
-def render_per_file() -> str:
-    """The kustomization applied file by file, for machines without kubectl.
-
-    Covers what deploy/kubernetes uses: resources, namespace, images and configMapGenerator
-    (without the name hash, which only kustomize computes; names stay consistent either way).
-    """
-    kustomization = yaml.safe_load((KUSTOMIZE_DIR / "kustomization.yaml").read_text("utf-8"))
-    docs: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        text = (KUSTOMIZE_DIR / resource).read_text(encoding="utf-8")
-        docs += [d for d in yaml.safe_load_all(text) if d]
-    for generator in kustomization.get("configMapGenerator", []):
-        data = {}
-        for entry in generator["files"]:
-            key, _, path = entry.rpartition("=")
-            data[key or Path(path).name] = (KUSTOMIZE_DIR / path).read_text(encoding="utf-8")
-        metadata = {"name": generator["name"]}
-        docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
-    images = {i["name"]: i for i in kustomization.get("images", [])}
-    for doc in docs:
-        if doc["kind"] != "Namespace":
-            doc["metadata"]["namespace"] = kustomization["namespace"]
-        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-            image = images.get(container["image"])
-            if image:
-                name = image.get("newName", container["image"])
-                container["image"] = f"{name}:{image['newTag']}" if "newTag" in image else name
-    return yaml.safe_dump_all(docs, sort_keys=False)
-
-
-@pytest.fixture(scope="module")
-def rendered() -> str:
+def kustomize(directory: Path) -> subprocess.CompletedProcess[str]:
+    """``kubectl kustomize DIRECTORY`` (skips the test where kubectl is missing)."""
     kubectl = shutil.which("kubectl")
     if not kubectl:
-        # The issue's acceptance allows the per-file equivalent where kubectl is missing.
-        return render_per_file()
-    result = subprocess.run(
-        [kubectl, "kustomize", str(KUSTOMIZE_DIR)], capture_output=True, text=True, timeout=60
+        pytest.skip("kubectl is not installed: cannot render deploy/kubernetes with kustomize")
+    return subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
     )
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """The objects a kustomization renders to."""
+    result = kustomize(directory)
     assert result.returncode == 0, result.stderr
-    return result.stdout
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def overlay(tmp_path: Path, components: list[str]) -> Path:
+    """A kustomization in ``tmp_path``: the base plus ``components``, as a user would write it."""
+    base = os.path.relpath(BASE_DIR, tmp_path)
+    listed = ", ".join(
+        os.path.relpath(KUSTOMIZE_DIR / "components" / c, tmp_path) for c in components
+    )
+    (tmp_path / "kustomization.yaml").write_text(
+        f"resources: [{base}]\ncomponents: [{listed}]\n", encoding="utf-8"
+    )
+    return tmp_path
+
+
+@pytest.fixture(scope="module", params=sorted(SHIPPED), ids=lambda d: d or "default")
+def shipped(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    """(layout component, objects) of each kustomization the repository ships."""
+    directory: str = request.param
+    return SHIPPED[directory], render(KUSTOMIZE_DIR / directory)
 
 
 @pytest.fixture(scope="module")
-def objects(rendered: str) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
-
-
-def test_per_file_rendering_matches_kustomize(rendered: str) -> None:
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl is not installed: nothing to compare the per-file rendering with")
-
-    def unhashed(text: str) -> list[dict[str, Any]]:
-        out = []
-        for doc in yaml.safe_load_all(re.sub(r"(cdigen-plugin-config)-[a-z0-9]{10}", r"\1", text)):
-            if doc:
-                doc["metadata"].pop("labels", None)  # kustomize's common labels
-                out.append(doc)
-        return sorted(out, key=lambda d: (d["kind"], d["metadata"]["name"]))
-
-    assert unhashed(render_per_file()) == unhashed(rendered)
+def objects() -> list[dict[str, Any]]:
+    """The default install: ``kubectl apply -k deploy/kubernetes``."""
+    return render(KUSTOMIZE_DIR)
 
 
 def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -105,10 +91,14 @@ def configmap(objects: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
     return found
 
 
-@pytest.fixture(scope="module")
-def pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+def pod_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
     spec: dict[str, Any] = only(objects, "DaemonSet")["spec"]["template"]["spec"]
     return spec
+
+
+@pytest.fixture(scope="module")
+def pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return pod_of(objects)
 
 
 def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -117,6 +107,13 @@ def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+
+
+def argv(container: dict[str, Any]) -> list[str]:
+    """The container's command line after ``cdigen``."""
+    line = [*container["command"], *container.get("args", [])]
+    assert line[0] == "cdigen"
+    return line[1:]
 
 
 def has_command(*words: str) -> bool:
@@ -130,33 +127,97 @@ def has_command(*words: str) -> bool:
     return True
 
 
-# -- rendering and validation -----------------------------------------------------------------
+def check_objects(objects: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with a rendering beyond the schema: mounts of volumes that don't exist, the
+    host network or a host port."""
+    problems = []
+    for obj in objects:
+        spec = obj.get("spec", {}).get("template", {}).get("spec")
+        if spec is None:
+            continue
+        name = obj["metadata"]["name"]
+        volumes = {v["name"] for v in spec.get("volumes", [])}
+        if spec.get("hostNetwork"):
+            problems.append(f"{name} uses the host network")
+        for cname, container in containers(spec).items():
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] not in volumes:
+                    problems.append(f"{name}/{cname} mounts undefined volume {mount['name']}")
+            for port in container.get("ports", []):
+                if "hostPort" in port:
+                    problems.append(f"{name}/{cname} takes host port {port['hostPort']}")
+    return problems
 
 
-def test_renders_the_expected_objects(objects: list[dict[str, Any]]) -> None:
-    kinds = sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]) for o in objects)
-    assert ("DaemonSet", "cdigen-device") in kinds
-    assert ("Namespace", "cdigen") in kinds
-    assert ("ServiceAccount", "cdigen-device") in kinds
-    assert [k for k, _ in kinds].count("ConfigMap") == 2
-    namespaced = [o for o in objects if o["kind"] != "Namespace"]
-    assert {o["metadata"]["namespace"] for o in namespaced} == {"cdigen-system"}
+# -- every combination renders, validates and mounts only volumes that exist --------------------
+
+
+def combinations() -> list[tuple[str, ...]]:
+    """Every subset of the shipped components, the empty one included."""
+    import itertools
+
+    return [c for n in range(len(COMPONENTS) + 1) for c in itertools.combinations(COMPONENTS, n)]
+
+
+@pytest.mark.parametrize("combination", combinations(), ids=lambda c: "+".join(c) or "base")
+def test_every_combination_of_components(combination: tuple[str, ...], tmp_path: Path) -> None:
+    """Exactly one driver layout renders into valid objects; none or two are refused or flagged."""
+    result = kustomize(overlay(tmp_path, list(combination)))
+    layouts = [c for c in combination if c in LAYOUT_ROOTS]
+    if len(layouts) > 1:
+        # the components refuse each other: a pod with two driver roots would be wrong
+        assert result.returncode != 0
+        assert "test" in result.stderr, result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert check_objects(objects) == []
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for version in KUBERNETES_VERSIONS:
+        for obj in objects:
+            kubernetes_validate.validate(obj, version, strict=True)
+    plugin = containers(pod_of(objects))["plugin"]
+    if not layouts:
+        assert plugin["args"] == [], "the base alone mounts no driver"
+    else:
+        assert LAYOUT_ROOTS[layouts[0]] <= set(plugin["args"])
+
+
+def test_components_cover_every_driver_layout() -> None:
+    assert set(COMPONENTS) == set(LAYOUT_ROOTS)
+    assert set(SHIPPED.values()) == set(LAYOUT_ROOTS)
+
+
+def test_check_objects_catches_each_problem(objects: list[dict[str, Any]]) -> None:
+    broken = yaml.safe_load(yaml.safe_dump(only(objects, "DaemonSet")))
+    spec = broken["spec"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["containers"][0]["volumeMounts"].append({"name": "gone", "mountPath": "/gone"})
+    spec["containers"][0]["ports"][0]["hostPort"] = 9465
+    assert len(check_objects([broken])) == 3
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_every_object_passes_strict_validation(rendered: str, version: str) -> None:
+def test_shipped_kustomizations_pass_the_cli_validator(
+    shipped: tuple[str, list[dict[str, Any]]], version: str
+) -> None:
     validator = _tool("kubernetes-validate")
     if not validator:
         pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate)")
-    # the acceptance command, word for word: kubectl kustomize ... | kubernetes-validate ... -
+    # the docs' command: kubectl kustomize ... | kubernetes-validate --strict -k VERSION -
     result = subprocess.run(
         [validator, "--strict", "--quiet", "-k", version, "-"],
-        input=rendered,
+        input=yaml.safe_dump_all(shipped[1]),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docs_state_the_range_that_validates() -> None:
+    text = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    assert f"Kubernetes {KUBERNETES_VERSIONS[0]} or newer" in text
 
 
 def test_strict_validation_catches_a_misspelt_field(objects: list[dict[str, Any]]) -> None:
@@ -169,6 +230,16 @@ def test_strict_validation_catches_a_misspelt_field(objects: list[dict[str, Any]
         kubernetes_validate.validate(broken, "1.35", strict=True)
 
 
+def test_renders_the_expected_objects(objects: list[dict[str, Any]]) -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]) for o in objects)
+    assert ("DaemonSet", "cdigen-device") in kinds
+    assert ("Namespace", "cdigen") in kinds
+    assert ("ServiceAccount", "cdigen-device") in kinds
+    assert [k for k, _ in kinds].count("ConfigMap") == 2
+    namespaced = [o for o in objects if o["kind"] != "Namespace"]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"cdigen-system"}
+
+
 # -- what the DaemonSet must do ---------------------------------------------------------------
 
 
@@ -179,74 +250,49 @@ def test_runs_on_gpu_nodes_as_a_node_critical_pod(pod: dict[str, Any]) -> None:
         "tolerations"
     ]
     assert pod["automountServiceAccountToken"] is False
+    assert "hostNetwork" not in pod
 
 
-def test_generate_init_container_writes_the_host_spec_dir(pod: dict[str, Any]) -> None:
-    generate = containers(pod)["generate"]
-    command = generate["command"]
-    assert command[0] == "cdigen"
-    assert "generate" in command
-    assert "--output-dir=/etc/cdi" in command
-    assert f"--driver-root={DRIVER_ROOT}" in command
-    # the spec's hostPath entries are host paths: every root is mounted at its host path
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    for path, mount in mounts(generate).items():
-        host = volumes[mount["name"]].get("hostPath")
-        if host:
-            assert host["path"] == path, f"{path} is mounted from {host['path']}"
-    for path in ("/dev", "/sys", DRIVER_ROOT):
-        assert mounts(generate)[path]["readOnly"] is True
-    assert not mounts(generate)["/etc/cdi"].get("readOnly", False)
+def test_plugin_serves_nvml_with_health_and_writes_specs_to_a_writable_dir(
+    shipped: tuple[str, list[dict[str, Any]]],
+) -> None:
+    layout, objects = shipped
+    plugin = containers(pod_of(objects))["plugin"]
+    config = yaml.safe_load(configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"])
+    assert config["node"] == "nvml"  # Xid health and MIG rescans need NVML
+    assert config["generateSpecs"] is True
+    assert config["specDir"] == "/var/run/cdi"
+    volumes = {v["name"]: v for v in pod_of(objects)["volumes"]}
+    spec_mount = mounts(plugin)["/var/run/cdi"]
+    assert not spec_mount.get("readOnly", False)
+    assert volumes[spec_mount["name"]]["hostPath"]["path"] == "/var/run/cdi"
+    assert not mounts(plugin)["/var/lib/kubelet/device-plugins"].get("readOnly", False)
+    # the driver is only read
+    for path in ("/host", "/run/nvidia/driver", "/dev", "/sys"):
+        if path in mounts(plugin):
+            assert mounts(plugin)[path]["readOnly"] is True, path
+    # no LD_PRELOAD loop: NVML comes from the roots passed on the command line
+    assert "env" not in plugin
+    assert LAYOUT_ROOTS[layout] <= set(plugin["args"])
 
 
-def test_plugin_container_serves_with_the_config_and_metrics(pod: dict[str, Any]) -> None:
+def test_probes_reach_the_health_endpoint_on_the_pod_ip(pod: dict[str, Any]) -> None:
     plugin = containers(pod)["plugin"]
-    assert plugin["command"][:3] == ["cdigen", "plugin", "serve"]
-    address = next(a for a in plugin["command"] if a.startswith("--metrics-address="))
-    assert address == "--metrics-address=127.0.0.1:9465"
-    config = next(a for a in plugin["command"] if a.startswith("--config="))
-    config_path = Path(config.split("=", 1)[1])
-    assert config_path.parent.as_posix() in mounts(plugin)
-    plugin_dir = mounts(plugin)["/var/lib/kubelet/device-plugins"]
-    assert not plugin_dir.get("readOnly", False)
-
-
-def test_probes_reach_the_loopback_health_endpoint(pod: dict[str, Any]) -> None:
-    plugin = containers(pod)["plugin"]
-    # 127.0.0.1 inside the pod is the node's loopback only with the host network
-    assert pod["hostNetwork"] is True
+    assert "--metrics-address=0.0.0.0:9465" in plugin["command"]
+    assert plugin["ports"] == [{"name": "metrics", "containerPort": 9465, "protocol": "TCP"}]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         get = plugin[probe]["httpGet"]
-        assert (get["host"], get["port"], get["path"]) == ("127.0.0.1", 9465, "/healthz"), probe
+        assert "host" not in get, probe  # the kubelet probes the pod IP
+        assert (get["port"], get["path"]) == ("metrics", "/healthz"), probe
 
 
-def test_host_mounts_and_their_modes(pod: dict[str, Any]) -> None:
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    host_paths = {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
-    assert {
-        "/var/lib/kubelet/device-plugins",
-        "/etc/cdi",
-        "/dev",
-        "/sys",
-        DRIVER_ROOT,
-    } <= host_paths
-    for name, container in containers(pod).items():
-        for path, mount in mounts(container).items():
-            assert mount["name"] in volumes, f"{name} mounts undefined volume {mount['name']}"
-            if path in ("/dev", "/sys", DRIVER_ROOT):
-                assert mount["readOnly"] is True, f"{name} mounts {path} writable"
-
-
-def test_only_discovery_is_privileged(pod: dict[str, Any]) -> None:
-    for name, container in containers(pod).items():
-        security = container["securityContext"]
-        assert security["readOnlyRootFilesystem"] is True, name
-        if name == "discover":  # NVML opens /dev/nvidia*: no narrower grant exists
-            assert security["privileged"] is True
-            continue
-        assert not security.get("privileged", False), name
-        assert security["allowPrivilegeEscalation"] is False, name
-        assert security["capabilities"] == {"drop": ["ALL"]}, name
+def test_security_context(pod: dict[str, Any]) -> None:
+    (plugin,) = containers(pod).values()
+    security = plugin["securityContext"]
+    # NVML needs /dev/nvidia*: see docs/install.md for why no narrower grant exists
+    assert security["privileged"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
 def test_every_container_has_requests_and_limits(pod: dict[str, Any]) -> None:
@@ -256,127 +302,53 @@ def test_every_container_has_requests_and_limits(pod: dict[str, Any]) -> None:
             assert {"cpu", "memory"} <= set(resources[kind]), f"{name} {kind}"
 
 
-@pytest.mark.parametrize(
-    ("container", "words"),
-    [("discover", ("discover",)), ("generate", ("generate",)), ("plugin", ("plugin", "serve"))],
-)
-def test_commands_parse_with_the_real_cli(
-    pod: dict[str, Any], container: str, words: tuple[str, ...]
+def test_plugin_command_parses_with_the_real_cli(
+    shipped: tuple[str, list[dict[str, Any]]],
 ) -> None:
-    if not has_command(*words):
-        pytest.skip(f"`cdigen {' '.join(words)}` is not registered yet")
-    found = containers(pod)[container]
-    if container == "discover":
-        (line,) = [x for x in found["args"][0].splitlines() if "exec cdigen" in x]
-        argv = shlex.split(line.strip())[2:]
-    else:
-        argv = found["command"][1:]
-    assert build_parser().parse_args(argv).func is not None
+    if not has_command("plugin", "serve"):
+        pytest.skip("`cdigen plugin serve` is not registered yet")
+    args = argv(containers(pod_of(shipped[1]))["plugin"])
+    assert args[:2] == ["plugin", "serve"]
+    assert build_parser().parse_args(args).func is not None
 
 
-def test_discover_output_feeds_generate_and_the_config(
-    pod: dict[str, Any], objects: list[dict[str, Any]]
+def plugin_config(objects: list[dict[str, Any]], tmp_path: Path, replace: dict[str, str]) -> Any:
+    """The PluginConfig the rendered plugin container runs with, container paths replaced."""
+    plugin_config = pytest.importorskip("plugin.config")
+
+    text = configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"]
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    args = build_parser().parse_args(argv(containers(pod_of(objects))["plugin"]))
+    flags = {
+        name: getattr(args, name)
+        for name in ("driver_root", "dev_root", "host_root", "sysfs_root")
+        if getattr(args, name, None) is not None
+    }
+    flags = {k: replace.get(v, v) for k, v in flags.items()}
+    return plugin_config.load_config(path, flags=flags, env={})
+
+
+def test_host_driver_plugin_writes_host_paths(
+    objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    found = containers(pod)
-    node_file = re.search(r"--output (\S+)", found["discover"]["args"][0])
-    assert node_file
-    assert f"--node={node_file.group(1)}" in found["generate"]["command"]
-    config = yaml.safe_load(configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"])
-    assert config["node"] == node_file.group(1)
-    assert str(Path(config["node"]).parent) in mounts(found["plugin"])
-
-
-def render_with(component: str, tmp_path: Path) -> list[dict[str, Any]]:
-    """The base rendered through an overlay that adds ``components/<component>``."""
-    kubectl = shutil.which("kubectl")
-    if not kubectl:
-        pytest.skip("kubectl is not installed: cannot render deploy/kubernetes")
-    base = os.path.relpath(KUSTOMIZE_DIR, tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(
-        f"resources: [{base}]\ncomponents: [{base}/components/{component}]\n", encoding="utf-8"
-    )
-    result = subprocess.run(
-        [kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    for version in KUBERNETES_VERSIONS:
-        for obj in objects:
-            kubernetes_validate.validate(obj, version, strict=True)
-    return objects
-
-
-def test_host_driver_component_generates_with_the_host_root(
-    tmp_path: Path, pod: dict[str, Any]
-) -> None:
-    host_pod = only(render_with("host-driver", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
-    found = containers(host_pod)
-    assert list(found) == ["discover", "generate", "plugin"]
-    assert found["plugin"] == containers(pod)["plugin"]  # serving is the same as in the base
-    volumes = {v["name"]: v for v in host_pod["volumes"]}
-    assert volumes["host-root"]["hostPath"]["path"] == "/"
-    assert DRIVER_ROOT not in {v["hostPath"]["path"] for v in volumes.values() if "hostPath" in v}
-    generate = found["generate"]
-    command = generate["command"]
-    assert "--host-root=/host" in command
-    assert {"--driver-root=/", "--dev-root=/", "--sysfs-root=/sys"} <= set(command)
-    assert build_parser().parse_args(command[1:]).func is not None
-    for name in ("discover", "generate"):
-        root = mounts(found[name])["/host"]
-        assert (root["name"], root["readOnly"]) == ("host-root", True), name
-        # /host/run, /host/var ... are mounts of their own: read-only too where the node can
-        assert root["recursiveReadOnly"] == "IfPossible", name
-    # the rest of generate's host mounts are at their host paths: only /etc/cdi, written
-    for path, mount in mounts(generate).items():
-        host = volumes[mount["name"]].get("hostPath")
-        if host and path != "/host":
-            assert (path, host["path"]) == ("/etc/cdi", "/etc/cdi")
-    discover = found["discover"]
-    assert {"name": "DRIVER_ROOT", "value": "/host"} in discover["env"]
-    assert '"$DRIVER_ROOT$dir/libnvidia-ml.so.1"' in discover["args"][0]
-
-
-def test_host_driver_generate_command_writes_host_paths(tmp_path: Path) -> None:
-    """The rendered generate command, run with /host pointing at a fake host's /."""
-    from cdigen.cli import main
-    from cdigen.nodefile import dump_node
+    """The default install's spec writing, run with /host pointing at a fake host's /."""
+    from plugin.serve import write_specs
     from tests.cdihost import DRIVER_VERSION, LIB_DIR, build_host, make_node
 
-    host_pod = only(render_with("host-driver", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
-    command = containers(host_pod)["generate"]["command"]
     node = make_node(2)
     host = build_host(tmp_path / "host", node, merged=True, absolute_links=True)
-    node_file = tmp_path / "node.yaml"
-    node_file.write_text(dump_node(node, "yaml"))
-    container_paths = {
-        "--host-root=/host": f"--host-root={host.base}",
-        "--node=/run/cdigen/node.yaml": f"--node={node_file}",
-        "--output-dir=/etc/cdi": f"--output-dir={tmp_path / 'cdi'}",
-    }
-    argv = [container_paths.get(arg, arg) for arg in command[1:]]
-    assert main(argv) == 0
-    spec = yaml.safe_load((tmp_path / "cdi/nvidia.com-gpu.yaml").read_text())
+    config = plugin_config(
+        objects, tmp_path, {"/host": str(host.base), "/var/run/cdi": str(tmp_path / "cdi")}
+    )
+    assert config.host_root == str(host.base)
+    path = write_specs(node, config)
+    spec = yaml.safe_load(path.read_text())
     found = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     assert found[f"{LIB_DIR}/libcuda.so.1"] == f"{LIB_DIR}/libcuda.so.{DRIVER_VERSION}"
     assert str(tmp_path) not in str(spec)
-
-
-def test_nvml_health_component_gives_the_plugin_nvml(tmp_path: Path) -> None:
-    pod = only(render_with("nvml-health", tmp_path), "DaemonSet")["spec"]["template"]["spec"]
-    plugin = containers(pod)["plugin"]
-    assert plugin["securityContext"]["privileged"] is True
-    assert mounts(plugin)[DRIVER_ROOT]["readOnly"] is True
-    (line,) = [x for x in plugin["args"][0].splitlines() if "exec cdigen" in x]
-    argv = shlex.split(line.strip())[2:]
-    assert argv[:2] == ["plugin", "serve"]
-    assert "--node=nvml" in argv
-    assert "--metrics-address=127.0.0.1:9465" in argv
-    if has_command("plugin", "serve"):
-        try:
-            build_parser().parse_args(argv)
-        except SystemExit:
-            pytest.fail(f"`cdigen {' '.join(argv)}` does not parse")
 
 
 # -- the ConfigMaps ---------------------------------------------------------------------------
@@ -418,7 +390,7 @@ def test_policy_configmap_ships_the_builtin_policies_unchanged(
     if not builtin:
         pytest.skip("policies/builtin/ has no policies yet")
     shipped = policy_files(objects)
-    assert shipped == builtin, "copy policies/builtin/*.yaml to deploy/kubernetes/policies/"
+    assert shipped == builtin, "copy policies/builtin/*.yaml to deploy/kubernetes/base/policies/"
 
 
 def test_shipped_policies_pass_policy_check(

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build the cdigen image without pulling a base image: Debian's packages make the root
+# (mmdebstrap), podman imports it as localhost/cdigen-base:bookworm, and Containerfile installs
+# cdigen and its dependencies from wheels built here first (pip wheel; pip's cache makes reruns
+# fast). Needs root, mmdebstrap, podman and runc (apt-get install mmdebstrap podman runc).
+#
+#   deploy/image/build.sh [TAG]          (default TAG: cdigen:<version from pyproject.toml>)
+#
+# Environment: PODMAN (default "podman"; e.g. "podman --root DIR --runroot DIR --storage-driver
+# vfs" for a private store), PYTHON (default python3, used for `pip wheel`), SUITE (default
+# bookworm: its python3 is 3.11, the Python the wheels are built for), MIRROR (default: Debian's).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml" | head -1)"
+tag="${1:-cdigen:$version}"
+podman_cmd=(${PODMAN:-podman})
+python="${PYTHON:-python3}"
+suite="${SUITE:-bookworm}"
+# python3, and libstdc++ for grpcio's compiled core; the tag names the package set, so a change
+# to it makes a new base.
+packages="python3,libstdc++6"
+base="localhost/cdigen-base:$suite-$(printf %s "$packages" | sha256sum | cut -c1-8)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/cdigen-image.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+say() { printf 'build.sh: %s\n' "$*" >&2; }
+for tool in mmdebstrap "${podman_cmd[0]}"; do
+  command -v "$tool" >/dev/null || { say "$tool is not installed (apt-get install mmdebstrap podman runc)"; exit 2; }
+done
+
+start=$(date +%s)
+if ! "${podman_cmd[@]}" image exists "$base"; then
+  say "making the $suite root with mmdebstrap"
+  # Debian's essential set and $packages; no apt, no docs, no caches.
+  mmdebstrap --quiet --variant=essential --include="$packages" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook='rm -rf "$1"/var/cache/* "$1"/var/lib/apt/lists/* "$1"/var/log/*' \
+    "$suite" "$work/root" ${MIRROR:+"$MIRROR"}
+  tar -C "$work/root" -c . | "${podman_cmd[@]}" import --quiet - "$base" >/dev/null
+  rm -rf "$work/root"
+fi
+say "base ready after $(( $(date +%s) - start )) s; building wheels"
+mkdir -p "$work/context/wheels"
+"$python" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$work/context/wheels" \
+  "$repo" pip
+cp "$repo/deploy/image/Containerfile" "$work/context/Containerfile"
+say "wheels ready after $(( $(date +%s) - start )) s; building $tag"
+"${podman_cmd[@]}" build --quiet --network none --build-arg "BASE=$base" -t "$tag" \
+  "$work/context" >/dev/null
+say "built $tag in $(( $(date +%s) - start )) s"
