@@ -446,7 +446,7 @@ class FirstFit:
         self.classes = dict(classes or {})
         self._programs: dict[str, CelProgram] = {}
         self._values = {d.name: d.cel_value() for d in self.devices}
-        self._matches: dict[tuple[int, str], str] = {}
+        self._matches: dict[tuple[Any, ...], str] = {}
 
     # -- single-device checks
 
@@ -479,7 +479,12 @@ class FirstFit:
 
     def mismatch(self, request: Request, device: SliceDevice) -> str:
         """Why ``device`` does not match ``request`` on its own ("" when it does)."""
-        key = (id(request), device.name)
+        key = (
+            request.class_name,
+            tuple(s.expression for s in request.selectors),
+            request.tolerations,
+            device.name,
+        )
         cached = self._matches.get(key)
         if cached is not None:
             return cached
