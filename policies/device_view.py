@@ -167,3 +167,38 @@ def device_views(
 def attribute_names(views: Sequence[DeviceView]) -> frozenset[str]:
     """Every attribute name the views publish (plain names are in the driver's domain)."""
     return frozenset(name for view in views for name in view.attributes)
+
+
+# Every attribute name device_views can publish (plain names are in the driver's domain).
+PUBLISHED_ATTRIBUTES = frozenset(
+    {
+        "type",
+        "uuid",
+        "productName",
+        "brand",
+        "architecture",
+        "cudaComputeCapability",
+        "driverVersion",
+        "cudaDriverVersion",
+        "index",
+        "minor",
+        "parentUUID",
+        "profile",
+        "nvlinkDomain",
+        "nvlinkClique",
+        f"{STANDARD_DOMAIN}/pciBusID",
+        f"{STANDARD_DOMAIN}/pcieRoot",
+        f"{STANDARD_DOMAIN}/numaNode",
+    }
+)
+PUBLISHED_CAPACITIES = frozenset({"memory"})
+
+
+def published_attribute_names() -> frozenset[str]:
+    """Every attribute name any node's views may carry (what ``cdigen dra check`` accepts)."""
+    return PUBLISHED_ATTRIBUTES
+
+
+def published_capacity_names() -> frozenset[str]:
+    """Every capacity name the views may carry."""
+    return PUBLISHED_CAPACITIES

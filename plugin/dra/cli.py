@@ -1,4 +1,6 @@
-"""The ``cdigen dra`` subcommands: ``serve`` runs the kubelet DRA plugin."""
+"""The ``cdigen dra`` subcommands: ``serve`` runs the kubelet DRA plugin; ``explain`` and
+``check`` are offline claim tools (their logic lives in :mod:`policies.claims` and
+:mod:`policies.claim_check`)."""
 
 from __future__ import annotations
 
@@ -62,15 +64,227 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="delete this node's ResourceSlices on SIGTERM (an uninstall, not an upgrade)",
     )
+    sharing = serve.add_argument_group("sharing (docs/dra-sharing.md)")
+    sharing.add_argument(
+        "--memory-step",
+        metavar="QUANTITY",
+        help="publish whole GPUs as consumable capacity (KEP-5075, Kubernetes 1.36 beta): "
+        "several claims each take memory in steps of QUANTITY (e.g. 1Gi)",
+    )
+    sharing.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="a whole-GPU claim (one claim shared by several pods) gets 1/N of the memory "
+        "as its MPS limit; the fallback without consumable capacity",
+    )
+    sharing.add_argument(
+        "--mps-pipe-dir",
+        metavar="DIR",
+        help="the MPS control daemon's pipe directory, mounted into limited claims; without "
+        "it the limits are advisory",
+    )
+    sharing.add_argument(
+        "--mps-thread-percentage",
+        metavar="N|proportional",
+        help="also set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: a fixed 1-100, or proportional to "
+        "the memory share",
+    )
+    sharing.add_argument(
+        "--mps-limit-key",
+        choices=("index", "uuid"),
+        default="index",
+        help="key CUDA_MPS_PINNED_DEVICE_MEM_LIMIT by CUDA ordinal (default; MPS applies it) "
+        "or by GPU UUID",
+    )
+    serve.add_argument(
+        "--taint-xid",
+        action="append",
+        metavar="XID=EFFECT",
+        help="taint a device with EFFECT (NoSchedule or NoExecute) on this Xid; repeatable; "
+        "replaces the default list (48, 79, 95 NoExecute; 64, 94 NoSchedule); "
+        "--taint-xid none taints on no Xid",
+    )
     serve.add_argument("--log-level", dest="dra_log_level", choices=LOG_LEVELS, default="info")
     serve.add_argument("--log-format", dest="dra_log_format", choices=LOG_FORMATS, default="text")
     serve.set_defaults(func=_serve)
+
+    explain = dra_sub.add_parser(
+        "explain",
+        help="which devices the scheduler's first fit would pick for a claim, and why not others",
+        description="Build this node's ResourceSlices as `dra serve` publishes them, run the "
+        "scheduler's first fit (CEL selectors, matchAttribute, capacity) for the claim, and "
+        "show the picks and why every other device lost.",
+    )
+    explain.add_argument("--node", required=True, metavar="SRC", help="builtin:NAME or a file")
+    explain.add_argument(
+        "--claim",
+        required=True,
+        metavar="FILE",
+        help="a ResourceClaim or ResourceClaimTemplate (DeviceClasses in it are used too)",
+    )
+    explain.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="DeviceClass manifest(s); repeatable",
+    )
+    explain.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    explain.add_argument("--mig-strategy", choices=MIG_STRATEGIES, default="mixed")
+    explain.add_argument("--memory-step", metavar="QUANTITY", help="as `dra serve --memory-step`")
+    explain.set_defaults(func=_explain)
+
+    check = dra_sub.add_parser(
+        "check",
+        help="catch misspelt attributes and capacities in claims and DeviceClasses",
+        description="Check the CEL selectors, constraints and capacity requests of "
+        "ResourceClaims, ResourceClaimTemplates and DeviceClasses against the attributes "
+        "and capacities this driver publishes. Exit 1 when a check fails, 2 for bad input.",
+    )
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    check.set_defaults(func=_check)
     dra.set_defaults(func=lambda args: _usage(dra))
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return 2
+
+
+def _quantity_bytes(text: str, flag: str) -> int:
+    from cdigen.errors import InputError
+    from policies.cel import parse_quantity
+
+    try:
+        value = parse_quantity(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1 or value != int(value):
+        raise InputError(
+            f"{text!r} is not a positive whole quantity of bytes", where=flag, hint="e.g. 1Gi"
+        )
+    return int(value)
+
+
+def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
+    from cdigen.errors import InputError
+    from plugin.dra.prepare import MpsSettings
+    from plugin.dra.slices import MemoryShares
+
+    threads: int | None = None
+    text = args.mps_thread_percentage
+    if text is not None:
+        if text == "proportional":
+            threads = 0
+        elif text.isdecimal() and 1 <= int(text) <= 100:
+            threads = int(text)
+        else:
+            raise InputError(
+                f"{text!r} is not a percentage",
+                where="--mps-thread-percentage",
+                hint="use 1-100 or proportional",
+            )
+    if args.replicas is not None and not 1 <= args.replicas <= 1024:
+        raise InputError(f"{args.replicas} is not in 1-1024", where="--replicas")
+    if args.mps_pipe_dir is not None and not args.mps_pipe_dir.startswith("/"):
+        raise InputError(
+            f"{args.mps_pipe_dir!r} is not an absolute path",
+            where="--mps-pipe-dir",
+            hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
+        )
+    taints = _taint_xids(args.taint_xid)
+    out: dict[str, object] = {
+        "mps": MpsSettings(
+            pipe_dir=args.mps_pipe_dir,
+            thread_percentage=threads,
+            replicas=args.replicas,
+            limit_key=args.mps_limit_key,
+        ),
+        "memory_shares": MemoryShares(_quantity_bytes(args.memory_step, "--memory-step"))
+        if args.memory_step
+        else None,
+    }
+    if taints is not None:
+        out["taint_xids"] = taints
+    return out
+
+
+def _taint_xids(items: list[str] | None) -> dict[int, str] | None:
+    from cdigen.errors import InputError
+    from plugin.dra.serve import TAINT_EFFECTS
+
+    if not items:
+        return None
+    if items == ["none"]:
+        return {}
+    out: dict[int, str] = {}
+    for item in items:
+        xid, _, effect = item.partition("=")
+        if not xid.isdecimal() or effect not in TAINT_EFFECTS:
+            raise InputError(
+                f"{item!r} is not XID=EFFECT",
+                where="--taint-xid",
+                hint=f"e.g. 79=NoExecute; effects: {', '.join(TAINT_EFFECTS)}",
+            )
+        out[int(xid)] = effect
+    return out
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from cdigen.discover import load_node
+    from cdigen.errors import InputError
+    from plugin.dra.slices import MemoryShares, build_slices
+    from policies.claims import FirstFit, load_manifests, render_explanation, slice_devices
+    from policies.device_view import device_views
+    from policies.dra_order import ordered_views
+    from policies.graph import build_topology
+
+    claims, classes = load_manifests([args.claim, *args.classes])
+    if len(claims) != 1:
+        raise InputError(
+            f"{len(claims)} ResourceClaims or templates found, expected one",
+            where=args.claim,
+        )
+    node = load_node(args.node)
+    views = ordered_views(device_views(node, mig_strategy=args.mig_strategy), node)
+    shares = (
+        MemoryShares(_quantity_bytes(args.memory_step, "--memory-step"))
+        if args.memory_step
+        else None
+    )
+    node_name = node.name or "node"
+    slices = build_slices(
+        views, driver=args.driver_name, node_name=node_name, generation=1, shares=shares
+    )
+    fit = FirstFit(slice_devices(slices), classes)
+    allocation, reasons = fit.explain(claims[0])
+    score = None
+    if allocation.picks:
+        topology = build_topology(node)
+        by_name = {v.name: v for v in views}
+        positions = tuple(
+            sorted({topology.position_by_uuid[by_name[d].gpu.uuid] for d in allocation.devices})
+        )
+        score = topology.set_score(positions) if len(positions) > 1 else None
+    for line in render_explanation(
+        claims[0], allocation, reasons, node=node_name, link_score=score
+    ):
+        print(line)
+    return 1 if allocation.error else 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from cdigen.errors import CheckFailed
+    from policies.claim_check import Published, check_files
+
+    problems = check_files(args.files, Published.of(args.driver_name))
+    if problems:
+        raise CheckFailed([str(p) for p in problems], summary="dra check failed")
+    print(f"{len(args.files)} file(s) OK against the attributes of {args.driver_name}")
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -102,6 +316,7 @@ def _serve(args: argparse.Namespace) -> int:
         sysfs_root=args.sysfs_root,
         host_root=args.host_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
+        **_sharing_options(args),  # type: ignore[arg-type]
     )
     nvml = open_nvml(args.node)
     node = load_node(

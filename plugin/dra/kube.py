@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from plugin.dra.slices import build_slices
+from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,15 @@ class SlicePublisher:
         self._owner = owner
         self.generation = 0
 
-    def publish(self, views: Sequence[DeviceView]) -> list[dict[str, Any]]:
-        """Replace this node's slices with ones for ``views`` (in that order); return them."""
+    def publish(
+        self,
+        views: Sequence[DeviceView],
+        *,
+        shares: MemoryShares | None = None,
+        taints: Mapping[str, Sequence[TaintDoc]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Replace this node's slices with ones for ``views`` (in that order), with memory
+        ``shares`` and device ``taints`` (by device name); return them."""
         existing = {
             s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
         }
@@ -141,6 +148,8 @@ class SlicePublisher:
             node_name=self.node_name,
             generation=self.generation,
             owner=self._owner,
+            shares=shares,
+            taints=taints,
         )
         for body in wanted:
             name = body["metadata"]["name"]

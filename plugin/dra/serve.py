@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,7 +24,7 @@ from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
 from plugin.dra.kube import SliceApi, SlicePublisher
-from plugin.dra.prepare import Preparer
+from plugin.dra.prepare import MpsSettings, Preparer
 from plugin.dra.service import (
     HealthService,
     RegistrationService,
@@ -32,9 +34,10 @@ from plugin.dra.service import (
     registration_service,
     socket_paths,
 )
-from plugin.dra.slices import ordered_views
+from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.health import HealthBoard, XidHealth, node_reasons
 from policies.device_view import DeviceView, device_views
+from policies.dra_order import ordered_views
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,17 @@ DEFAULT_DRIVER = "gpu.cdigen.dev"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SOURCE_NODE = "node"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+# Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus) and 95
+# (uncontained ECC) evict (NoExecute); 64 and 94 (row remapping, contained ECC) stop new claims.
+DEFAULT_TAINT_XIDS: Mapping[int, str] = {
+    48: "NoExecute",
+    79: "NoExecute",
+    95: "NoExecute",
+    64: "NoSchedule",
+    94: "NoSchedule",
+}
+_XID_RE = re.compile(r"critical Xid (\d+)")
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,9 @@ class DraOptions:
     delete_slices_on_exit: bool = False
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     recover_after_s: float = 60.0
+    memory_shares: MemoryShares | None = None  # publish whole GPUs as consumable capacity
+    mps: MpsSettings = field(default_factory=MpsSettings)
+    taint_xids: Mapping[int, str] = field(default_factory=lambda: dict(DEFAULT_TAINT_XIDS))
 
     @property
     def checkpoint(self) -> Path:
@@ -108,6 +125,7 @@ class DraPlugin:
             options=spec_options,
             driver_files=scan_driver(options.driver_root, node.driver_version, fs),
             fs=fs,
+            mps=options.mps,
         )
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
@@ -125,6 +143,10 @@ class DraPlugin:
             workers=2,
         )
         self._xid: XidHealth | None = None
+        self._taint_lock = threading.Lock()
+        self.taints: dict[str, list[TaintDoc]] = {}
+        self._published = False
+        self.board.subscribe(self._on_health)
 
     def _views(self, node: Node) -> list[DeviceView]:
         views = device_views(
@@ -140,7 +162,9 @@ class DraPlugin:
     def start(self) -> None:
         """Serve DRA, publish the slices, then offer registration to the kubelet."""
         self._dra_server.start()
-        self.publisher.publish(self.views)
+        with self._taint_lock:
+            self._publish()
+            self._published = True
         if self._nvml is not None:
             self._xid = XidHealth(
                 self._nvml,
@@ -174,8 +198,61 @@ class DraPlugin:
             [v.name for v in views], parents={v.name: [v.gpu.uuid] for v in views}
         )
         self.preparer.set_devices(node, views)
-        self.publisher.publish(views)
+        with self._taint_lock:
+            self._publish()
         return True
+
+    def _publish(self) -> None:
+        """Publish the slices with the current taints (the caller holds the taint lock); tainted
+        GPUs move to the end of the order, so that first fit meets the best usable set first."""
+        views = self.views
+        tainted = frozenset(v.gpu.index for v in views if v.name in self.taints)
+        if tainted:
+            views = ordered_views(views, self.node, tainted)
+        self.publisher.publish(views, shares=self.options.memory_shares, taints=self.taints)
+
+    def device_taints(self, reasons: Mapping[str, tuple[str, ...]]) -> dict[str, list[TaintDoc]]:
+        """The taints the health reasons call for: one per device whose reasons name a
+        configured Xid (key ``<driver>/xid``, the Xid as value; NoExecute wins)."""
+        out: dict[str, list[TaintDoc]] = {}
+        for device, held in sorted(reasons.items()):
+            worst: tuple[int, int] | None = None  # (effect rank, xid)
+            for reason in held:
+                match = _XID_RE.search(reason)
+                if not match:
+                    continue
+                xid = int(match.group(1))
+                effect = self.options.taint_xids.get(xid)
+                if effect is None:
+                    continue
+                rank = TAINT_EFFECTS.index(effect)
+                if worst is None or rank > worst[0]:
+                    worst = (rank, xid)
+            if worst is not None:
+                out[device] = [
+                    {
+                        "key": f"{self.options.driver}/xid",
+                        "value": str(worst[1]),
+                        "effect": TAINT_EFFECTS[worst[0]],
+                    }
+                ]
+        return out
+
+    def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
+        """A health change: republish the slices when the device taints change."""
+        with self._taint_lock:
+            taints = self.device_taints(reasons)
+            if taints == self.taints:
+                return
+            self.taints = taints
+            if not self._published:
+                return
+            try:
+                self._publish()
+            except Exception as exc:  # the API server may be away: the next change retries
+                log.error("could not republish the ResourceSlices with new taints: %s", exc)
+                return
+        log.info("device taints now: %s", {d: t[0]["effect"] for d, t in taints.items()} or "none")
 
     def stop(self) -> None:
         """Stop serving; delete the slices when configured to (a clean uninstall)."""

@@ -1,18 +1,18 @@
 """ResourceSlices (resource.k8s.io/v1) from the DRA device view, as plain dicts.
 
 One pool per node, named after the node; at most 128 devices per slice; devices in the order
-the allocation engine prefers, because the scheduler's first fit walks them in slice order.
+the allocation engine prefers (:mod:`policies.dra_order`), because the scheduler's first fit
+walks them in slice order.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
-from cdigen.model import Node
 from policies.device_view import DeviceView
-from policies.graph import build_topology
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -34,43 +34,66 @@ def quantity_text(count: int) -> str:
     return str(count)
 
 
-def engine_order(node: Node) -> tuple[int, ...]:
-    """GPU indexes in the order the engine's link score prefers, built greedily: start from the
-    best-connected GPU, then always add the GPU with the highest score to those already placed
-    (ties: the same NUMA node as the first, then the lowest index). A scheduler's first fit over
-    this order lands on well-connected sets. Unhealthy GPUs come last, by index."""
-    topology = build_topology(node)
-    usable = [p for p, g in enumerate(topology.gpus) if g.healthy and not g.error]
-    order: list[int] = []
-    while len(order) < len(usable):
-        home = topology.numa[order[0]] if order else None
+class TaintDoc(TypedDict):
+    """A device taint as a v1 ResourceSlice carries it (DeviceTaints, beta in 1.36)."""
 
-        def gain(p: int, home: int | None = home) -> tuple[int, bool, int]:
-            row = topology.scores[p]
-            score = sum(row[q] for q in order) if order else sum(row[q] for q in usable)
-            return (score, topology.numa[p] == home, -topology.gpus[p].index)
-
-        order.append(max((p for p in usable if p not in order), key=gain))
-    rest = [p for p in range(topology.size) if p not in order]
-    return tuple(topology.gpus[p].index for p in order + rest)
+    key: str
+    value: str
+    effect: str
 
 
-def ordered_views(views: Sequence[DeviceView], node: Node) -> list[DeviceView]:
-    """``views`` sorted by their GPU's place in :func:`engine_order` (a GPU's MIG devices stay
-    together, in their own order)."""
-    rank = {index: n for n, index in enumerate(engine_order(node))}
-    return sorted(views, key=lambda v: rank.get(v.gpu.index, len(rank)))
+@dataclass(frozen=True)
+class MemoryShares:
+    """Whole GPUs published for consumable capacity (KEP-5075, beta in 1.36): the device allows
+    multiple allocations and its ``memory`` is consumed in ``step`` bytes (``default`` when a
+    request names no memory)."""
+
+    step: int = 1 << 30
+    default: int | None = None  # None: one step
+
+    def policy(self, total: int) -> dict[str, Any]:
+        """The ``requestPolicy`` of a GPU with ``total`` bytes of memory."""
+        top = total - total % self.step
+        return {
+            "default": quantity_text(self.default or self.step),
+            "validRange": {
+                "min": quantity_text(self.step),
+                "max": quantity_text(top),
+                "step": quantity_text(self.step),
+            },
+        }
 
 
-def device_doc(view: DeviceView) -> dict[str, Any]:
-    """One device entry of a v1 ResourceSlice."""
-    return {
+def device_doc(
+    view: DeviceView,
+    *,
+    shares: MemoryShares | None = None,
+    taints: Sequence[TaintDoc] = (),
+) -> dict[str, Any]:
+    """One device entry of a v1 ResourceSlice; ``shares`` makes a whole GPU consumable by
+    several claims (MIG devices stay exclusive); ``taints`` are its device taints."""
+    shared = (
+        shares is not None
+        and view.mig is None
+        and view.capacity.get("memory", 0) >= (shares.step if shares else 0)
+    )
+    capacity: dict[str, Any] = {}
+    for name, v in sorted(view.capacity.items()):
+        entry: dict[str, Any] = {"value": quantity_text(v)}
+        if shared and name == "memory":
+            assert shares is not None
+            entry["requestPolicy"] = shares.policy(v)
+        capacity[name] = entry
+    doc: dict[str, Any] = {
         "name": view.name,
         "attributes": {name: {a.kind: a.value} for name, a in sorted(view.attributes.items())},
-        "capacity": {
-            name: {"value": quantity_text(v)} for name, v in sorted(view.capacity.items())
-        },
+        "capacity": capacity,
     }
+    if shared:
+        doc["allowMultipleAllocations"] = True
+    if taints:
+        doc["taints"] = [dict(t) for t in taints]
+    return doc
 
 
 def slice_name(node_name: str, driver: str, n: int) -> str:
@@ -87,12 +110,16 @@ def build_slices(
     generation: int,
     owner: dict[str, str] | None = None,
     max_devices: int = MAX_DEVICES_PER_SLICE,
+    shares: MemoryShares | None = None,
+    taints: Mapping[str, Sequence[TaintDoc]] | None = None,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices of one node's pool: ``views`` in order, ``max_devices`` per slice.
 
     ``owner`` (``{"name": ..., "uid": ...}`` of the Node object) makes the slices go away with
     the node. A node without devices still publishes one empty slice, so the pool exists.
+    ``shares`` and ``taints`` (by device name) as in :func:`device_doc`.
     """
+    taints = taints or {}
     chunks = [list(views[i : i + max_devices]) for i in range(0, len(views), max_devices)] or [[]]
     slices: list[dict[str, Any]] = []
     for n, chunk in enumerate(chunks):
@@ -114,7 +141,9 @@ def build_slices(
                         "generation": generation,
                         "resourceSliceCount": len(chunks),
                     },
-                    "devices": [device_doc(v) for v in chunk],
+                    "devices": [
+                        device_doc(v, shares=shares, taints=taints.get(v.name, ())) for v in chunk
+                    ],
                 },
             }
         )

@@ -1,0 +1,303 @@
+"""DRA part 2 end to end without a cluster: one 24 GB card shared by claims with their own
+limits (consumable capacity), one claim shared by several pods (time-slicing), and health as
+device taints; the plugin talks to the fake API server through the official client, the kubelet
+simulator prepares, and the scheduler's side is policies.claims' first fit over the slices the
+plugin actually published."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdigen.discover import load_node
+from plugin.dra.kube import KubeApi, api_client
+from plugin.dra.prepare import MpsSettings, claim_spec_path
+from plugin.dra.serve import DraOptions, DraPlugin
+from plugin.dra.slices import MemoryShares
+from policies.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
+from tests.cdihost import FakeHost, build_host
+from tests.dra_kubelet_sim import DraKubeletSim
+from tests.fake_apiserver import FakeApiServer, allocated_claim
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
+DRIVER = "gpu.cdigen.dev"
+NODE_NAME = "node-a"
+GIB = 1 << 30
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kubelet_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))  # unix socket paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Plugin:
+    """One DRA plugin for builtin:rtx4090 (or another node) against the fake API server."""
+
+    def __init__(self, api: FakeApiServer, kubelet_dir: Path, tmp_path: Path) -> None:
+        self.api = api
+        self.kubelet_dir = kubelet_dir
+        self.tmp_path = tmp_path
+        self.cdi_dir = tmp_path / "run-cdi"
+        self.kubelet = DraKubeletSim(kubelet_dir)
+        self.plugin: DraPlugin | None = None
+        self.host: FakeHost | None = None
+
+    def start(self, source: str = "builtin:rtx4090", **overrides: Any) -> DraPlugin:
+        self.host = build_host(self.tmp_path / "host", load_node(source))
+        options = DraOptions(
+            node_name=NODE_NAME,
+            driver=DRIVER,
+            kubelet_dir=self.kubelet_dir,
+            cdi_dir=self.cdi_dir,
+            driver_root=str(self.host.driver_root),
+            dev_root=str(self.host.dev_root),
+            sysfs_root=str(self.host.sysfs_root),
+            **overrides,
+        )
+        kube = KubeApi(api_client(str(self.api.kubeconfig(self.tmp_path / "kubeconfig"))))
+        self.plugin = DraPlugin(options, self.host.node, slices=kube, claims=kube)
+        self.plugin.start()
+        self.kubelet.register()
+        return self.plugin
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [json.loads(json.dumps(s)) for s in self.api.slices.values()]
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        doc: dict[str, Any] = yaml.safe_load(claim_spec_path(self.cdi_dir, DRIVER, uid).read_text())
+        return doc
+
+    def stop(self) -> None:
+        if self.plugin is not None:
+            self.plugin.stop()
+
+
+@pytest.fixture
+def plugin(api: FakeApiServer, kubelet_dir: Path, tmp_path: Path) -> Iterator[Plugin]:
+    p = Plugin(api, kubelet_dir, tmp_path)
+    yield p
+    p.stop()
+
+
+def _classes() -> dict[str, Any]:
+    path = EXAMPLES / "deviceclasses.yaml"
+    docs = list(yaml.safe_load_all(path.read_text()))
+    return {d["metadata"]["name"]: device_class(d, str(path)) for d in docs}
+
+
+def _memory_claim(amount: str, name: str) -> Any:
+    doc = yaml.safe_load((EXAMPLES / "memory-3gi.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = (
+        amount
+    )
+    return claim_from_doc(doc, name)
+
+
+def _strict(body: dict[str, Any], version: str) -> None:
+    import kubernetes_validate
+
+    clean = json.loads(json.dumps(body))
+    clean["metadata"].pop("resourceVersion", None)
+    clean["metadata"].pop("uid", None)
+    kubernetes_validate.validate(clean, version, strict=True)
+
+
+# --------------------------------------------------------------------------- the 4090 story
+
+
+def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refused(
+    plugin: Plugin,
+) -> None:
+    plugin.start(
+        memory_shares=MemoryShares(step=GIB),
+        mps=MpsSettings(pipe_dir="/run/nvidia/mps", thread_percentage=0),
+    )
+    (body,) = plugin.slices()
+    _strict(body, "1.36")
+    (device,) = body["spec"]["devices"]
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["memory"]["requestPolicy"] == {
+        "default": "1Gi",
+        "validRange": {"min": "1Gi", "max": "23Gi", "step": "1Gi"},
+    }
+
+    # the scheduler's side: first fit with its capacity check, over what was published
+    fit = FirstFit(slice_devices([body]), _classes())
+    state = NodeState()
+    results = []
+    for n, name in enumerate(("notebook-a", "notebook-b")):
+        allocation = fit.allocate(_memory_claim("3Gi", name), state)
+        assert allocation.devices == ("gpu-0",), allocation.error
+        assert allocation.picks[0].consumed == {f"{DRIVER}/memory": 3 * GIB}
+        state.add(allocation.picks, fit.by_name)
+        results.append(
+            {
+                "request": "share",
+                "driver": DRIVER,
+                "pool": NODE_NAME,
+                "device": "gpu-0",
+                "shareID": f"{n + 1}1111111-1111-1111-1111-111111111111",
+                "consumedCapacity": {"memory": "3Gi"},
+            }
+        )
+    third = fit.allocate(_memory_claim("18Gi", "notebook-c"), state)
+    assert third.picks == ()
+    assert "1 needed" in third.error and "0 device(s) match and fit" in third.error
+    _, reasons = fit.explain(_memory_claim("18Gi", "notebook-c"), state)
+    assert reasons == [("gpu-0", "needs memory 18Gi, 18420Mi left")]  # 23.99 GiB - 6 GiB
+    assert fit.allocate(_memory_claim("17Gi", "notebook-d"), state).devices == ("gpu-0",)
+
+    # the kubelet's side: each claim prepared with its own limit
+    refs = []
+    for n, result in enumerate(results):
+        uid = f"uid-{n}"
+        plugin.api.add_claim(allocated_claim(f"notebook-{n}", uid, [result]))
+        refs.append(("default", uid, f"notebook-{n}"))
+    response = plugin.kubelet.prepare(refs)
+    for uid in ("uid-0", "uid-1"):
+        assert response.claims[uid].error == ""
+        env = plugin.spec(uid)["containerEdits"]["env"]
+        assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M" in env
+        assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in env
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12" in env  # 3 of 23.99 GiB, rounded down
+        assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps" in env
+        mounts = plugin.spec(uid)["containerEdits"]["mounts"]
+        assert {"hostPath": "/run/nvidia/mps", "containerPath": "/run/nvidia/mps"}.items() <= (
+            mounts[-1].items()
+        )
+    assert response.claims["uid-1"].devices[0].share_id == results[1]["shareID"]
+
+
+def test_limits_keyed_by_uuid_when_asked(plugin: Plugin) -> None:
+    p = plugin.start(memory_shares=MemoryShares(), mps=MpsSettings(limit_key="uuid"))
+    uuid = p.node.gpus[0].uuid
+    result = {
+        "request": "share",
+        "driver": DRIVER,
+        "pool": NODE_NAME,
+        "device": "gpu-0",
+        "shareID": "31111111-1111-1111-1111-111111111111",
+        "consumedCapacity": {"memory": "5Gi"},
+    }
+    plugin.api.add_claim(allocated_claim("a", "uid-a", [result]))
+    assert plugin.kubelet.prepare([("default", "uid-a", "a")]).claims["uid-a"].error == ""
+    env = plugin.spec("uid-a")["containerEdits"]["env"]
+    assert env.count(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=5120M") == 1
+    assert not any(e.startswith(("CUDA_DEVICE_ORDER", "CUDA_MPS_ACTIVE")) for e in env)
+
+
+def test_without_sharing_options_slices_stay_exclusive_and_specs_carry_no_limits(
+    plugin: Plugin,
+) -> None:
+    plugin.start()
+    (body,) = plugin.slices()
+    (device,) = body["spec"]["devices"]
+    assert "allowMultipleAllocations" not in device
+    assert "requestPolicy" not in device["capacity"]["memory"]
+    for version in ("1.34", "1.35"):
+        _strict(body, version)
+    plugin.api.add_claim(
+        allocated_claim(
+            "w", "uid-w", [{"request": "g", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-0"}]
+        )
+    )
+    assert plugin.kubelet.prepare([("default", "uid-w", "w")]).claims["uid-w"].error == ""
+    assert "env" not in plugin.spec("uid-w").get("containerEdits", {}) or not any(
+        "MPS" in e for e in plugin.spec("uid-w")["containerEdits"]["env"]
+    )
+
+
+# --------------------------------------------------------------------------- time-slicing
+
+
+def test_one_claim_shared_by_several_pods_is_prepared_once_per_claim(plugin: Plugin) -> None:
+    """DRA-native time-slicing: pods that reference one ResourceClaim share its GPU. The kubelet
+    prepares per claim: a second pod's prepare returns the same devices and writes nothing new;
+    the claim is unprepared once, when the last pod using it is gone."""
+    p = plugin.start(mps=MpsSettings(replicas=4, pipe_dir="/run/nvidia/mps"))
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-0"}
+    plugin.api.add_claim(allocated_claim("shared-gpu", "uid-s", [result]))
+    ref = ("default", "uid-s", "shared-gpu")
+    pod_a = plugin.kubelet.prepare([ref])
+    path = claim_spec_path(plugin.cdi_dir, DRIVER, "uid-s")
+    first = path.stat().st_mtime_ns
+    pod_b = plugin.kubelet.prepare([ref])
+    assert pod_a.claims["uid-s"] == pod_b.claims["uid-s"]
+    assert list(pod_a.claims["uid-s"].devices[0].cdi_device_ids) == [
+        f"k8s.{DRIVER}/claim=uid-s-gpu-0"
+    ]
+    assert path.stat().st_mtime_ns == first and len(list(plugin.cdi_dir.iterdir())) == 1
+    assert set(p.preparer.prepared()) == {"uid-s"}
+    quarter = (p.node.gpus[0].memory_bytes // 4) >> 20
+    env = plugin.spec("uid-s")["containerEdits"]["env"]
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={quarter}M" in env  # replicas: 1/4 each
+
+    # another claim for the same GPU is still refused: sharing is by the one claim
+    plugin.api.add_claim(allocated_claim("other", "uid-o", [result]))
+    refused = plugin.kubelet.prepare([("default", "uid-o", "other")]).claims["uid-o"].error
+    assert "already prepared for claim default/shared-gpu" in refused
+
+    assert plugin.kubelet.unprepare([ref]).claims["uid-s"].error == ""
+    assert not path.exists() and p.preparer.prepared() == {}
+
+
+# --------------------------------------------------------------------------- taints
+
+
+def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
+    plugin: Plugin,
+) -> None:
+    p = plugin.start("builtin:dgx1-v100", taint_xids={79: "NoExecute", 94: "NoSchedule"})
+    (before,) = plugin.slices()
+    assert not any("taints" in d for d in before["spec"]["devices"])
+    gpu3 = next(g for g in p.node.gpus if g.index == 3)
+    gpu5 = next(g for g in p.node.gpus if g.index == 5)
+
+    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79", gpu5.uuid: "critical Xid 94"})
+    (tainted,) = plugin.slices()
+    for version in ("1.36", "1.37"):
+        _strict(tainted, version)
+    taints = {d["name"]: d.get("taints") for d in tainted["spec"]["devices"]}
+    assert taints["gpu-3"] == [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoExecute"}]
+    assert taints["gpu-5"] == [{"key": f"{DRIVER}/xid", "value": "94", "effect": "NoSchedule"}]
+    assert [n for n, t in taints.items() if t] == ["gpu-3", "gpu-5"]
+    generation = tainted["spec"]["pool"]["generation"]
+    assert generation == before["spec"]["pool"]["generation"] + 1
+
+    # the scheduler's first fit skips tainted devices
+    fit = FirstFit(slice_devices([tainted]), _classes())
+    two = yaml.safe_load((EXAMPLES / "two-gpus-one-nvlink-clique.yaml").read_text())
+    allocation = fit.allocate(claim_from_doc(two, "two"))
+    # tainted GPUs move to the end of the slice: first fit lands on the best untainted pair
+    # (6+7, double-linked like 2+3) instead of 2+0 after 3's place in the old order
+    assert allocation.devices == ("gpu-6", "gpu-7")
+    assert "gpu-3" not in allocation.devices
+    assert {d["name"] for d in tainted["spec"]["devices"][-2:]} == {"gpu-3", "gpu-5"}
+
+    # an Xid not in the list marks the device unhealthy but does not taint it
+    p.board.set_reasons("xid", {gpu5.uuid: "critical Xid 31"})
+    (after,) = plugin.slices()
+    assert {d["name"] for d in after["spec"]["devices"] if "taints" in d} == {"gpu-3"}
+
+    p.board.set_reasons("xid", {gpu3.uuid: None, gpu5.uuid: None})
+    (cleared,) = plugin.slices()
+    assert not any("taints" in d for d in cleared["spec"]["devices"])
+    assert cleared["spec"]["pool"]["generation"] == generation + 2

@@ -1,0 +1,301 @@
+"""The scheduler's first fit offline (policies.claims), `cdigen dra explain` and `cdigen dra
+check` (policies.claim_check)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdigen.cli import main
+from cdigen.discover import load_node
+from plugin.dra.slices import MemoryShares, build_slices
+from policies.claims import (
+    CapacityPolicy,
+    FirstFit,
+    NodeState,
+    claim_from_doc,
+    load_manifests,
+    slice_devices,
+)
+from policies.device_view import attribute_names, device_views, published_attribute_names
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
+DRIVER = "gpu.cdigen.dev"
+GIB = 1 << 30
+
+
+def _fit(source: str, shares: MemoryShares | None = None) -> FirstFit:
+    node = load_node(source)
+    slices = build_slices(
+        device_views(node), driver=DRIVER, node_name="n", generation=1, shares=shares
+    )
+    _, classes = load_manifests([EXAMPLES / "deviceclasses.yaml"])
+    return FirstFit(slice_devices(slices), classes)
+
+
+def _claim(**exactly: Any) -> Any:
+    doc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "r", "exactly": {"deviceClassName": "gpu.cdigen.dev", **exactly}}
+                ],
+                "constraints": exactly.pop("_constraints", []),
+            }
+        },
+    }
+    return claim_from_doc(doc, "c.yaml")
+
+
+def test_request_policy_rounds_up_to_steps_and_refuses_above_max() -> None:
+    policy = CapacityPolicy(default=GIB, min=GIB, max=23 * GIB, step=GIB)
+    assert policy.consumed(None, 24 * GIB) == GIB
+    assert policy.consumed(GIB + 1, 24 * GIB) == 2 * GIB
+    assert policy.consumed(100, 24 * GIB) == GIB
+    assert policy.consumed(24 * GIB, 24 * GIB) is None
+    assert CapacityPolicy(values=(GIB, 4 * GIB)).consumed(2 * GIB, 8 * GIB) == 4 * GIB
+    assert CapacityPolicy().consumed(None, 8 * GIB) == 8 * GIB  # no policy: all of it
+
+
+def test_shared_gpu_capacity_is_consumed_claim_by_claim() -> None:
+    fit = _fit("builtin:rtx4090", MemoryShares())
+    state = NodeState()
+    for _ in range(7):
+        picks = fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).picks
+        assert [p.device for p in picks] == ["gpu-0"]
+        state.add(picks, fit.by_name)
+    assert state.consumed["gpu-0"][f"{DRIVER}/memory"] == 21 * GIB
+    assert fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).error
+    # a claim without a memory request takes the default step
+    assert fit.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
+
+
+def test_exclusive_devices_are_not_given_twice_and_selectors_filter() -> None:
+    fit = _fit("builtin:ws-4xv100")
+    state = NodeState()
+    first = fit.allocate(_claim(count=3), state)
+    assert len(first.picks) == 3
+    state.add(first.picks, fit.by_name)
+    assert "1 device(s) match and fit, 2 needed" in fit.allocate(_claim(count=2), state).error
+    none = _claim(
+        selectors=[{"cel": {"expression": 'device.attributes["gpu.cdigen.dev"].index > 9'}}]
+    )
+    assert fit.allocate(none).error
+
+
+def test_first_fit_backtracks_when_a_constraint_fails_later() -> None:
+    # devices by index: a takes gpu-2 first, b (index >= 4) then finds no GPU on NUMA node 0,
+    # so first fit backtracks: a takes gpu-6, b the first GPU on its NUMA node, gpu-4
+    fit = _fit("builtin:dgx1-v100")
+    claim = claim_from_doc(
+        {
+            "kind": "ResourceClaim",
+            "metadata": {"name": "bt"},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "a",
+                            "exactly": {
+                                "deviceClassName": "gpu.cdigen.dev",
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["gpu.cdigen.dev"]'
+                                            ".index in [2, 6]"
+                                        }
+                                    }
+                                ],
+                            },
+                        },
+                        {
+                            "name": "b",
+                            "exactly": {
+                                "deviceClassName": "gpu.cdigen.dev",
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["gpu.cdigen.dev"]'
+                                            ".index >= 4"
+                                        }
+                                    }
+                                ],
+                            },
+                        },
+                    ],
+                    "constraints": [{"matchAttribute": "resource.kubernetes.io/numaNode"}],
+                }
+            },
+        },
+        "bt.yaml",
+    )
+    assert fit.allocate(claim).devices == ("gpu-6", "gpu-4")
+
+
+def test_explain_prints_the_chosen_devices_and_why_others_lost(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        [
+            "dra",
+            "explain",
+            "--node",
+            "builtin:dgx1-v100",
+            "--claim",
+            str(EXAMPLES / "two-gpus-one-nvlink-clique.yaml"),
+            "--class",
+            str(EXAMPLES / "deviceclasses.yaml"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "first fit picks gpu-2, gpu-3" in out
+    assert "link score of the set: 250" in out
+    assert "gpu-6  matchAttribute gpu.cdigen.dev/nvlinkClique: 4 != 0" in out
+    assert "gpu-0  first fit had enough devices before it" in out
+
+
+def test_explain_on_a_claim_that_cannot_fit_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "dra",
+            "explain",
+            "--node",
+            "builtin:dgx-a100",
+            "--claim",
+            str(EXAMPLES / "four-gpus-one-numa-node.yaml"),
+            "--class",
+            str(EXAMPLES / "deviceclasses.yaml"),
+        ]
+    )
+    assert code == 1
+    assert "not allocatable" in capsys.readouterr().out
+
+
+def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cdigen.cli",
+            "dra",
+            "explain",
+            "--node",
+            "builtin:rtx4090",
+            "--claim",
+            str(EXAMPLES / "memory-3gi.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "DeviceClass 'gpu.cdigen.dev', which was not given" in result.stderr
+
+
+BAD = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: bad}
+spec:
+  spec:
+    devices:
+      requests:
+        - name: gpus
+          exactly:
+            deviceClassName: gpu.cdigen.dev
+            selectors:
+              - cel:
+                  expression: device.attributes["gpu.cdigen.dev"].nvlinkClque >= 0
+            capacity: {requests: {memroy: 1Gi}}
+      constraints:
+        - matchAttribute: resource.kubernetes.io/numaNod
+"""
+
+
+def test_check_names_file_field_and_cel_position_of_a_misspelt_attribute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD)
+    assert main(["dra", "check", str(path)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"{path}: spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: "
+        "CEL line 1, column 37: no attribute 'nvlinkClque' in gpu.cdigen.dev "
+        "(did you mean 'nvlinkClique'?)"
+    )
+    assert "capacity.requests.memroy: no capacity 'memroy' (did you mean 'memory'?)" in err[1]
+    assert "constraints[0].matchAttribute: no attribute 'resource.kubernetes.io/numaNod'" in err[2]
+    assert err[-1] == "cdigen: dra check failed: 3 problem(s)"
+
+
+def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
+    doc = yaml.safe_load(BAD)
+    selectors = doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    selectors[0]["cel"]["expression"] = 'device.attributes["gpu.nvidia.com"].index == 0'
+    selectors.append({"cel": {"expression": "device.driver == "}})
+    from policies.claim_check import Published, check_document
+
+    problems = [str(p) for p in check_document(doc, "x.yaml", Published.of(DRIVER))]
+    assert "publishes NVIDIA's names under 'gpu.cdigen.dev'" in problems[0]
+    assert "selectors[1].cel.expression: CEL line 1" in problems[1]
+
+
+def test_check_passes_the_examples_and_bad_input_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["dra", "check", *map(str, sorted(EXAMPLES.glob("*.yaml")))]) == 0
+    assert main(["dra", "check", str(tmp_path / "missing.yaml")]) == 2
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("kind: [\n")
+    assert main(["dra", "check", str(broken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "broken.yaml" in err[1] and "line 2" in err[1]
+
+
+@pytest.mark.parametrize(
+    "source", ["builtin:dgx1-v100", "builtin:dgx-a100-mig-mixed", "builtin:h100-mig-single"]
+)
+def test_what_check_accepts_covers_what_the_views_publish(source: str) -> None:
+    node = load_node(source)
+    assert attribute_names(device_views(node)) <= published_attribute_names()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--taint-xid", "79=Later"], "--taint-xid: '79=Later' is not XID=EFFECT"),
+        (["--memory-step", "0"], "--memory-step: '0' is not a positive whole quantity"),
+        (["--mps-thread-percentage", "150"], "--mps-thread-percentage: '150' is not a percent"),
+        (["--mps-pipe-dir", "run/mps"], "--mps-pipe-dir: 'run/mps' is not an absolute path"),
+        (["--replicas", "0"], "--replicas: 0 is not in 1-1024"),
+    ],
+)
+def test_bad_sharing_flags_are_one_line_exit_2(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["dra", "serve", "--node", "builtin:rtx4090", "--node-name", "n", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.36"])
+def test_the_examples_pass_strict_validation(version: str) -> None:
+    import kubernetes_validate
+
+    paths = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(paths) >= 6
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, version, strict=True)
