@@ -18,6 +18,9 @@ DEFAULT_CLASS = "gpu"
 
 
 def _kind_part_problem(part: str, value: str) -> str | None:
+    if len(value) == 1:
+        # the CDI library (v1.1.0, in containerd 2.x and CRI-O) panics on one-letter names
+        return f"invalid {part} {value!r}: must be at least two characters long"
     if VENDOR_RE.fullmatch(value):
         return None
     return (

@@ -8,7 +8,7 @@ from cdigen.cdi import names
 from cdigen.errors import InputError
 
 
-@pytest.mark.parametrize("vendor", ["nvidia.com", "a", "vendor_1-x.y", "A9"])
+@pytest.mark.parametrize("vendor", ["nvidia.com", "ab", "vendor_1-x.y", "A9"])
 def test_valid_vendors(vendor: str) -> None:
     assert names.vendor_problem(vendor) is None
 
@@ -49,3 +49,13 @@ def test_make_kind_checks_both_parts() -> None:
 def test_spec_file_name() -> None:
     assert names.spec_file_name("nvidia.com", "gpu", "yaml") == "nvidia.com-gpu.yaml"
     assert names.spec_file_name("nvidia.com", "gpu", "json") == "nvidia.com-gpu.json"
+
+
+@pytest.mark.parametrize("kind", ["v/gpu", "nvidia.com/g"])
+def test_one_letter_vendor_or_class_is_refused(kind: str) -> None:
+    """The CDI library v1.1.0 panics (slice bounds out of range) on a one-letter vendor or
+    class (cdicheck qualified a.com/g=0), so a spec with one could crash a runtime's CDI cache."""
+    from cdigen.cdi.names import kind_problem
+
+    problem = kind_problem(kind)
+    assert problem is not None and "at least two characters" in problem
