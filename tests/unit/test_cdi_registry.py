@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from cdigen.cdi.registry import load_registry
+
 from cdigen.cli import main
 from cdigen.fileio import dump_document
 

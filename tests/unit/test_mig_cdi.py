@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
-
 from cdigen.cdi.registry import load_registry
+
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.fileio import parse_document

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from cdigen.cdi.registry import load_registry
+
 from cdigen.cdi.write import LOCK_NAME
 from cdigen.cli import main
 from cdigen.nodefile import dump_node
