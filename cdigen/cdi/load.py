@@ -114,13 +114,16 @@ def read_yaml(path: Path) -> Any:
     """The first YAML document in ``path``; SpecLoadError with a one-line reason."""
     import yaml
 
+    from cdigen.cdi.validate import refuse_dangling_link
+
     try:
+        refuse_dangling_link(path)
         text = read_text(path, what="CDI spec")
     except CdigenError as exc:
         raise SpecLoadError([exc.message]) from None
     loader = _go_yaml_loader()(text)
     try:
-        node = loader.get_node()
+        node = loader.get_node() if loader.check_node() else None
         if node is None:
             raise SpecLoadError(["no spec data: the file is empty"])
         _check_graph(node)
