@@ -431,6 +431,8 @@ def _kind_problem(kind: str) -> str | None:
     vendor, sep, cls = kind.partition("/")  # parser.ParseQualifier
     if not sep or not vendor or not cls:
         return f"invalid kind {kind!r}: expected vendor/class, e.g. nvidia.com/gpu"
+    if len(vendor) == 1 or len(cls) == 1:  # parser.validateVendorOrClassName slices name[1:0]
+        return f"invalid kind {kind!r}: the CDI library v1.1.0 crashes on a one-letter part"
     return names.vendor_problem(vendor) or names.class_problem(cls)
 
 
