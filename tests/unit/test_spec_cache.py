@@ -121,36 +121,31 @@ def test_list_agrees_with_the_cdi_library(
 
 
 # One file each: (text, loads) where PyYAML, the lint or JSON differ from the library.
+G = "acme.com/gpu"
 CASES = {
-    "int-name": (spec("acme.com/gpu", device("0")), True),
-    "sexagesimal-name": (spec("acme.com/gpu", device("1:0")), True),
-    "date-name": (spec("acme.com/gpu", device("2001-01-01")), True),
-    "bool-name": (spec("acme.com/gpu", device("yes")), True),
-    "float-name": (spec("acme.com/gpu", device("1.50")), True),
-    "folded-key": (spec("acme.com/gpu", device("a")).replace("kind:", "Kind:"), True),
+    "int-name": (spec(G, device("0")), True),
+    "sexagesimal-name": (spec(G, device("1:0")), True),
+    "date-name": (spec(G, device("2001-01-01")), True),
+    "bool-name": (spec(G, device("yes")), True),
+    "float-name": (spec(G, device("1.50")), True),
+    "folded-key": (spec(G, device("a")).replace("kind:", "Kind:"), True),
     "relative-mount": (RELATIVE, True),
-    "node-without-type": (spec("acme.com/gpu", device("a", "    deviceNodes: [{path: x}]\n")), True),
-    "annotation-number": (
-        spec("acme.com/gpu", device("a"), "annotations: {n: 1}\n", version="0.6.0"),
-        True,
-    ),
-    "second-document": (spec("acme.com/gpu", device("a")) + "---\nkind: 1\n", True),
-    "duplicate-key": (spec("acme.com/gpu", device("a")) + "kind: acme.com/gpu\n", False),
+    "node-without-type": (spec(G, device("a", "    deviceNodes: [{path: x}]\n")), True),
+    "annotation-number": (spec(G, device("a"), "annotations: {n: 1}\n", "0.6.0"), True),
+    "second-document": (spec(G, device("a")) + "---\nkind: 1\n", True),
+    "duplicate-key": (spec(G, device("a")) + "kind: acme.com/gpu\n", False),
     "too-low-version": (
-        spec("acme.com/gpu", device("a", "    deviceNodes: [{path: /a, hostPath: /b}]\n"), "", "0.4.0"),
+        spec(G, device("a", "    deviceNodes: [{path: /a, hostPath: /b}]\n"), "", "0.4.0"),
         False,
     ),
-    "empty-edits": (spec("acme.com/gpu", device("a", "    env: []\n")), False),
-    "bad-node-type": (spec("acme.com/gpu", device("a", "    deviceNodes: [{path: /a, type: x}]\n")), False),
-    "empty-host-path": (spec("acme.com/gpu", device("a", "    mounts: [{containerPath: /a}]\n")), False),
-    "number-in-env": (spec("acme.com/gpu", device("a", "    env: [1]\n")), False),
+    "empty-edits": (spec(G, device("a", "    env: []\n")), False),
+    "bad-node-type": (spec(G, device("a", "    deviceNodes: [{path: /a, type: x}]\n")), False),
+    "empty-host-path": (spec(G, device("a", "    mounts: [{containerPath: /a}]\n")), False),
+    "number-in-env": (spec(G, device("a", "    env: [1]\n")), False),
     "no-devices": ("cdiVersion: 0.5.0\nkind: acme.com/gpu\ndevices: []\n", False),
-    "bad-hook": (
-        spec("acme.com/gpu", device("a", "    hooks: [{hookName: later, path: /bin/true}]\n")),
-        False,
-    ),
+    "bad-hook": (spec(G, device("a", "    hooks: [{hookName: later, path: /bin/true}]\n")), False),
     "empty-file": ("", False),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -187,33 +182,36 @@ def overlapping_dirs(tmp_path: Path, host: Path) -> list[Path]:
     etc.mkdir()
     run.mkdir()
     h = str(host)
-    (etc / "gpu.yaml").write_text(
-        spec(
-            "acme.com/gpu",
-            device(
-                "0",
-                f"    env: [GPU=0, SHARED=gpu0]\n    deviceNodes: [{{path: /dev/g0, hostPath: {h}/dev/gpu0}}]\n",
-            )
-            + device(
-                "1",
-                f"    env: [GPU=1]\n    deviceNodes: [{{path: /dev/g1, hostPath: {h}/dev/gpu1}}, {{path: /dev/ctl, hostPath: {h}/dev/gpu1}}]\n",
-            ),
-            f"containerEdits:\n  env: [SHARED=gpu, A=1]\n"
-            f"  deviceNodes: [{{path: /dev/ctl, hostPath: {h}/dev/ctl}}]\n"
-            f"  mounts:\n"
-            f"  - {{hostPath: {h}/libcuda.so, containerPath: /usr/lib/x/libcuda.so, options: [ro, bind]}}\n"
-            f"  - {{hostPath: {h}/conf, containerPath: /etc/conf, options: [bind]}}\n"
-            f"  - {{hostPath: {h}/dir, containerPath: /usr, options: [bind]}}\n",
+
+    def node(path: str, host_name: str) -> str:
+        return f"{{path: {path}, hostPath: {h}/dev/{host_name}}}"
+
+    def mount(source: str, target: str, *options: str) -> str:
+        return (
+            f"{{hostPath: {h}/{source}, containerPath: {target}, options: [{', '.join(options)}]}}"
         )
+
+    gpu0 = f"    env: [GPU=0, SHARED=gpu0]\n    deviceNodes: [{node('/dev/g0', 'gpu0')}]\n"
+    gpu1 = (
+        "    env: [GPU=1]\n"
+        f"    deviceNodes: [{node('/dev/g1', 'gpu1')}, {node('/dev/ctl', 'gpu1')}]\n"
     )
-    (run / "nic.yaml").write_text(
-        spec(
-            "acme.com/nic",
-            device("n0", f"    env: [SHARED=nic]\n    deviceNodes: [{{path: /dev/ctl, hostPath: {h}/dev/nic0}}]\n"
-                   f"    mounts: [{{hostPath: {h}/conf2, containerPath: /etc/conf}}]\n"),
-            f"containerEdits:\n  mounts:\n  - {{hostPath: {h}/libnic.so, containerPath: lib/nic.so}}\n",
-        )
-    )  # fmt: skip
+    gpu_spec = (
+        "containerEdits:\n  env: [SHARED=gpu, A=1]\n"
+        f"  deviceNodes: [{node('/dev/ctl', 'ctl')}]\n  mounts:\n"
+        f"  - {mount('libcuda.so', '/usr/lib/x/libcuda.so', 'ro', 'bind')}\n"
+        f"  - {mount('conf', '/etc/conf', 'bind')}\n"
+        f"  - {mount('dir', '/usr', 'bind')}\n"
+    )
+    (etc / "gpu.yaml").write_text(
+        spec("acme.com/gpu", device("0", gpu0) + device("1", gpu1), gpu_spec)
+    )
+    nic0 = (
+        f"    env: [SHARED=nic]\n    deviceNodes: [{node('/dev/ctl', 'nic0')}]\n"
+        f"    mounts: [{mount('conf2', '/etc/conf')}]\n"
+    )
+    nic_spec = f"containerEdits:\n  mounts:\n  - {mount('libnic.so', 'lib/nic.so')}\n"
+    (run / "nic.yaml").write_text(spec("acme.com/nic", device("n0", nic0), nic_spec))
     return [etc, run]
 
 
@@ -258,7 +256,7 @@ def test_edits_later_wins_and_mounts_sorted(tmp_path: Path, host: Path) -> None:
     assert next(m for m in edits.mounts if m.container_path == "/etc/conf").host_path.endswith(
         "conf2"
     )
-    with pytest.raises(KeyError, match="acme.com/gpu=9"):
+    with pytest.raises(KeyError, match=r"acme\.com/gpu=9"):
         cache.edits_for(["acme.com/gpu=0", "acme.com/gpu=9"])
 
 
