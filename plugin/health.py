@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cdigen.cdi.cache import SpecCache
 from cdigen.model import Node
 
 log = logging.getLogger("cdigen.plugin")
@@ -256,68 +257,54 @@ class NodeWatcher:
         self._apply(node)
 
 
-def dir_signature(dirs: Sequence[Path]) -> tuple[tuple[str, int, int], ...]:
-    """Every file in ``dirs`` with its mtime and size: changes whenever a file does."""
-    entries: list[tuple[str, int, int]] = []
-    for directory in dirs:
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            entries.append((str(directory), -1, -1))
-            continue
-        for name in names:
-            try:
-                st = os.stat(directory / name)
-            except OSError:
-                continue
-            entries.append((str(directory / name), st.st_mtime_ns, st.st_size))
-    return tuple(entries)
-
-
 class SpecDirWatcher:
-    """Checks that every CDI name the plugin can return exists in the spec dirs (on every change).
+    """Checks that every CDI name the plugin can return resolves in the spec dirs (on every change).
 
-    ``names`` maps each device ID to the CDI names Allocate may return for it; ``load_names``
-    returns the fully-qualified device names the spec dirs define (the loading code of
+    ``names`` maps each device ID to the CDI names Allocate may return for it; ``cache`` is the
+    plugin's one :class:`~cdigen.cdi.cache.SpecCache` (the loading rules of runtimes and of
     ``cdigen list``). A device with a missing name is held Unhealthy until the spec has it.
     """
 
     def __init__(
-        self,
-        spec_dirs: Sequence[Path],
-        names: Mapping[str, Sequence[str]],
-        load_names: Callable[[Sequence[Path]], set[str]],
-        board: HealthBoard,
+        self, cache: SpecCache, names: Mapping[str, Sequence[str]], board: HealthBoard
     ) -> None:
-        self.spec_dirs = tuple(spec_dirs)
+        self.cache = cache
         self._names = names
-        self._load_names = load_names
         self._board = board
-        self._signature: tuple[tuple[str, int, int], ...] | None = None
+        self._checked: object = None  # the cache state last checked
+
+    @property
+    def spec_dirs(self) -> tuple[Path, ...]:
+        """The directories watched."""
+        return self.cache.spec_dirs
 
     def set_names(self, names: Mapping[str, Sequence[str]]) -> None:
         """Check these names from now on (a new layout), and check them now."""
         self._names = names
-        self._signature = dir_signature(self.spec_dirs)
         self.check()
 
     def poll(self) -> None:
-        """Re-check the names if any spec file changed (always on the first call)."""
-        signature = dir_signature(self.spec_dirs)
-        if signature == self._signature:
+        """Re-check the names if the spec dirs changed since the last check (always the first
+        time). Another reader of the cache (Allocate) may have reloaded it first: what counts is
+        whether the state differs from the one last checked."""
+        try:
+            state = self.cache.state()
+        except Exception:
+            state = None  # check() reports it
+        if state is not None and state is self._checked:
             return
-        self._signature = signature
         self.check()
 
     def check(self) -> dict[str, list[str]]:
         """Check now; the missing names per device.
 
-        A spec file that fails to load only lacks its own names (``load_names`` skips it, as
-        runtimes do). Should loading fail as a whole, health stays as it was: a fault in the
-        check is no evidence that our devices are gone.
+        A spec file that fails to load only lacks its own names (the cache skips it, as runtimes
+        do). Should loading fail as a whole, health stays as it was: a fault in the check is no
+        evidence that our devices are gone.
         """
         try:
-            known = self._load_names(self.spec_dirs)
+            state = self.cache.state()
+            known = state.devices
         except Exception as exc:
             log.error(
                 "CDI spec dirs %s could not be checked (%s): device health left as it was",
@@ -325,6 +312,16 @@ class SpecDirWatcher:
                 exc,
             )
             return {}
+        if state is not self._checked:
+            for path, problem in state.errors.items():  # skipped, as runtimes do
+                log.warning("CDI spec %s fails to load and is skipped: %s", path, problem)
+            for name, paths in state.conflicts.items():
+                log.warning(
+                    "CDI device %s is defined in %s: runtimes drop it",
+                    name,
+                    " and ".join(map(str, paths)),
+                )
+            self._checked = state
         missing = {d: [n for n in names if n not in known] for d, names in self._names.items()}
         reasons: dict[str, str | None] = {}
         for device, gone in missing.items():

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig
@@ -207,19 +208,6 @@ def _prefer_with(allocator: Any) -> Preferrer:
         )
 
     return prefer
-
-
-# --- CDI spec names ---------------------------------------------------------------------------
-
-
-def spec_device_names(spec_dirs: Sequence[Path]) -> set[str]:
-    """Fully-qualified CDI device names defined in ``spec_dirs`` (as ``cdigen list`` loads them)."""
-    from cdigen.cdi.registry import load_registry
-
-    registry = load_registry(list(spec_dirs))
-    for path, problem in registry.errors.items():  # skipped, as runtimes do; ours are unaffected
-        log.warning("CDI spec %s fails to load and is skipped: %s", path, problem)
-    return set(registry.devices)
 
 
 # --- one gRPC server per resource -------------------------------------------------------------
@@ -465,6 +453,8 @@ class Plugin:
         self.servers: list[ResourceServer] = []
         self._layout_lock = threading.Lock()
         self._spec_watcher: SpecDirWatcher | None = None
+        # The one view of the spec dirs: native edits and the spec-dir watcher share it.
+        self.spec_cache = SpecCache(config.spec_dirs)
         self._poller: Poller | None = None
         self._xid: XidHealth | None = None
         self.registrar = Registrar(
@@ -542,7 +532,7 @@ class Plugin:
         if config.device_list_strategy == "native":
             from plugin.native import SpecEdits
 
-            edits = SpecEdits(config.spec_dirs)
+            edits = SpecEdits(self.spec_cache)
 
         def make(stop: threading.Event) -> DevicePluginService:
             return DevicePluginService(
@@ -565,7 +555,7 @@ class Plugin:
         watchers: list[Pollable] = []
         if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
             names = cdi_names(self.resources, config.cdi_kind)
-            spec = SpecDirWatcher(config.spec_dirs, names, spec_device_names, self.board)
+            spec = SpecDirWatcher(self.spec_cache, names, self.board)
             spec.poll()  # at startup, before the first device list goes out
             self._spec_watcher = spec
             watchers.append(spec)

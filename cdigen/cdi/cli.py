@@ -243,7 +243,8 @@ def _located(fs: HostFS, path: str) -> str:
 
 def run_validate(args: argparse.Namespace) -> int:
     """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
-    from cdigen.cdi.registry import DEFAULT_SPEC_DIRS, spec_paths
+    from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
+    from cdigen.cdi.cache import spec_files as spec_paths
     from cdigen.cdi.validate import file_problems
 
     files: list[str] = []
@@ -284,10 +285,11 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_list(args: argparse.Namespace) -> int:
     """Handle ``cdigen list``: resolvable names, conflicts and broken files; exit 1 if any.
 
-    A ``--spec-dir`` given that does not exist is said on stderr (exit 2 when none of them
-    exists); the default dirs may be missing, as for runtimes.
+    The dirs are loaded as runtimes load them (:class:`cdigen.cdi.cache.SpecCache`); the strict
+    lint is ``cdigen validate``'s. A ``--spec-dir`` given that does not exist is said on stderr
+    (exit 2 when none of them exists); the default dirs may be missing, as for runtimes.
     """
-    from cdigen.cdi.registry import DEFAULT_SPEC_DIRS, load_registry
+    from cdigen.cdi.cache import DEFAULT_SPEC_DIRS, SpecCache
 
     spec_dirs = args.spec_dir or DEFAULT_SPEC_DIRS
     if args.spec_dir:
@@ -300,20 +302,19 @@ def run_list(args: argparse.Namespace) -> int:
             )
         for d in missing:
             print(f"cdigen: warning: --spec-dir {d}: no such directory", file=sys.stderr)
-    registry = load_registry(spec_dirs)
-    if not registry.specs:
+    state = SpecCache(spec_dirs).state()
+    if not state.files:
         dirs = ", ".join(
             f"{d}{'' if Path(d).is_dir() else ' (missing)'}" for d in map(str, spec_dirs)
         )
         print(f"cdigen: no CDI spec files (*.yaml, *.json) in {dirs}", file=sys.stderr)
-    for name in sorted(registry.devices):
-        print(f"{name}\t{registry.devices[name].spec_path}")
-    for name in sorted(registry.conflicts):
-        files = ", ".join(map(str, registry.conflicts[name]))
-        print(f"{name}\tCONFLICT: defined in {files}; runtimes drop it")
-    for spec in registry.specs:
+    for name in sorted(state.devices):
+        print(f"{name}\t{state.devices[name].spec_path}")
+    for name, paths in state.conflicts.items():
+        print(f"{name}\tCONFLICT: defined in {', '.join(map(str, paths))}; runtimes drop it")
+    for spec in state.files:
         if spec.problems:
             more = len(spec.problems) - 1
             extra = f" (and {more} more: cdigen validate {spec.path})" if more else ""
             print(f"{spec.path}\tFAILED TO LOAD: {spec.problems[0]}{extra}")
-    return EXIT_CHECK_FAILED if registry.conflicts or registry.errors else EXIT_OK
+    return EXIT_CHECK_FAILED if state.conflicts or state.errors else EXIT_OK

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.cdi import names
+from cdigen.cdi.cache import SPEC_SUFFIXES
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
 from cdigen.errors import CdigenError, InputError, SchemaError, first_of
 from cdigen.fileio import read_document
 from cdigen.schemas import describe_value, field_path, load_schema, make_validator, quick_valid
 
 SCHEMA_NAME = "cdi-spec"
-SPEC_SUFFIXES = (".yaml", ".json")
 _EDIT_KEYS = ("env", "deviceNodes", "mounts", "hooks", "netDevices", "intelRdt", "additionalGids")
 
 

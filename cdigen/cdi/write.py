@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdigen.cdi.names import spec_file_name
-from cdigen.cdi.registry import declared_names, read_spec_document, spec_paths
+from cdigen.cdi.cache import load_state
+from cdigen.cdi.names import qualified_name, spec_file_name
 from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.validate import check_spec, refuse_dangling_link
-from cdigen.errors import CdigenError, SpecConflictError, WriteError, first_of
+from cdigen.errors import SpecConflictError, WriteError, first_of
 from cdigen.fileio import atomic_write, dump_document, read_text
 
 if TYPE_CHECKING:
@@ -80,19 +80,23 @@ def is_ours(text: str, fmt: str) -> bool:
 
 def find_conflicts(target: Path, names: Sequence[str]) -> list[tuple[Path, str]]:
     """``(other file, device)`` for each device in ``names`` that another spec file in the
-    target's directory already declares. Unparsable files declare nothing (runtimes skip them)."""
+    target's directory already defines, loaded as runtimes load it (a file that fails to load
+    defines nothing: runtimes skip it)."""
     wanted = set(names)
     found: list[tuple[Path, str]] = []
-    for path in spec_paths(target.parent):
-        if path.name == target.name:
+    for spec in load_state([target.parent]).files:
+        if spec.path.name == target.name:
             continue
-        try:
-            doc = read_spec_document(path)
-        except CdigenError as exc:
-            log.info("ignoring %s for conflict checks: %s", path, exc)
+        if not spec.loads:
+            log.info("ignoring %s for conflict checks: %s", spec.path, spec.problems[0])
             continue
-        found += [(path, n) for n in declared_names(doc) if n in wanted]
+        found += [(spec.path, n) for n in spec.device_names if n in wanted]
     return found
+
+
+def device_names(spec: SpecDoc) -> list[str]:
+    """The qualified names of the devices ``spec`` defines."""
+    return [qualified_name(spec["kind"], d["name"]) for d in spec["devices"]]
 
 
 def make_spec_dir(directory: Path) -> None:
@@ -196,7 +200,7 @@ def write_spec(spec: SpecDoc, target: Path, fmt: str) -> WriteResult:
 
 
 def _write_locked(spec: SpecDoc, target: Path, fmt: str, text: str) -> WriteResult:
-    conflicts = find_conflicts(target, declared_names(spec))
+    conflicts = find_conflicts(target, device_names(spec))
     if conflicts:
         other = conflicts[0][0]
         raise SpecConflictError(

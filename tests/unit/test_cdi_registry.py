@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.registry import load_registry
+from cdigen.cdi.cache import load_state
 from cdigen.cli import main
 from cdigen.fileio import dump_document
 
@@ -33,7 +33,7 @@ def put(directory: Path, name: str, doc: Any) -> Path:
 def test_later_directory_wins(tmp_path: Path) -> None:
     etc = put(tmp_path / "etc", "a.yaml", spec("0", "1"))
     run = put(tmp_path / "run", "b.json", spec("1"))
-    reg = load_registry([tmp_path / "etc", tmp_path / "run"])
+    reg = load_state([tmp_path / "etc", tmp_path / "run"])
     assert {n: d.spec_path for n, d in reg.devices.items()} == {
         "nvidia.com/gpu=0": etc,
         "nvidia.com/gpu=1": run,
@@ -45,7 +45,7 @@ def test_same_directory_conflict_drops_the_device_everywhere(tmp_path: Path) -> 
     a = put(tmp_path / "etc", "a.yaml", spec("0", "1"))
     b = put(tmp_path / "etc", "b.yaml", spec("0"))
     put(tmp_path / "run", "c.yaml", spec("0"))  # a higher priority does not rescue it
-    reg = load_registry([tmp_path / "etc", tmp_path / "run"])
+    reg = load_state([tmp_path / "etc", tmp_path / "run"])
     assert sorted(reg.devices) == ["nvidia.com/gpu=1"]
     assert reg.conflicts == {"nvidia.com/gpu=0": (a, b)}
 
@@ -57,7 +57,7 @@ def test_broken_files_and_ignored_names(tmp_path: Path) -> None:
     put(d, "ignored.yml", spec("9"))  # not *.yaml/*.json: runtimes never read it
     (d / "sub").mkdir()
     put(d / "sub", "deep.yaml", spec("8"))  # not recursive
-    reg = load_registry([d, tmp_path / "missing"])
+    reg = load_state([d, tmp_path / "missing"])
     assert reg.devices == {}
     assert set(reg.errors) == {bad, d / "junk.yaml"}
     assert "unknown cdiVersion '0.9.0'" in reg.errors[bad]

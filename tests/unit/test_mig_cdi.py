@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cdigen.cdi.registry import load_registry
+from cdigen.cdi.cache import load_state
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.fileio import parse_document
@@ -93,5 +93,5 @@ def test_generate_is_byte_identical_for_one_layout_in_any_listed_order(tmp_path:
         assert main(argv) == 0
         outputs.append((out_dir / "nvidia.com-gpu.yaml").read_bytes())
     assert outputs[0] == outputs[1] == outputs[2]
-    registry = load_registry([tmp_path / "cdi0"])
+    registry = load_state([tmp_path / "cdi0"])
     assert f"nvidia.com/gpu={node.gpus[0].mig_devices[0].uuid}" in registry.devices

@@ -10,6 +10,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from cdigen.cdi.cache import SpecCache
 from cdigen.model import Gpu, Node
 from plugin.health import (
     SOURCE_NODE,
@@ -93,18 +94,16 @@ def test_node_watcher_rereads_on_change_and_keeps_health_on_a_bad_file(tmp_path:
 
 def test_spec_watcher_marks_missing_names_until_the_spec_has_them(tmp_path: Path) -> None:
     board = HealthBoard(UUIDS)
-    spec = tmp_path / "nvidia.yaml"
-    known: set[str] = set()
-
-    def load_names(dirs: object) -> set[str]:
-        return set(known)
-
     names = {u: [f"nvidia.com/gpu={u}"] for u in UUIDS}
-    watcher = SpecDirWatcher([tmp_path], names, load_names, board)
+    watcher = SpecDirWatcher(SpecCache([tmp_path]), names, board)
     watcher.poll()
     assert not any(board.healthy(u) for u in UUIDS)
-    known.update({"nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"})
-    spec.write_text("now it has two")
+    devices = "".join(
+        f"- name: {u}\n  containerEdits:\n    env: [X=1]\n" for u in ("GPU-a", "GPU-b")
+    )
+    (tmp_path / "nvidia.yaml").write_text(
+        f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n{devices}"
+    )
     watcher.poll()
     assert board.healthy("GPU-a") and board.healthy("GPU-b") and not board.healthy("GPU-c")
     _, reasons = board.snapshot()

@@ -1,4 +1,4 @@
-"""The native strategy: CDI spec edits, found through the registry, as AllocateResponse fields."""
+"""The native strategy: CDI spec edits, found through the spec cache, as AllocateResponse fields."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cdigen.cdi.cache import SpecCache
 from cdigen.cdi.validate import spec_problems
 from cdigen.fileio import parse_document
 from plugin.api import deviceplugin_pb2 as pb
@@ -52,7 +53,7 @@ def spec_dir(tmp_path: Path) -> Path:
 
 
 def test_edits_merge_spec_wide_then_per_device(spec_dir: Path) -> None:
-    edits = SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"])
+    edits = SpecEdits(SpecCache([spec_dir]))(["nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb"])
     assert [n.path for n in edits.device_nodes] == [
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",
@@ -67,7 +68,7 @@ def test_edits_merge_spec_wide_then_per_device(spec_dir: Path) -> None:
 
 def test_response_fields_carry_the_edits(spec_dir: Path) -> None:
     response = pb.ContainerAllocateResponse()
-    fill_native(response, SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-aaaa"]))
+    fill_native(response, SpecEdits(SpecCache([spec_dir]))(["nvidia.com/gpu=GPU-aaaa"]))
     assert dict(response.envs) == {
         "NVIDIA_VISIBLE_DEVICES": "void",
         "CUDA_X": "1",
@@ -86,11 +87,11 @@ def test_response_fields_carry_the_edits(spec_dir: Path) -> None:
 
 def test_unknown_name_is_a_key_error_naming_it(spec_dir: Path) -> None:
     with pytest.raises(KeyError, match="GPU-cccc"):
-        SpecEdits([spec_dir])(["nvidia.com/gpu=GPU-cccc"])
+        SpecEdits(SpecCache([spec_dir]))(["nvidia.com/gpu=GPU-cccc"])
 
 
 def test_spec_changes_are_picked_up(spec_dir: Path) -> None:
-    lookup = SpecEdits([spec_dir])
+    lookup = SpecEdits(SpecCache([spec_dir]))
     with pytest.raises(KeyError):
         lookup(["nvidia.com/gpu=GPU-cccc"])
     (spec_dir / "more.yaml").write_text(
@@ -103,17 +104,17 @@ def test_spec_changes_are_picked_up(spec_dir: Path) -> None:
 def test_each_spec_file_is_parsed_once_per_change(
     spec_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import cdigen.cdi.registry as registry
+    import cdigen.cdi.cache as cache
 
     parsed: list[Path] = []
-    real = registry.read_spec_document
+    real = cache.load_spec
 
-    def counting(path: Path) -> object:
+    def counting(path: Path, priority: int) -> object:
         parsed.append(path)
-        return real(path)
+        return real(path, priority)
 
-    monkeypatch.setattr(registry, "read_spec_document", counting)
-    lookup = SpecEdits([spec_dir])
+    monkeypatch.setattr(cache, "load_spec", counting)
+    lookup = SpecEdits(SpecCache([spec_dir]))
     lookup(["nvidia.com/gpu=GPU-aaaa"])
     lookup(["nvidia.com/gpu=GPU-bbbb"])
     assert parsed == [spec_dir / "nvidia.yaml"]

@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from cdigen.cdi.registry import load_registry
+from cdigen.cdi.cache import SpecCache, load_state
 from cdigen.cdi.write import LOCK_NAME
 from cdigen.cli import main
 from cdigen.nodefile import dump_node
 from plugin.health import HealthBoard, SpecDirWatcher
-from plugin.serve import spec_device_names
 from tests.cdihost import FakeHost, build_host, make_node
 
 OURS = "nvidia.com-gpu.yaml"
@@ -70,7 +69,7 @@ def generate_args(fake: FakeHost, out: Path, *extra: str) -> list[str]:
 def defined_devices(directory: Path) -> dict[str, list[str]]:
     """Qualified device name -> the files in ``directory`` that define it."""
     out: dict[str, list[str]] = {}
-    for spec in load_registry([directory]).specs:
+    for spec in load_state([directory]).files:
         for name in spec.device_names:
             out.setdefault(name, []).append(spec.path.name)
     return out
@@ -127,7 +126,7 @@ def hostile_dir(fake: FakeHost, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("name", sorted(MALFORMED))
 def test_each_malformed_spec_fails_to_load_with_a_reason(tmp_path: Path, name: str) -> None:
     (tmp_path / name).write_text(MALFORMED[name])
-    registry = load_registry([tmp_path])
+    registry = load_state([tmp_path])
     assert list(registry.errors) == [tmp_path / name]
     reason = registry.errors[tmp_path / name]
     assert "\n" not in reason and "Traceback" not in reason and len(reason) < 300
@@ -155,7 +154,7 @@ def test_cdi_library_rejects_the_same_files(hostile_dir: Path) -> None:
     run = subprocess.run([tool, "list", hostile_dir], capture_output=True, text=True, timeout=60)
     failed = {Path(m).name for m in re.findall(r"^SPEC ERROR (\S+?):", run.stdout, re.M)}
     assert failed == set(MALFORMED), run.stdout + run.stderr
-    assert set(load_registry([hostile_dir]).devices) <= set(re.findall(r"\S+=\S+", run.stdout))
+    assert set(load_state([hostile_dir]).devices) <= set(re.findall(r"\S+=\S+", run.stdout))
 
 
 def test_generate_writes_our_spec_beside_malformed_foreign_specs(
@@ -166,7 +165,7 @@ def test_generate_writes_our_spec_beside_malformed_foreign_specs(
     for name, text in MALFORMED.items():
         (out / name).write_text(text)
     assert main(generate_args(fake, out)) == 0
-    assert len(load_registry([out]).devices) == len(fake.node.gpus) * 2 + 1  # index, uuid, all
+    assert len(load_state([out]).devices) == len(fake.node.gpus) * 2 + 1  # index, uuid, all
 
 
 def test_plugin_keeps_every_gpu_healthy_beside_malformed_foreign_specs(
@@ -175,7 +174,7 @@ def test_plugin_keeps_every_gpu_healthy_beside_malformed_foreign_specs(
     uuids = [g.uuid for g in fake.node.gpus]
     board = HealthBoard(uuids)
     names = {u: [f"nvidia.com/gpu={u}"] for u in uuids}
-    watcher = SpecDirWatcher([hostile_dir], names, spec_device_names, board)
+    watcher = SpecDirWatcher(SpecCache([hostile_dir]), names, board)
     with caplog.at_level(logging.WARNING, logger="cdigen"):
         watcher.poll()
     assert all(board.healthy(u) for u in uuids), board.snapshot()
@@ -183,18 +182,27 @@ def test_plugin_keeps_every_gpu_healthy_beside_malformed_foreign_specs(
     assert skipped == {str(hostile_dir / n) for n in MALFORMED}
 
 
-def test_a_fault_in_the_spec_check_leaves_health_as_it_was() -> None:
+def test_a_fault_in_the_spec_check_leaves_health_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     board = HealthBoard(["GPU-a"])
+    good = tmp_path / "a.yaml"
+    good.write_text(HEAD + "nvidia.com/gpu\n" + OTHER_DEVICE.replace("d0", "GPU-a"))
+    cache = SpecCache([tmp_path])
+    real = cache.state
     fault = RuntimeError("loader fault")
-    results: list[set[str] | Exception] = [{"nvidia.com/gpu=GPU-a"}, fault, set(), fault]
+    steps: list[str] = ["ok", "fault", "gone", "fault"]
 
-    def load_names(dirs: object) -> set[str]:
-        result = results.pop(0)
-        if isinstance(result, Exception):
-            raise result
-        return result
+    def state() -> object:
+        step = steps.pop(0)
+        if step == "fault":
+            raise fault
+        if step == "gone":
+            good.unlink()
+        return real()
 
-    watcher = SpecDirWatcher([], {"GPU-a": ["nvidia.com/gpu=GPU-a"]}, load_names, board)
+    monkeypatch.setattr(cache, "state", state)
+    watcher = SpecDirWatcher(cache, {"GPU-a": ["nvidia.com/gpu=GPU-a"]}, board)
     healthy = []
     for _ in range(4):
         watcher.check()
