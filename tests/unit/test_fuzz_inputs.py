@@ -263,3 +263,64 @@ def test_the_hostile_scalars_are_known_values() -> None:
     """The list above holds what YAML really turns into non-JSON values."""
     doc = parse_document("d: 2001-01-01\nt: 2001-01-01 10:00:00\n", where="t")
     assert isinstance(doc["d"], datetime.date) and isinstance(doc["t"], datetime.datetime)
+
+
+# policy replay request lines ------------------------------------------------------------------
+
+REPLAY_IDS = ["0", "1", "2", "3", "7", "8", "-1", "GPU-x", "", "0::1", "1:0", "9" * 5000]
+replay_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.sampled_from(REPLAY_IDS)
+    | st.floats(allow_nan=True),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def replay_lines(draw: st.DrawFn) -> str:
+    """Request lines as `policy replay` reads them: mostly well-formed objects with drawn values,
+    plus raw text, deep nesting and huge numbers."""
+    import json
+
+    lines = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["object", "object", "raw", "deep"]))
+        if kind == "object":
+            doc = {
+                "available": draw(
+                    st.lists(st.sampled_from(REPLAY_IDS), max_size=6) | replay_values
+                ),
+                "mustInclude": draw(
+                    st.lists(st.sampled_from(REPLAY_IDS), max_size=2) | replay_values
+                ),
+                "size": draw(st.integers(-2, 10) | replay_values),
+            }
+            lines.append(json.dumps(doc))
+        elif kind == "deep":
+            depth = draw(st.integers(50, 20000))
+            lines.append("[" * depth + "]" * depth)
+        else:
+            lines.append(draw(st.text(max_size=40)).replace("\n", " "))
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(text=replay_lines())
+def test_fuzzed_replay_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    path = tmp_path / "requests.jsonl"
+    path.write_text(text, encoding="utf-8")
+    code = bounded(
+        lambda: main(["policy", "replay", "--node", "builtin:dgx1-v100", "--requests", str(path)])
+    )
+    _, err = capsys.readouterr()
+    assert code in (0, 2), (code, err)
+    assert "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, err
