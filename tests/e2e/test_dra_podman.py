@@ -20,9 +20,10 @@ import pytest
 
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, NVIDIA_MAJOR, build_host, make_node
-from tests.e2e.test_dra import DRIVER, NODE_NAME, Harness
-from tests.e2e.test_podman import Podman, _missing_tools
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.dra import DRIVER, NODE_NAME, Harness
+from tests.helpers.podman import Podman
+from tests.helpers.podman import missing_tools as podman_missing_tools
 
 UID = "3f2c9a4e-5b1d-4c6e-8f00-0123456789ab"  # a real claim UID starts with a digit or a letter
 
@@ -57,7 +58,7 @@ class ClaimPodman(Podman):
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[ClaimPodman, Harness]]:
-    reason = _missing_tools()
+    reason = podman_missing_tools()
     if reason:
         pytest.skip(reason)
     store = Path(tempfile.mkdtemp(prefix="cdigen-podman-", dir="/tmp"))

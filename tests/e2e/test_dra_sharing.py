@@ -7,8 +7,6 @@ plugin actually published."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,10 @@ from policies.claims import FirstFit, NodeState, claim_from_doc, device_class, s
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.helpers.dra import DRIVER, NODE_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
-DRIVER = "gpu.cdigen.dev"
-NODE_NAME = "node-a"
 GIB = 1 << 30
 
 
@@ -38,13 +35,6 @@ def api() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def kubelet_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Plugin:
