@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdigen.model import Gpu, MigDevice, Node
+from tests.helpers.shared import shared_tool  # noqa: F401  (one lookup; kept for importers)
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -295,17 +296,6 @@ def build_host(
         real_nodes=real and dev_nodes,
         libraries=tuple(libs),
     )
-
-
-def shared_tool(name: str) -> Path | None:
-    """``../shared/tools/bin/<name>`` beside the repository (CI, /work/main), or beside the
-    folder holding it (a worktree under /work/wt/); None where there is none."""
-    repo = Path(__file__).resolve().parents[1]
-    for base in (repo.parent, repo.parent.parent):
-        tool = base / "shared" / "tools" / "bin" / name
-        if tool.is_file() and os.access(tool, os.X_OK):
-            return tool
-    return None
 
 
 def sysfs_bdf(pci_bus_id: str) -> str:

@@ -19,9 +19,7 @@ from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import FakeApiServer
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CDICHECK = REPO_ROOT.parent / "shared" / "tools" / "bin" / "cdicheck"
+from tests.helpers.shared import require_shared_tool
 
 
 @pytest.fixture
@@ -47,10 +45,9 @@ def harness(
 
 
 def _cdicheck(*args: str) -> subprocess.CompletedProcess[str]:
-    if not CDICHECK.exists():
-        pytest.skip(f"{CDICHECK} is absent (it comes with ../shared beside the checkout, as in CI)")
+    cdicheck = require_shared_tool("cdicheck")
     return subprocess.run(
-        [str(CDICHECK), *args], capture_output=True, text=True, timeout=60, check=False
+        [str(cdicheck), *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 

@@ -30,8 +30,8 @@ from tests.cdihost import (
     FakeHost,
     build_host,
     make_node,
-    shared_tool,
 )
+from tests.helpers.shared import require_shared_tool
 
 RHEL_DIR = "/usr/lib64"
 
@@ -163,9 +163,7 @@ def test_capability_names() -> None:
 def test_cdicheck_injects_every_capability_set(
     fake: FakeHost, tmp_path: Path, caps: tuple[str, ...], hooks: bool
 ) -> None:
-    cdicheck = shared_tool("cdicheck")
-    if cdicheck is None:
-        pytest.skip("../shared/tools/bin/cdicheck not found (a user's clone)")
+    cdicheck = require_shared_tool("cdicheck")
     hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook") if hooks else None
     spec = generate(fake.node, options(fake, capabilities=caps, hook_path=hook))
     spec_dir = tmp_path / "cdi"
