@@ -16,7 +16,9 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Gpu, MigDevice, Node
 from tests.helpers.shared import shared_tool  # noqa: F401  (one lookup; kept for importers)
 
@@ -296,6 +298,16 @@ def build_host(
         real_nodes=real and dev_nodes,
         libraries=tuple(libs),
     )
+
+
+def spec_options(host: FakeHost, **kw: Any) -> SpecOptions:
+    """``SpecOptions`` with the host's driver, dev and sysfs roots; ``kw`` adds or overrides."""
+    roots = {
+        "driver_root": str(host.driver_root),
+        "dev_root": str(host.dev_root),
+        "sysfs_root": str(host.sysfs_root),
+    }
+    return SpecOptions(**{**roots, **kw})
 
 
 def sysfs_bdf(pci_bus_id: str) -> str:

@@ -9,9 +9,7 @@ rootfs with ``--device k8s.gpu.cdigen.dev/claim=<uid>-gpu-0``. After unprepare t
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,26 +32,8 @@ class ClaimPodman(Podman):
     def __init__(self, work: Path, store: Path, run_cdi: Path) -> None:
         super().__init__(work, store)
         self.run_cdi = run_cdi
-
-    def run(self, script: str, *devices: str) -> subprocess.CompletedProcess[str]:
-        """Run ``/bin/sh -c script`` in a container with the given CDI devices."""
-        w = self.work
-        device_args = " ".join(f"--device {d}" for d in devices)
-        inner = (
-            f"mount --bind {w}/empty /etc/cdi && mount --bind {self.run_cdi} /var/run/cdi && "
-            f"podman --root {self.store}/root --runroot {self.store}/run --storage-driver vfs "
-            f"run --rm --network none {device_args} --rootfs {self.rootfs} /bin/sh -c '{script}'"
-        )
-        os.makedirs("/etc/cdi", exist_ok=True)
-        os.makedirs("/var/run/cdi", exist_ok=True)
-        env = {**os.environ, "CONTAINERS_CONF": str(w / "containers.conf")}
-        return subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        self.etc_cdi = work / "empty"
+        self.var_run_cdi = run_cdi
 
 
 @pytest.fixture

@@ -21,14 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.podman import CONTAINERS_CONF
 from tests.helpers.shared import require_shared_tool
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = Path("/var/tmp/cdigen-image-test")  # podman wants short --root/--runroot paths
-CONTAINERS_CONF = (
-    '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
-    '[engine]\nruntime = "runc"\n'
-)
 
 
 def _missing_tools() -> str | None:

@@ -16,6 +16,20 @@ DRIVER = "gpu.cdigen.dev"
 NODE_NAME = "node-a"
 
 
+def dra_options(host: FakeHost, kubelet_dir: Path, cdi_dir: Path, **overrides: Any) -> DraOptions:
+    """The plugin's options for ``host`` on node ``NODE_NAME``; ``overrides`` adds or replaces."""
+    return DraOptions(
+        node_name=NODE_NAME,
+        driver=DRIVER,
+        kubelet_dir=kubelet_dir,
+        cdi_dir=cdi_dir,
+        driver_root=str(host.driver_root),
+        dev_root=str(host.dev_root),
+        sysfs_root=str(host.sysfs_root),
+        **overrides,
+    )
+
+
 class Harness:
     """One DRA plugin in-process, wired to the fake API server, and the kubelet simulator."""
 
@@ -31,16 +45,7 @@ class Harness:
         self.kubelet = DraKubeletSim(kubelet_dir)
 
     def start(self, node: Node | None = None, **overrides: Any) -> DraPlugin:
-        options = DraOptions(
-            node_name=NODE_NAME,
-            driver=DRIVER,
-            kubelet_dir=self.kubelet_dir,
-            cdi_dir=self.cdi_dir,
-            driver_root=str(self.host.driver_root),
-            dev_root=str(self.host.dev_root),
-            sysfs_root=str(self.host.sysfs_root),
-            **overrides,
-        )
+        options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
         kube = KubeApi(api_client(str(self.kubeconfig)))
         self.plugin = DraPlugin(
             options,

@@ -26,10 +26,11 @@ def missing_tools() -> str | None:
 
 
 class Podman:
-    """Runs podman against a private /etc/cdi holding ``cdi_dir``.
+    """Runs podman against a private /etc/cdi holding ``cdi`` (and an empty /var/run/cdi).
 
     ``rootfs``: the container's root (used through an overlay, so it stays as it is); default:
-    a busybox root made in ``work``.
+    a busybox root made in ``work``. ``etc_cdi``/``var_run_cdi``: the folders bind-mounted over
+    /etc/cdi and /var/run/cdi for each run (a subclass or test may point them elsewhere).
     """
 
     def __init__(self, work: Path, store: Path, rootfs: Path | None = None) -> None:
@@ -38,6 +39,8 @@ class Podman:
         self.rootfs = rootfs or work / "rootfs"
         self.overlay = rootfs is not None
         self.cdi = work / "cdi"
+        self.etc_cdi = self.cdi
+        self.var_run_cdi = work / "empty"
         work.mkdir(parents=True, exist_ok=True)
         self.cdi.mkdir()
         (work / "empty").mkdir()
@@ -59,7 +62,8 @@ class Podman:
         rootfs = f"{self.rootfs}:O" if self.overlay else str(self.rootfs)
         device_args = " ".join([*(f"--device {d}" for d in devices), extra])
         inner = (
-            f"mount --bind {w}/cdi /etc/cdi && mount --bind {w}/empty /var/run/cdi && "
+            f"mount --bind {self.etc_cdi} /etc/cdi && "
+            f"mount --bind {self.var_run_cdi} /var/run/cdi && "
             f"podman --root {self.store}/root --runroot {self.store}/run --storage-driver vfs "
             f"run --rm --network none {device_args} --rootfs {rootfs} /bin/sh -c '{script}'"
         )

@@ -15,7 +15,6 @@ import pytest
 from cdigen.cdi import host as hostmod
 from cdigen.cdi.spec import (
     CAPABILITIES,
-    SpecOptions,
     generate,
     parse_capabilities,
 )
@@ -31,18 +30,10 @@ from tests.cdihost import (
     build_host,
     make_node,
 )
+from tests.cdihost import spec_options as options
 from tests.helpers.shared import require_shared_tool
 
 RHEL_DIR = "/usr/lib64"
-
-
-def options(fake: FakeHost, **kw: Any) -> SpecOptions:
-    roots = {
-        "driver_root": str(fake.driver_root),
-        "dev_root": str(fake.dev_root),
-        "sysfs_root": str(fake.sysfs_root),
-    }
-    return SpecOptions(**{**roots, **kw})
 
 
 def mounts(spec: Any) -> dict[str, dict[str, Any]]:

@@ -14,18 +14,10 @@ from cdigen.cdi.validate import spec_problems
 from cdigen.errors import InputError
 from cdigen.model import Node
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, FakeHost, build_host, make_node
+from tests.cdihost import spec_options as options
 from tests.helpers.shared import require_shared, shared_path
 
 UPSTREAM_SCHEMA = shared_path("reference/cdi-schema")
-
-
-def options(fake: FakeHost, **kw: Any) -> SpecOptions:
-    roots = {
-        "driver_root": str(fake.driver_root),
-        "dev_root": str(fake.dev_root),
-        "sysfs_root": str(fake.sysfs_root),
-    }
-    return SpecOptions(**{**roots, **kw})
 
 
 def device(spec: Any, name: str) -> dict[str, Any]:
