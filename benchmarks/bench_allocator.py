@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.baseline_besteffort import BestEffortBaseline, partition_count
+from benchmarks.common import percentile
 from cdigen.discover import load_node
 from cdigen.model import Node
 from policies.allocator import AllocationRequest, Allocator
@@ -58,11 +59,6 @@ spec:
   constraints:
     - allocation.numaNodes.size() <= 2
 """
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed_us(call: Callable[[], object], repeat: int = 1) -> float:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
+from benchmarks.common import percentile  # noqa: E402
 from plugin.dra.api import dra_v1_pb2 as pb  # noqa: E402
 from plugin.dra.api import dra_v1_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -46,11 +47,6 @@ DRIVER = "gpu.cdigen.dev"
 NODE_NAME = "bench-node"
 PREPARE_GOAL_MS = 5.0
 SLICES_GOAL_MS = 100.0
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed(call: Callable[[int], Any], count: int, warm: int = 20) -> list[float]:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from benchmarks.bench_plugin import percentile, rss_mb, wait_for_socket  # noqa: E402
+from benchmarks.common import percentile, rss_mb, vm_field, wait_for_socket  # noqa: E402
 from plugin.api import deviceplugin_pb2 as pb  # noqa: E402
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -62,14 +62,6 @@ class Run:
     def rate(self) -> float:
         """Completed calls per second."""
         return len(self.latencies) / self.wall_s
-
-
-def vm_field(pid: int, name: str) -> float:
-    """A ``/proc/<pid>/status`` memory field in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def requests_for(uuids: Sequence[str], calls: int, seed: int) -> list[tuple[str, Any]]:

@@ -23,18 +23,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import percentile  # noqa: E402
 from cdigen.discover import load_node  # noqa: E402
 from cdigen.nodefile import dump_node  # noqa: E402
 from plugin.config import HealthConfig, PluginConfig  # noqa: E402
 from plugin.serve import Plugin  # noqa: E402
-from tests.e2e.test_mig_plugin import _repartition  # noqa: E402
+from tests.helpers.mig import repartition  # noqa: E402
 from tests.kubelet_sim import KubeletSimulator  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:
     """The q-th percentile (nearest rank), in ms."""
-    ordered = sorted(values)
-    return 1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+    return 1000 * percentile(values, q / 100)
 
 
 def main() -> int:
@@ -45,7 +45,7 @@ def main() -> int:
     args = parser.parse_args()
 
     node = load_node("builtin:dgx-a100-mig-mixed")
-    layouts = [node, _repartition(node)]
+    layouts = [node, repartition(node)]
     sizes = [3, 5]  # 3g.40gb devices in each layout
     plain_id = node.gpus[5].uuid
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
+from benchmarks.common import percentile, rss_mb, wait_for_socket  # noqa: E402
 from plugin.api import deviceplugin_pb2 as pb  # noqa: E402
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -63,26 +64,6 @@ def run_floor(socket: str) -> None:
     server.start()
     signal.sigwait([signal.SIGTERM])
     server.stop(0)
-
-
-def wait_for_socket(path: Path, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: {path} did not appear")
-        time.sleep(0.05)
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 Method = Callable[[Any, int], Any]

@@ -16,8 +16,11 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Gpu, MigDevice, Node
+from tests.helpers.shared import shared_tool  # noqa: F401  (one lookup; kept for importers)
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"
@@ -297,15 +300,14 @@ def build_host(
     )
 
 
-def shared_tool(name: str) -> Path | None:
-    """``../shared/tools/bin/<name>`` beside the repository (CI, /work/main), or beside the
-    folder holding it (a worktree under /work/wt/); None where there is none."""
-    repo = Path(__file__).resolve().parents[1]
-    for base in (repo.parent, repo.parent.parent):
-        tool = base / "shared" / "tools" / "bin" / name
-        if tool.is_file() and os.access(tool, os.X_OK):
-            return tool
-    return None
+def spec_options(host: FakeHost, **kw: Any) -> SpecOptions:
+    """``SpecOptions`` with the host's driver, dev and sysfs roots; ``kw`` adds or overrides."""
+    roots = {
+        "driver_root": str(host.driver_root),
+        "dev_root": str(host.dev_root),
+        "sysfs_root": str(host.sysfs_root),
+    }
+    return SpecOptions(**{**roots, **kw})
 
 
 def sysfs_bdf(pci_bus_id: str) -> str:

@@ -32,7 +32,7 @@ import pytest
 from cdigen.nodefile import dump_node
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, FakeHost, build_host, make_node
 from tests.debian_root import cached_debian_root, missing_tools
-from tests.e2e.test_podman import Podman
+from tests.helpers.podman import Podman
 
 PACKAGES = ("gcc", "libc6-dev")
 STUB_CUDA = "int cuInit(unsigned int flags) { return (int)flags + 100; }\n"

@@ -6,28 +6,20 @@ transient specs."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cdigen.model import Node
-from plugin.dra.kube import KubeApi, api_client
 from plugin.dra.prepare import claim_spec_path
-from plugin.dra.serve import DraOptions, DraPlugin
 from tests.cdihost import FakeHost, build_host, make_node
-from tests.dra_kubelet_sim import DraKubeletSim, RegistrationRefused
-from tests.fake_apiserver import FakeApiServer, allocated_claim
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CDICHECK = REPO_ROOT.parent / "shared" / "tools" / "bin" / "cdicheck"
-DRIVER = "gpu.cdigen.dev"
-NODE_NAME = "node-a"
+from tests.dra_kubelet_sim import RegistrationRefused
+from tests.fake_apiserver import FakeApiServer
+from tests.helpers.dra import DRIVER, NODE_NAME, Harness
+from tests.helpers.shared import require_shared_tool
 
 
 @pytest.fixture
@@ -44,65 +36,6 @@ def host(tmp_path: Path) -> FakeHost:
 
 
 @pytest.fixture
-def kubelet_dir() -> Iterator[Path]:
-    # short: unix socket paths hold 107 bytes, pytest's tmp_path can be longer
-    path = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-class Harness:
-    """One DRA plugin in-process, wired to the fake API server, and the kubelet simulator."""
-
-    def __init__(
-        self, api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
-    ) -> None:
-        self.api = api
-        self.host = host
-        self.kubelet_dir = kubelet_dir
-        self.cdi_dir = tmp_path / "run-cdi"
-        self.kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        self.plugin: DraPlugin | None = None
-        self.kubelet = DraKubeletSim(kubelet_dir)
-
-    def start(self, node: Node | None = None, **overrides: Any) -> DraPlugin:
-        options = DraOptions(
-            node_name=NODE_NAME,
-            driver=DRIVER,
-            kubelet_dir=self.kubelet_dir,
-            cdi_dir=self.cdi_dir,
-            driver_root=str(self.host.driver_root),
-            dev_root=str(self.host.dev_root),
-            sysfs_root=str(self.host.sysfs_root),
-            **overrides,
-        )
-        kube = KubeApi(api_client(str(self.kubeconfig)))
-        self.plugin = DraPlugin(
-            options,
-            node or self.host.node,
-            slices=kube,
-            claims=kube,
-            owner=kube.node_owner(NODE_NAME),
-        )
-        self.plugin.start()
-        self.kubelet.register()
-        return self.plugin
-
-    def stop(self) -> None:
-        if self.plugin is not None:
-            self.plugin.stop()
-            self.plugin = None
-
-    def claim(self, name: str, uid: str, *devices: str, **extra: Any) -> tuple[str, str, str]:
-        results = [
-            {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": d, **extra}
-            for d in devices
-        ]
-        self.api.add_claim(allocated_claim(name, uid, results))
-        return ("default", uid, name)
-
-
-@pytest.fixture
 def harness(
     api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
 ) -> Iterator[Harness]:
@@ -112,10 +45,9 @@ def harness(
 
 
 def _cdicheck(*args: str) -> subprocess.CompletedProcess[str]:
-    if not CDICHECK.exists():
-        pytest.skip(f"{CDICHECK} is absent (it comes with ../shared beside the checkout, as in CI)")
+    cdicheck = require_shared_tool("cdicheck")
     return subprocess.run(
-        [str(CDICHECK), *args], capture_output=True, text=True, timeout=60, check=False
+        [str(cdicheck), *args], capture_output=True, text=True, timeout=60, check=False
     )
 
 

@@ -9,9 +9,7 @@ rootfs with ``--device k8s.gpu.cdigen.dev/claim=<uid>-gpu-0``. After unprepare t
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +18,10 @@ import pytest
 
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, NVIDIA_MAJOR, build_host, make_node
-from tests.e2e.test_dra import DRIVER, NODE_NAME, Harness
-from tests.e2e.test_podman import Podman, _missing_tools
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.dra import DRIVER, NODE_NAME, Harness
+from tests.helpers.podman import Podman
+from tests.helpers.podman import missing_tools as podman_missing_tools
 
 UID = "3f2c9a4e-5b1d-4c6e-8f00-0123456789ab"  # a real claim UID starts with a digit or a letter
 
@@ -33,31 +32,13 @@ class ClaimPodman(Podman):
     def __init__(self, work: Path, store: Path, run_cdi: Path) -> None:
         super().__init__(work, store)
         self.run_cdi = run_cdi
-
-    def run(self, script: str, *devices: str) -> subprocess.CompletedProcess[str]:
-        """Run ``/bin/sh -c script`` in a container with the given CDI devices."""
-        w = self.work
-        device_args = " ".join(f"--device {d}" for d in devices)
-        inner = (
-            f"mount --bind {w}/empty /etc/cdi && mount --bind {self.run_cdi} /var/run/cdi && "
-            f"podman --root {self.store}/root --runroot {self.store}/run --storage-driver vfs "
-            f"run --rm --network none {device_args} --rootfs {self.rootfs} /bin/sh -c '{script}'"
-        )
-        os.makedirs("/etc/cdi", exist_ok=True)
-        os.makedirs("/var/run/cdi", exist_ok=True)
-        env = {**os.environ, "CONTAINERS_CONF": str(w / "containers.conf")}
-        return subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c", inner],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
+        self.etc_cdi = work / "empty"
+        self.var_run_cdi = run_cdi
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[tuple[ClaimPodman, Harness]]:
-    reason = _missing_tools()
+    reason = podman_missing_tools()
     if reason:
         pytest.skip(reason)
     store = Path(tempfile.mkdtemp(prefix="cdigen-podman-", dir="/tmp"))

@@ -7,8 +7,6 @@ plugin actually published."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,17 +17,16 @@ import yaml
 from cdigen.discover import load_node
 from plugin.dra.kube import KubeApi, api_client
 from plugin.dra.prepare import MpsSettings, claim_spec_path
-from plugin.dra.serve import DraOptions, DraPlugin
+from plugin.dra.serve import DraPlugin
 from plugin.dra.slices import MemoryShares
 from policies.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.helpers.dra import DRIVER, NODE_NAME, dra_options
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
-DRIVER = "gpu.cdigen.dev"
-NODE_NAME = "node-a"
 GIB = 1 << 30
 
 
@@ -38,13 +35,6 @@ def api() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def kubelet_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class Plugin:
@@ -61,16 +51,7 @@ class Plugin:
 
     def start(self, source: str = "builtin:rtx4090", **overrides: Any) -> DraPlugin:
         self.host = build_host(self.tmp_path / "host", load_node(source))
-        options = DraOptions(
-            node_name=NODE_NAME,
-            driver=DRIVER,
-            kubelet_dir=self.kubelet_dir,
-            cdi_dir=self.cdi_dir,
-            driver_root=str(self.host.driver_root),
-            dev_root=str(self.host.dev_root),
-            sysfs_root=str(self.host.sysfs_root),
-            **overrides,
-        )
+        options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
         kube = KubeApi(api_client(str(self.api.kubeconfig(self.tmp_path / "kubeconfig"))))
         self.plugin = DraPlugin(options, self.host.node, slices=kube, claims=kube)
         self.plugin.start()

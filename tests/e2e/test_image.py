@@ -21,13 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.podman import CONTAINERS_CONF
+from tests.helpers.shared import require_shared_tool
+
 REPO = Path(__file__).resolve().parents[2]
-KUBELETSIM = REPO.parent / "shared" / "tools" / "bin" / "kubeletsim"
 STORE = Path("/var/tmp/cdigen-image-test")  # podman wants short --root/--runroot paths
-CONTAINERS_CONF = (
-    '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
-    '[engine]\nruntime = "runc"\n'
-)
 
 
 def _missing_tools() -> str | None:
@@ -134,8 +132,7 @@ def test_image_runs_as_non_root_by_default(image: Image) -> None:
 
 
 def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> None:
-    if not KUBELETSIM.exists():
-        pytest.skip(f"{KUBELETSIM} is absent (../shared/tools is not beside this checkout)")
+    kubeletsim = require_shared_tool("kubeletsim")
     from cdigen.nodefile import dump_node
     from tests.cdihost import build_host, make_node
 
@@ -153,7 +150,7 @@ def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> Non
     name = f"cdigen-test-{uuid.uuid4().hex[:8]}"
     # kubelet first: the simulator owns kubelet.sock before the plugin container starts
     sim = subprocess.Popen(
-        [str(KUBELETSIM), "-dir", str(plugin_dir), "-spec-dir", str(spec_dir),
+        [str(kubeletsim), "-dir", str(plugin_dir), "-spec-dir", str(spec_dir),
          "-expect", "nvidia.com/gpu", "-count", "1", "-once", "-wait", "60s"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -25,9 +25,9 @@ import pytest
 from cdigen.discover import load_node
 from plugin.resources import plan_resources
 from tests.cdihost import build_host
+from tests.helpers.shared import needs_shared_tool, shared_path
 
-REPO = Path(__file__).resolve().parents[2]
-KUBELETSIM = REPO.parent / "shared" / "tools" / "bin" / "kubeletsim"
+KUBELETSIM = shared_path("tools/bin/kubeletsim")
 ROUND = re.compile(r"^ROUND ([12]): all of \[.*\] (?:re-)?registered in (\S+)$", re.M)
 GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
 GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
@@ -61,9 +61,7 @@ CASES = {
     "memory-slices": Case("builtin:dgx-a100", config=SLICES_CONFIG),
 }
 
-pytestmark = pytest.mark.skipif(
-    not KUBELETSIM.is_file(), reason=f"kubeletsim not found at {KUBELETSIM}"
-)
+pytestmark = needs_shared_tool("kubeletsim")
 
 
 def go_duration(text: str) -> float:

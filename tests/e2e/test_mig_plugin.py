@@ -6,7 +6,6 @@ written by the plugin's own generation and read back by ``cdigen list``.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -14,12 +13,13 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from cdigen.model import Gpu, MigDevice, Node
+from cdigen.model import Node
 from cdigen.nodefile import dump_node
 from plugin.config import HealthConfig, PluginConfig
 from plugin.serve import Plugin
+from tests.fakes.event_nvml import EventNvml
+from tests.helpers.mig import repartition
 from tests.kubelet_sim import KubeletSimulator
-from tests.unit.test_plugin_health import EventNvml
 
 GPU = "nvidia.com/gpu"
 MIXED = "builtin:dgx-a100-mig-mixed"
@@ -129,41 +129,6 @@ def test_xid_on_a_parent_gpu_marks_all_its_mig_devices_unhealthy(tmp_path: Path)
             plugin.stop()
 
 
-def _repartition(node: Node) -> Node:
-    """GPU 3 goes from one 7g.80gb to two 3g.40gb; GPU 4 gets MIG with one 4g.40gb."""
-
-    def mig(uuid: str, profile: str, gi: int, minors: tuple[int, int]) -> MigDevice:
-        return MigDevice(uuid, profile, gi, 0, 40 << 30, minors)
-
-    gpus: list[Gpu] = []
-    for gpu in node.gpus:
-        if gpu.index == 3:
-            base = 3 * 9 * 15  # leave room: minors just need to be unique on the node
-            gpu = dataclasses.replace(
-                gpu,
-                mig_devices=(
-                    mig("MIG-00000000-0000-4000-8000-000000000301", "3g.40gb", 1, (base, base + 1)),
-                    mig(
-                        "MIG-00000000-0000-4000-8000-000000000302",
-                        "3g.40gb",
-                        2,
-                        (base + 9, base + 10),
-                    ),
-                ),
-            )
-        elif gpu.index == 4:
-            base = 4 * 9 * 15
-            gpu = dataclasses.replace(
-                gpu,
-                mig_enabled=True,
-                mig_devices=(
-                    mig("MIG-00000000-0000-4000-8000-000000000401", "4g.40gb", 1, (base, base + 1)),
-                ),
-            )
-        gpus.append(gpu)
-    return dataclasses.replace(node, gpus=tuple(gpus))
-
-
 def test_a_new_mig_layout_is_re_advertised_within_5_seconds(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -180,7 +145,7 @@ def test_a_new_mig_layout_is_re_advertised_within_5_seconds(
             old_socket = config.plugin_dir / "cdigen-nvidia.com-mig-7g.80gb.sock"
             assert old_socket.exists()
 
-            new = _repartition(node)
+            new = repartition(node)
             node_file.write_text(dump_node(new))
             started = time.monotonic()
             big = kubelet.wait_devices("nvidia.com/mig-3g.40gb", lambda d: len(d) == 5)
@@ -281,7 +246,7 @@ def test_an_nvml_rescan_picks_up_a_repartition(tmp_path: Path) -> None:
         plugin.start()
         try:
             kubelet.wait_registered("nvidia.com/mig-7g.80gb")
-            fake.node = _repartition(node)  # the admin ran nvidia-smi mig ...
+            fake.node = repartition(node)  # the admin ran nvidia-smi mig ...
             fake.write_host_files(proc_root=proc)
             started = time.monotonic()
             kubelet.wait_registered("nvidia.com/mig-4g.40gb")

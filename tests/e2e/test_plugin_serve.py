@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,55 +18,12 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
+from tests.helpers.served import ServedPlugin, cdigen
 from tests.kubelet_sim import KubeletSimulator
 
 RESOURCE = "nvidia.com/gpu"
 SOCKET = "cdigen-nvidia.com-gpu.sock"
 NODE_SRC = "builtin:dgx-a100"
-
-
-def cdigen(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the CLI as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "cdigen.cli", *args], capture_output=True, text=True, check=check
-    )
-
-
-class ServedPlugin:
-    """A ``cdigen plugin serve`` subprocess; its stderr goes to ``log``."""
-
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.plugin_dir = tmp / "plugins"
-        self.log = tmp / "plugin.log"
-        self._log_file = self.log.open("w")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cdigen.cli",
-                "plugin",
-                "serve",
-                "--plugin-dir",
-                str(self.plugin_dir),
-                *args,
-            ],
-            stdout=self._log_file,
-            stderr=subprocess.STDOUT,
-        )
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=10)
-        finally:
-            self._log_file.close()
-
-    def logs(self) -> str:
-        return self.log.read_text()
 
 
 @pytest.fixture(scope="module")

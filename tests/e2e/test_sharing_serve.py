@@ -22,7 +22,7 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from plugin.api import deviceplugin_pb2 as pb
 from policies.shares import gpu_part
-from tests.e2e.test_plugin_serve import ServedPlugin, cdigen
+from tests.helpers.served import ServedPlugin, cdigen
 from tests.kubelet_sim import KubeletSimulator
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sharing.md"

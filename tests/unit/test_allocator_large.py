@@ -7,7 +7,7 @@ from itertools import combinations
 
 from cdigen.model import Gpu, Link, MigDevice, Node
 from policies.allocator import EXACT_LIMIT, AllocationRequest, Allocator, why_lost
-from tests.unit.test_policy_nodes import dgx1_v100
+from tests.helpers.nodes import dgx1_v100
 
 
 def big_node(count: int = 24) -> Node:

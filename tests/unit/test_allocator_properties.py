@@ -76,7 +76,7 @@ def test_every_answer_is_valid(case: tuple[Node, AllocationRequest], policy: str
 
 
 def _replica_node(count: int = 8) -> Node:
-    from tests.unit.test_policy_nodes import dgx1_v100
+    from tests.helpers.nodes import dgx1_v100
 
     return dgx1_v100() if count == 8 else dataclasses.replace(dgx1_v100())
 

@@ -9,7 +9,7 @@ import pytest
 
 from cdigen.errors import AllocationError
 from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
-from tests.unit.test_policy_nodes import (
+from tests.helpers.nodes import (
     EIGHT_GPU_NODES,
     dgx1_v100,
     dgx2_v100,

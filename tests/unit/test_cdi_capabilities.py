@@ -15,7 +15,6 @@ import pytest
 from cdigen.cdi import host as hostmod
 from cdigen.cdi.spec import (
     CAPABILITIES,
-    SpecOptions,
     generate,
     parse_capabilities,
 )
@@ -30,19 +29,11 @@ from tests.cdihost import (
     FakeHost,
     build_host,
     make_node,
-    shared_tool,
 )
+from tests.cdihost import spec_options as options
+from tests.helpers.shared import require_shared_tool
 
 RHEL_DIR = "/usr/lib64"
-
-
-def options(fake: FakeHost, **kw: Any) -> SpecOptions:
-    roots = {
-        "driver_root": str(fake.driver_root),
-        "dev_root": str(fake.dev_root),
-        "sysfs_root": str(fake.sysfs_root),
-    }
-    return SpecOptions(**{**roots, **kw})
 
 
 def mounts(spec: Any) -> dict[str, dict[str, Any]]:
@@ -163,9 +154,7 @@ def test_capability_names() -> None:
 def test_cdicheck_injects_every_capability_set(
     fake: FakeHost, tmp_path: Path, caps: tuple[str, ...], hooks: bool
 ) -> None:
-    cdicheck = shared_tool("cdicheck")
-    if cdicheck is None:
-        pytest.skip("../shared/tools/bin/cdicheck not found (a user's clone)")
+    cdicheck = require_shared_tool("cdicheck")
     hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook") if hooks else None
     spec = generate(fake.node, options(fake, capabilities=caps, hook_path=hook))
     spec_dir = tmp_path / "cdi"

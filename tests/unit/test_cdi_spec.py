@@ -14,17 +14,10 @@ from cdigen.cdi.validate import spec_problems
 from cdigen.errors import InputError
 from cdigen.model import Node
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, FakeHost, build_host, make_node
+from tests.cdihost import spec_options as options
+from tests.helpers.shared import require_shared, shared_path
 
-UPSTREAM_SCHEMA = Path(__file__).resolve().parents[3] / "shared/reference/cdi-schema"
-
-
-def options(fake: FakeHost, **kw: Any) -> SpecOptions:
-    roots = {
-        "driver_root": str(fake.driver_root),
-        "dev_root": str(fake.dev_root),
-        "sysfs_root": str(fake.sysfs_root),
-    }
-    return SpecOptions(**{**roots, **kw})
+UPSTREAM_SCHEMA = shared_path("reference/cdi-schema")
 
 
 def device(spec: Any, name: str) -> dict[str, Any]:
@@ -215,15 +208,13 @@ def test_every_builtin_node_gives_a_valid_spec(name: str, tmp_path: Path) -> Non
     assert spec_problems(spec) == []
     assert spec["cdiVersion"] == "0.5.0"
     assert sum(d["name"] == "all" for d in spec["devices"]) == 1
-    if not UPSTREAM_SCHEMA.is_dir():
-        pytest.skip(f"upstream CDI schema not found at {UPSTREAM_SCHEMA}")
+    require_shared("reference/cdi-schema")
     errors = [e.message for e in _upstream_validator().iter_errors(json.loads(json.dumps(spec)))]
     assert errors == []
 
 
 def test_upstream_schema_is_weaker_than_ours() -> None:
-    if not UPSTREAM_SCHEMA.is_dir():
-        pytest.skip(f"upstream CDI schema not found at {UPSTREAM_SCHEMA}")
+    require_shared("reference/cdi-schema")
     bad = {
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",

@@ -23,8 +23,8 @@ from policies.cel import (
     parse_quantity,
 )
 from policies.policy import check_policy_file, load_policy
+from tests.helpers.specs import write_spec
 from tests.kubelet_sim import KubeletSimulator
-from tests.unit.test_plugin_inprocess import write_spec
 
 RESOURCE = "nvidia.com/gpu"
 DEEP_PARENS = "(" * 100 + "true" + ")" * 100

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cdigen.model import Gpu, Link, Node
 from policies.graph import build_topology, pair_score
-from tests.unit.test_policy_nodes import dgx1_v100, dgx_a100
+from tests.helpers.nodes import dgx1_v100, dgx_a100
 
 
 def test_pair_score_rules() -> None:

@@ -14,6 +14,7 @@ from plugin.config import PluginConfig, ResourceConfig, load_config
 from plugin.health import SOURCE_NODE, SOURCE_XID, HealthBoard, NodeWatcher
 from plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
 from plugin.serve import Plugin
+from tests.helpers.clock import FakeClock
 
 GPU = "nvidia.com/gpu"
 MIXED = load_node("builtin:dgx-a100-mig-mixed")
@@ -214,17 +215,17 @@ def test_node_watcher_applies_a_changed_file_and_keeps_the_layout_on_a_bad_one(
 
 
 def test_node_watcher_rescans_on_its_interval() -> None:
-    now = [100.0]
+    clock = FakeClock(100.0)
     calls: list[str] = []
     watcher = NodeWatcher(
         lambda: "node",  # type: ignore[arg-type,return-value]
         calls.append,
         interval_s=10,
-        clock=lambda: now[0],
+        clock=clock,
     )
     watcher.poll()
     assert calls == []
-    now[0] = 110.0
+    clock.now = 110.0
     watcher.poll()
     watcher.poll()
     assert calls == ["node"]

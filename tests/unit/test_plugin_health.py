@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import queue
 from pathlib import Path
 from typing import Any
 
-import pynvml
 import pytest
 
 from cdigen.cdi.cache import SpecCache
@@ -22,6 +20,8 @@ from plugin.health import (
     XidHealth,
     node_reasons,
 )
+from tests.fakes.event_nvml import EventNvml
+from tests.helpers.clock import FakeClock
 
 UUIDS = ["GPU-a", "GPU-b", "GPU-c"]
 
@@ -110,76 +110,11 @@ def test_spec_watcher_marks_missing_names_until_the_spec_has_them(tmp_path: Path
     assert "nvidia.com/gpu=GPU-c" in reasons["GPU-c"][0]
 
 
-class EventNvml:
-    """A double shaped like pynvml's event API (plus the probe calls), with injectable events."""
-
-    NVMLError = pynvml.NVMLError
-    NVMLError_Timeout = pynvml.NVMLError_Timeout
-    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
-
-    class EventData:
-        def __init__(self, device: str, event_type: int, data: int) -> None:
-            self.device = device
-            self.eventType = event_type
-            self.eventData = data
-            self.gpuInstanceId = 0xFFFFFFFF
-            self.computeInstanceId = 0xFFFFFFFF
-
-    def __init__(self, uuids: list[str], *, unregistrable: tuple[str, ...] = ()) -> None:
-        self.uuids = uuids
-        self.lost: set[str] = set()
-        self.unregistrable = unregistrable
-        self.registered: list[tuple[str, int]] = []
-        self.events: queue.Queue[EventNvml.EventData] = queue.Queue()
-        self.freed = False
-
-    def nvmlEventSetCreate(self) -> str:
-        return "event-set"
-
-    def nvmlEventSetFree(self, event_set: str) -> None:
-        self.freed = True
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
-        if uuid not in self.uuids:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
-        return f"handle:{uuid}"
-
-    def nvmlDeviceGetUUID(self, handle: str) -> str:
-        return handle.removeprefix("handle:")
-
-    def nvmlDeviceRegisterEvents(self, handle: str, types: int, event_set: str) -> None:
-        if self.nvmlDeviceGetUUID(handle) in self.unregistrable:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        self.registered.append((handle, types))
-
-    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
-        try:
-            return self.events.get(timeout=timeout_ms / 1000)
-        except queue.Empty:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT) from None
-
-    def nvmlDeviceGetMemoryInfo(self, handle: str) -> object:
-        if self.nvmlDeviceGetUUID(handle) in self.lost:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return object()
-
-    def xid(self, uuid: str, xid: int) -> None:
-        self.events.put(self.EventData(f"handle:{uuid}", self.nvmlEventTypeXidCriticalError, xid))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def xid_setup() -> tuple[EventNvml, HealthBoard, XidHealth, Clock]:
+def xid_setup() -> tuple[EventNvml, HealthBoard, XidHealth, FakeClock]:
     nvml = EventNvml(UUIDS)
     board = HealthBoard(UUIDS)
-    clock = Clock()
+    clock = FakeClock()
     health = XidHealth(
         nvml, board, UUIDS, ignored_xids=(13, 31, 43, 45, 68, 109), recover_after_s=30, clock=clock
     )
@@ -188,7 +123,7 @@ def xid_setup() -> tuple[EventNvml, HealthBoard, XidHealth, Clock]:
 
 
 def test_critical_xid_marks_unhealthy_and_quiet_recovery_brings_it_back(
-    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, FakeClock],
 ) -> None:
     nvml, board, health, clock = xid_setup
     assert [h for h, _ in nvml.registered] == [f"handle:{u}" for u in UUIDS]
@@ -204,7 +139,7 @@ def test_critical_xid_marks_unhealthy_and_quiet_recovery_brings_it_back(
 
 
 def test_application_xids_are_ignored(
-    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, FakeClock],
 ) -> None:
     nvml, board, health, _ = xid_setup
     for xid in (13, 31, 43, 45, 68, 109):
@@ -215,7 +150,7 @@ def test_application_xids_are_ignored(
 
 
 def test_a_gpu_that_stops_answering_is_unhealthy_until_it_answers(
-    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, FakeClock],
 ) -> None:
     nvml, board, health, _ = xid_setup
     nvml.lost.add("GPU-c")
@@ -228,7 +163,7 @@ def test_a_gpu_that_stops_answering_is_unhealthy_until_it_answers(
 
 
 def test_an_xid_arriving_while_a_poll_probes_is_not_cleared_by_that_poll(
-    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, FakeClock],
 ) -> None:
     nvml, board, health, _ = xid_setup
     answer = nvml.nvmlDeviceGetMemoryInfo
@@ -251,7 +186,7 @@ def test_a_gpu_that_cannot_be_watched_is_unhealthy() -> None:
 
 
 def test_event_thread_delivers_and_stops(
-    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, Clock],
+    xid_setup: tuple[EventNvml, HealthBoard, XidHealth, FakeClock],
 ) -> None:
     nvml, board, health, _ = xid_setup
     seen = board.version

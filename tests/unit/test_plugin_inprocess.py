@@ -9,22 +9,11 @@ import pytest
 from cdigen.discover import load_node
 from plugin.config import HealthConfig, PluginConfig
 from plugin.serve import Plugin
+from tests.fakes.event_nvml import EventNvml
+from tests.helpers.specs import write_spec
 from tests.kubelet_sim import KubeletSimulator
-from tests.unit.test_plugin_health import EventNvml
 
 RESOURCE = "nvidia.com/gpu"
-
-
-def write_spec(spec_dir: Path, uuids: list[str]) -> None:
-    """A minimal CDI spec that defines every GPU by UUID."""
-    spec_dir.mkdir()
-    devices = "".join(
-        f"- name: {u}\n  containerEdits:\n    deviceNodes: [{{path: /dev/nvidia{i}}}]\n"
-        for i, u in enumerate(uuids)
-    )
-    (spec_dir / "nvidia.yaml").write_text(
-        f"cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n{devices}"
-    )
 
 
 def nvml_plugin(

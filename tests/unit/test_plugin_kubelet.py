@@ -30,6 +30,7 @@ from plugin.kubelet import (
 )
 from plugin.serve import ResourceServer, make_plugin_dir
 from plugin.service import AdvertisedDevice, DevicePluginService, Preference
+from tests.helpers.clock import FakeClock
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem
 
 RESOURCE = "example.com/gpu"
@@ -211,26 +212,29 @@ def test_plugin_first_registers_once_after_the_kubelet_deleted_its_socket(tmp_pa
     server = serve(tmp_path)
     restarts: list[list[str]] = []
     observer = Recorder()
-    registrar = registrar_for([server], restarts, observer=observer)
-    registrar.start()
+    clock = FakeClock()
+    registrar = registrar_for([server], restarts, clock=clock, observer=observer)
     try:
-        time.sleep(0.2)
+        for _ in range(3):
+            registrar.step()
+            clock.advance(0.1)
         assert registrar.waiting and not registrar.registered.is_set()
         assert observer.waiting == [str(tmp_path / "kubelet.sock")]
         sim = start_kubelet_like_the_kubelet(tmp_path)
-        appeared = time.monotonic()
         try:
-            reg = sim.wait_registered(RESOURCE, timeout_s=3)
-            assert reg.at - appeared < 1.0
+            registrar.step()  # the first round that sees kubelet.sock registers, no back-off
+            assert len(sim.registrations) == 1
+            sim.wait_registered(RESOURCE, timeout_s=3)
             assert [d.ID for d in sim.wait_devices(RESOURCE)] == ["GPU-x"]
-            time.sleep(0.3)  # no second registration follows
+            for _ in range(5):  # no second registration follows
+                clock.advance(1.0)
+                registrar.step()
             assert len(sim.registrations) == 1 and not sim.rejections
             assert restarts == [[RESOURCE]]  # the deleted socket was re-created before Register
             assert observer.waiting[-1] is None and not registrar.waiting
         finally:
             sim.stop()
     finally:
-        registrar.stop()
         server.stop()
 
 
@@ -251,20 +255,25 @@ def test_kubelet_first_registers_once_without_a_restart(kubelet: KubeletSimulato
 def test_kubelet_restart_registers_every_resource_once_again(tmp_path: Path) -> None:
     servers = [serve(tmp_path, r) for r in (RESOURCE, "example.com/mig-1g.10gb")]
     restarts: list[list[str]] = []
-    registrar = registrar_for(servers, restarts)
+    clock = FakeClock()
+    registrar = registrar_for(servers, restarts, clock=clock)
     first = start_kubelet_like_the_kubelet(tmp_path)
-    registrar.start()
     try:
+        registrar.step()
         for server in servers:
             first.wait_registered(server.resource, timeout_s=3)
         first.stop()
-        time.sleep(0.2)
+        clock.advance(0.2)
+        registrar.step()
         second = start_kubelet_like_the_kubelet(tmp_path)
-        appeared = time.monotonic()
         try:
+            registrar.step()  # the first round that sees the new kubelet registers everything
+            assert len(second.registrations) == len(servers)
             for server in servers:
-                assert second.wait_registered(server.resource, timeout_s=3).at - appeared < 1.0
-            time.sleep(0.3)
+                second.wait_registered(server.resource, timeout_s=3)
+            for _ in range(5):
+                clock.advance(1.0)
+                registrar.step()
             assert sorted(r.resource for r in second.registrations) == sorted(
                 s.resource for s in servers
             )
@@ -272,7 +281,6 @@ def test_kubelet_restart_registers_every_resource_once_again(tmp_path: Path) -> 
         finally:
             second.stop()
     finally:
-        registrar.stop()
         for server in servers:
             server.stop()
 
@@ -294,14 +302,14 @@ def test_waiting_is_said_once_then_every_30_s(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = serve(tmp_path)
-    now = [100.0]
+    clock = FakeClock(100.0)
     observer = Recorder()
-    registrar = registrar_for([server], [], clock=lambda: now[0], observer=observer)
+    registrar = registrar_for([server], [], clock=clock, observer=observer)
     caplog.set_level(logging.INFO, logger="cdigen.plugin")
     try:
         for _ in range(3):
             registrar.step()
-            now[0] += 10.0  # 100, 110, 120: one line
+            clock.advance(10.0)  # 100, 110, 120: one line
         lines = [m for m in caplog.messages if m.startswith(("waiting", "still waiting"))]
         assert lines == [
             f"waiting for the kubelet at {tmp_path / 'kubelet.sock'} (it does not exist yet)"

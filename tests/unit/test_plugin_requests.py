@@ -1,6 +1,6 @@
 """Malformed Allocate and GetPreferredAllocation requests, and the policy under concurrent calls.
 
-Over a real gRPC server on a real unix socket (the servicer harness of test_plugin_service).
+Over a real gRPC server on a real unix socket (the servicer harness of tests/helpers/servicer.py).
 """
 
 from __future__ import annotations
@@ -8,24 +8,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import pytest
 
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.service import FifoGate, Preference, short_id
-from tests.unit.test_plugin_service import RESOURCE, UUIDS, Harness, last_two
+from tests.helpers.servicer import RESOURCE, UUIDS, Harness, last_two
 
 BIG_ID = "GPU-" + "x" * (2**20 - 4)  # a 1 MB device ID
-
-
-@pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    with Harness(tmp_path) as h:
-        yield h
 
 
 def allocate(h: Harness, *containers: Sequence[str]) -> grpc.RpcError:

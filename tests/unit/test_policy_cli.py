@@ -9,7 +9,7 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.nodefile import dump_node
-from tests.unit.test_policy_nodes import dgx1_v100
+from tests.helpers.nodes import dgx1_v100
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ import pytest
 from cdigen.cli import main
 from cdigen.errors import InputError
 from policies.policy import BUILTIN_NAMES, builtin_policy, check_policy_file, load_policy
-from tests.unit.test_policy_nodes import dgx_a100
+from tests.helpers.nodes import dgx_a100
 
 GOOD = """\
 apiVersion: cdigen/v1alpha1

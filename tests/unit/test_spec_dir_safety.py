@@ -28,6 +28,7 @@ from cdigen.cli import main
 from cdigen.nodefile import dump_node
 from plugin.health import HealthBoard, SpecDirWatcher
 from tests.cdihost import FakeHost, build_host, make_node
+from tests.helpers.shared import require_shared_tool
 
 OURS = "nvidia.com-gpu.yaml"
 HEAD = "cdiVersion: 0.5.0\nkind: "
@@ -73,17 +74,6 @@ def defined_devices(directory: Path) -> dict[str, list[str]]:
         for name in spec.device_names:
             out.setdefault(name, []).append(spec.path.name)
     return out
-
-
-def cdicheck() -> Path | None:
-    """The CDI library's own loader (../shared/tools/bin/cdicheck), if this checkout has it."""
-    repo = Path(__file__).resolve().parents[2]
-    # ../shared beside the repo; one level higher for a git worktree at <top>/wt/<name>
-    for shared in (repo.parent / "shared", repo.parent.parent / "shared"):
-        tool = shared / "tools/bin/cdicheck"
-        if tool.exists():
-            return tool
-    return None
 
 
 @pytest.fixture
@@ -148,9 +138,7 @@ def test_list_reports_malformed_foreign_specs_and_still_lists_ours(
 
 
 def test_cdi_library_rejects_the_same_files(hostile_dir: Path) -> None:
-    tool = cdicheck()
-    if tool is None:
-        pytest.skip("../shared/tools/bin/cdicheck is absent (a user's clone)")
+    tool = require_shared_tool("cdicheck")
     run = subprocess.run([tool, "list", hostile_dir], capture_output=True, text=True, timeout=60)
     failed = {Path(m).name for m in re.findall(r"^SPEC ERROR (\S+?):", run.stdout, re.M)}
     assert failed == set(MALFORMED), run.stdout + run.stderr

@@ -1,0 +1,72 @@
+"""One DRA plugin in-process, wired to the fake API server and the DRA kubelet simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cdigen.model import Node
+from plugin.dra.kube import KubeApi, api_client
+from plugin.dra.serve import DraOptions, DraPlugin
+from tests.cdihost import FakeHost
+from tests.dra_kubelet_sim import DraKubeletSim
+from tests.fake_apiserver import FakeApiServer, allocated_claim
+
+DRIVER = "gpu.cdigen.dev"
+NODE_NAME = "node-a"
+
+
+def dra_options(host: FakeHost, kubelet_dir: Path, cdi_dir: Path, **overrides: Any) -> DraOptions:
+    """The plugin's options for ``host`` on node ``NODE_NAME``; ``overrides`` adds or replaces."""
+    return DraOptions(
+        node_name=NODE_NAME,
+        driver=DRIVER,
+        kubelet_dir=kubelet_dir,
+        cdi_dir=cdi_dir,
+        driver_root=str(host.driver_root),
+        dev_root=str(host.dev_root),
+        sysfs_root=str(host.sysfs_root),
+        **overrides,
+    )
+
+
+class Harness:
+    """One DRA plugin in-process, wired to the fake API server, and the kubelet simulator."""
+
+    def __init__(
+        self, api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
+    ) -> None:
+        self.api = api
+        self.host = host
+        self.kubelet_dir = kubelet_dir
+        self.cdi_dir = tmp_path / "run-cdi"
+        self.kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        self.plugin: DraPlugin | None = None
+        self.kubelet = DraKubeletSim(kubelet_dir)
+
+    def start(self, node: Node | None = None, **overrides: Any) -> DraPlugin:
+        options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
+        kube = KubeApi(api_client(str(self.kubeconfig)))
+        self.plugin = DraPlugin(
+            options,
+            node or self.host.node,
+            slices=kube,
+            claims=kube,
+            owner=kube.node_owner(NODE_NAME),
+        )
+        self.plugin.start()
+        self.kubelet.register()
+        return self.plugin
+
+    def stop(self) -> None:
+        if self.plugin is not None:
+            self.plugin.stop()
+            self.plugin = None
+
+    def claim(self, name: str, uid: str, *devices: str, **extra: Any) -> tuple[str, str, str]:
+        results = [
+            {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": d, **extra}
+            for d in devices
+        ]
+        self.api.add_claim(allocated_claim(name, uid, results))
+        return ("default", uid, name)
