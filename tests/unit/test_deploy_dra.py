@@ -22,7 +22,7 @@ from cdigen.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DRA_DIR = REPO / "deploy" / "dra"
-DEVICE_PLUGIN_DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
+DEVICE_PLUGIN_DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
 KUBERNETES_VERSIONS = ("1.34", "1.35")
 DRIVER = "gpu.cdigen.dev"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -184,7 +184,7 @@ def test_uses_the_device_plugins_image(plugin: dict[str, Any]) -> None:
     device_plugin = yaml.safe_load(DEVICE_PLUGIN_DAEMONSET.read_text(encoding="utf-8"))
     names = {c["image"] for c in _pod_containers(device_plugin)}
     assert plugin["image"].split(":")[0] in names
-    theirs = yaml.safe_load((REPO / "deploy/kubernetes/kustomization.yaml").read_text("utf-8"))
+    theirs = yaml.safe_load((REPO / "deploy/kubernetes/base/kustomization.yaml").read_text("utf-8"))
     ours = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
     assert ours["images"] == theirs["images"]
 
