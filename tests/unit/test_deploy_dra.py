@@ -5,7 +5,6 @@ selectors over the published device view, the API calls the plugin really makes)
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from cdigen.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DRA_DIR = REPO / "deploy" / "dra"
-DEVICE_PLUGIN_DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
+DEVICE_PLUGIN_BASE = REPO / "deploy" / "kubernetes" / "base"
 KUBERNETES_VERSIONS = ("1.34", "1.35")
 DRIVER = "gpu.cdigen.dev"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -102,9 +101,10 @@ def plugin(pod: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def argv(plugin: dict[str, Any]) -> list[str]:
-    """The `cdigen ...` arguments of the plugin container's exec line."""
-    (line,) = [x for x in plugin["args"][0].splitlines() if "exec cdigen" in x]
-    return shlex.split(line.strip())[2:]
+    """The `cdigen ...` arguments of the plugin container (no shell in between)."""
+    command = [*plugin["command"], *plugin.get("args", [])]
+    assert command[0] == "cdigen", command
+    return command[1:]
 
 
 def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -181,10 +181,10 @@ def test_strict_validation_catches_a_misspelt_device_class_field(
 
 
 def test_uses_the_device_plugins_image(plugin: dict[str, Any]) -> None:
-    device_plugin = yaml.safe_load(DEVICE_PLUGIN_DAEMONSET.read_text(encoding="utf-8"))
-    names = {c["image"] for c in _pod_containers(device_plugin)}
+    daemonset = (DEVICE_PLUGIN_BASE / "daemonset.yaml").read_text(encoding="utf-8")
+    names = {c["image"] for c in _pod_containers(yaml.safe_load(daemonset))}
     assert plugin["image"].split(":")[0] in names
-    theirs = yaml.safe_load((REPO / "deploy/kubernetes/kustomization.yaml").read_text("utf-8"))
+    theirs = yaml.safe_load((DEVICE_PLUGIN_BASE / "kustomization.yaml").read_text("utf-8"))
     ours = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
     assert ours["images"] == theirs["images"]
 
@@ -249,9 +249,9 @@ def test_the_host_installed_driver_is_read_through_host_root(
     assert (mount["readOnly"], mount["recursiveReadOnly"]) == (True, "IfPossible")
     assert volumes(pod)[mount["name"]]["hostPath"]["path"] == "/"
     assert (flag(argv, "--driver-root"), flag(argv, "--dev-root")) == ("/", "/")
-    env = {e["name"]: e.get("value") for e in plugin["env"]}
-    assert env["DRIVER_ROOT"] == host_root  # NVML is preloaded from the host's driver
-    assert '"$DRIVER_ROOT$dir/libnvidia-ml.so.1"' in plugin["args"][0]
+    # NVML's library comes from --driver-root under --host-root (cdigen loads it): no preload
+    assert "LD_PRELOAD" not in yaml.safe_dump(plugin)
+    assert {e["name"] for e in plugin["env"]} == {"NODE_NAME"}
     # nothing of the host is writable except the kubelet's plugin dirs and the CDI dir
     writable = {p for p, m in mounts(plugin).items() if not m.get("readOnly", False)}
     assert writable == {f"{KUBELET_DIR}/plugins", f"{KUBELET_DIR}/plugins_registry", "/var/run/cdi"}
