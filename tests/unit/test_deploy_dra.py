@@ -487,3 +487,35 @@ def test_each_class_selects_exactly_its_devices(objects: list[dict[str, Any]]) -
             assert not any(p.evaluate({"device": foreign}) for p in programs.values())
             checked += 1
     assert checked == 19
+
+
+def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
+    fake_api: Any, tmp_path: Path
+) -> None:
+    """Slice bodies skip the client's model validation (plugin/dra/kube.py): the API server
+    still gets the dict as built, and its refusals still raise the client's ApiException."""
+    from kubernetes.client.exceptions import ApiException
+
+    from cdigen.discover import load_node
+    from plugin.dra.kube import KubeApi, api_client
+    from plugin.dra.slices import build_slices
+    from policies.device_view import device_views
+
+    api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))
+    views = device_views(load_node("builtin:h100-mig-single"))
+    (body,) = build_slices(views, driver=DRIVER, node_name="node-a", generation=1)
+    name = body["metadata"]["name"]
+    api.create_slice(body)
+    stored = fake_api.slices[name]
+    assert stored["spec"] == body["spec"]
+    with pytest.raises(ApiException, match="already exists") as created_twice:
+        api.create_slice(body)
+    assert created_twice.value.status == 409
+    stale = {**body, "metadata": {**body["metadata"], "resourceVersion": "0"}}
+    with pytest.raises(ApiException, match="modified") as conflict:
+        api.replace_slice(name, stale)
+    assert conflict.value.status == 409
+    fresh = {**body, "metadata": {**body["metadata"], **stored["metadata"]}}
+    fresh["spec"] = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": 2}}
+    api.replace_slice(name, fresh)
+    assert fake_api.slices[name]["spec"]["pool"]["generation"] == 2
