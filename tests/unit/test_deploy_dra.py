@@ -4,6 +4,7 @@ selectors over the published device view, the API calls the plugin really makes)
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -519,3 +520,86 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
     fresh["spec"] = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": 2}}
     api.replace_slice(name, fresh)
     assert fake_api.slices[name]["spec"]["pool"]["generation"] == 2
+
+
+# -- the MPS component (deploy/dra/components/mps) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """deploy/dra with the MPS component, from an overlay of the kind docs/dra-sharing.md shows
+    (kustomize wants relative paths, and no overlay inside deploy/dra: that is a cycle)."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: cannot render a kustomize component")
+    overlay = tmp_path_factory.mktemp("mps-overlay")
+    base = Path(os.path.relpath(DRA_DIR, overlay))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [str(base)],
+                "components": [str(base / "components" / "mps")],
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def mps_pod(mps_rendered: str) -> dict[str, Any]:
+    objects = [doc for doc in yaml.safe_load_all(mps_rendered) if doc]
+    spec: dict[str, Any] = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_mps_component_passes_strict_validation(mps_rendered: str, version: str) -> None:
+    validator = _tool("kubernetes-validate")
+    if not validator:
+        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate)")
+    result = subprocess.run(
+        [validator, "--strict", "--quiet", "-k", version, "-"],
+        input=mps_rendered,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mps_component_mounts_only_defined_volumes_without_host_network(
+    mps_pod: dict[str, Any],
+) -> None:
+    test_no_host_network(mps_pod)
+    test_every_mount_names_a_volume(mps_pod)
+    assert [c["name"] for c in mps_pod["containers"]] == ["plugin", "mps-control"]
+
+
+def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
+    mps_pod: dict[str, Any],
+) -> None:
+    from plugin.dra.cli import _sharing_options
+
+    plugin_container, daemon = mps_pod["containers"]
+    args = build_parser().parse_args(plugin_container["command"][1:])
+    pipe_dir = _sharing_options(args)["mps"].pipe_dir  # type: ignore[attr-defined]
+    assert pipe_dir == "/run/nvidia/mps"
+    # the daemon runs the host's driver tools in the host's /, pipes at that same host path
+    assert daemon["command"] == ["chroot", "/host", "nvidia-cuda-mps-control", "-f"]
+    env = {e["name"]: e["value"] for e in daemon["env"]}
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe_dir
+    defined = volumes(mps_pod)
+    assert defined[mounts(daemon)["/host"]["name"]]["hostPath"]["path"] == "/"
+    for variable in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        mount = mounts(daemon)["/host" + env[variable]]
+        assert not mount.get("readOnly", False), variable
+        assert defined[mount["name"]]["hostPath"]["path"] == env[variable]
+    assert env["CUDA_MPS_LOG_DIRECTORY"] != pipe_dir, "claims would see the daemon's logs"
+    assert daemon["image"] == plugin_container["image"]  # the tag the base's images: set
