@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "register through <kubelet-dir>/plugins_registry/<driver>-reg.sock, and publish this "
         "node's ResourceSlices.",
     )
-    add_node_source(serve)
+    add_node_source(serve, driver_root=True)  # --node, --sysfs/proc-root, --driver/host-root
     serve.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
@@ -56,9 +56,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
     serve.add_argument("--mig-strategy", choices=MIG_STRATEGIES, default="mixed")
-    serve.add_argument("--driver-root", default="/", metavar="DIR")
-    serve.add_argument("--dev-root", default="/", metavar="DIR")
-    serve.add_argument("--host-root", default="/", metavar="DIR")
+    serve.add_argument(
+        "--dev-root",
+        default="/",
+        metavar="DIR",
+        help="where the device nodes are, as a host path (default: /)",
+    )
     serve.add_argument(
         "--delete-slices-on-exit",
         action="store_true",
@@ -290,12 +293,12 @@ def _check(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cdigen.discover import load_node
+    from cdigen.discover import from_hardware, load_node
+    from cdigen.discover.nvml import start_nvml
     from cdigen.errors import InputError
     from plugin.cli import setup_logging
     from plugin.dra.kube import KubeApi, api_client
     from plugin.dra.serve import DraOptions, DraPlugin, serve_until_signalled
-    from plugin.serve import open_nvml
 
     if not args.node_name:
         raise InputError(
@@ -318,9 +321,19 @@ def _serve(args: argparse.Namespace) -> int:
         delete_slices_on_exit=args.delete_slices_on_exit,
         **_sharing_options(args),  # type: ignore[arg-type]
     )
-    nvml = open_nvml(args.node)
+    nvml = None
+    if from_hardware(args.node):  # kept open for Xid health; the library from the driver root
+        import pynvml
+
+        nvml = pynvml
+        start_nvml(nvml, driver_root=args.driver_root, host_root=args.host_root)
     node = load_node(
-        args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root, nvml_module=nvml
+        args.node,
+        sysfs_root=args.sysfs_root,
+        proc_root=args.proc_root,
+        nvml_module=nvml,
+        driver_root=args.driver_root,
+        host_root=args.host_root,
     )
     api = KubeApi(api_client(args.kubeconfig))
     plugin = DraPlugin(

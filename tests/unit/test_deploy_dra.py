@@ -4,8 +4,8 @@ selectors over the published device view, the API calls the plugin really makes)
 
 from __future__ import annotations
 
+import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -22,7 +22,7 @@ from cdigen.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 DRA_DIR = REPO / "deploy" / "dra"
-DEVICE_PLUGIN_DAEMONSET = REPO / "deploy" / "kubernetes" / "base" / "daemonset.yaml"
+DEVICE_PLUGIN_BASE = REPO / "deploy" / "kubernetes" / "base"
 KUBERNETES_VERSIONS = ("1.34", "1.35")
 DRIVER = "gpu.cdigen.dev"
 KUBELET_DIR = "/var/lib/kubelet"
@@ -102,9 +102,10 @@ def plugin(pod: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def argv(plugin: dict[str, Any]) -> list[str]:
-    """The `cdigen ...` arguments of the plugin container's exec line."""
-    (line,) = [x for x in plugin["args"][0].splitlines() if "exec cdigen" in x]
-    return shlex.split(line.strip())[2:]
+    """The `cdigen ...` arguments of the plugin container (no shell in between)."""
+    command = [*plugin["command"], *plugin.get("args", [])]
+    assert command[0] == "cdigen", command
+    return command[1:]
 
 
 def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -181,10 +182,10 @@ def test_strict_validation_catches_a_misspelt_device_class_field(
 
 
 def test_uses_the_device_plugins_image(plugin: dict[str, Any]) -> None:
-    device_plugin = yaml.safe_load(DEVICE_PLUGIN_DAEMONSET.read_text(encoding="utf-8"))
-    names = {c["image"] for c in _pod_containers(device_plugin)}
+    daemonset = (DEVICE_PLUGIN_BASE / "daemonset.yaml").read_text(encoding="utf-8")
+    names = {c["image"] for c in _pod_containers(yaml.safe_load(daemonset))}
     assert plugin["image"].split(":")[0] in names
-    theirs = yaml.safe_load((REPO / "deploy/kubernetes/base/kustomization.yaml").read_text("utf-8"))
+    theirs = yaml.safe_load((DEVICE_PLUGIN_BASE / "kustomization.yaml").read_text("utf-8"))
     ours = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
     assert ours["images"] == theirs["images"]
 
@@ -249,9 +250,9 @@ def test_the_host_installed_driver_is_read_through_host_root(
     assert (mount["readOnly"], mount["recursiveReadOnly"]) == (True, "IfPossible")
     assert volumes(pod)[mount["name"]]["hostPath"]["path"] == "/"
     assert (flag(argv, "--driver-root"), flag(argv, "--dev-root")) == ("/", "/")
-    env = {e["name"]: e.get("value") for e in plugin["env"]}
-    assert env["DRIVER_ROOT"] == host_root  # NVML is preloaded from the host's driver
-    assert '"$DRIVER_ROOT$dir/libnvidia-ml.so.1"' in plugin["args"][0]
+    # NVML's library comes from --driver-root under --host-root (cdigen loads it): no preload
+    assert "LD_PRELOAD" not in yaml.safe_dump(plugin)
+    assert {e["name"] for e in plugin["env"]} == {"NODE_NAME"}
     # nothing of the host is writable except the kubelet's plugin dirs and the CDI dir
     writable = {p for p, m in mounts(plugin).items() if not m.get("readOnly", False)}
     assert writable == {f"{KUBELET_DIR}/plugins", f"{KUBELET_DIR}/plugins_registry", "/var/run/cdi"}
@@ -487,3 +488,118 @@ def test_each_class_selects_exactly_its_devices(objects: list[dict[str, Any]]) -
             assert not any(p.evaluate({"device": foreign}) for p in programs.values())
             checked += 1
     assert checked == 19
+
+
+def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
+    fake_api: Any, tmp_path: Path
+) -> None:
+    """Slice bodies skip the client's model validation (plugin/dra/kube.py): the API server
+    still gets the dict as built, and its refusals still raise the client's ApiException."""
+    from kubernetes.client.exceptions import ApiException
+
+    from cdigen.discover import load_node
+    from plugin.dra.kube import KubeApi, api_client
+    from plugin.dra.slices import build_slices
+    from policies.device_view import device_views
+
+    api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))
+    views = device_views(load_node("builtin:h100-mig-single"))
+    (body,) = build_slices(views, driver=DRIVER, node_name="node-a", generation=1)
+    name = body["metadata"]["name"]
+    api.create_slice(body)
+    stored = fake_api.slices[name]
+    assert stored["spec"] == body["spec"]
+    with pytest.raises(ApiException, match="already exists") as created_twice:
+        api.create_slice(body)
+    assert created_twice.value.status == 409
+    stale = {**body, "metadata": {**body["metadata"], "resourceVersion": "0"}}
+    with pytest.raises(ApiException, match="modified") as conflict:
+        api.replace_slice(name, stale)
+    assert conflict.value.status == 409
+    fresh = {**body, "metadata": {**body["metadata"], **stored["metadata"]}}
+    fresh["spec"] = {**body["spec"], "pool": {**body["spec"]["pool"], "generation": 2}}
+    api.replace_slice(name, fresh)
+    assert fake_api.slices[name]["spec"]["pool"]["generation"] == 2
+
+
+# -- the MPS component (deploy/dra/components/mps) --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """deploy/dra with the MPS component, from an overlay of the kind docs/dra-sharing.md shows
+    (kustomize wants relative paths, and no overlay inside deploy/dra: that is a cycle)."""
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: cannot render a kustomize component")
+    overlay = tmp_path_factory.mktemp("mps-overlay")
+    base = Path(os.path.relpath(DRA_DIR, overlay))
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [str(base)],
+                "components": [str(base / "components" / "mps")],
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def mps_pod(mps_rendered: str) -> dict[str, Any]:
+    objects = [doc for doc in yaml.safe_load_all(mps_rendered) if doc]
+    spec: dict[str, Any] = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_mps_component_passes_strict_validation(mps_rendered: str, version: str) -> None:
+    validator = _tool("kubernetes-validate")
+    if not validator:
+        pytest.skip("kubernetes-validate is not installed (pip install kubernetes-validate)")
+    result = subprocess.run(
+        [validator, "--strict", "--quiet", "-k", version, "-"],
+        input=mps_rendered,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mps_component_mounts_only_defined_volumes_without_host_network(
+    mps_pod: dict[str, Any],
+) -> None:
+    test_no_host_network(mps_pod)
+    test_every_mount_names_a_volume(mps_pod)
+    assert [c["name"] for c in mps_pod["containers"]] == ["plugin", "mps-control"]
+
+
+def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
+    mps_pod: dict[str, Any],
+) -> None:
+    from plugin.dra.cli import _sharing_options
+
+    plugin_container, daemon = mps_pod["containers"]
+    args = build_parser().parse_args(plugin_container["command"][1:])
+    pipe_dir = _sharing_options(args)["mps"].pipe_dir  # type: ignore[attr-defined]
+    assert pipe_dir == "/run/nvidia/mps"
+    # the daemon runs the host's driver tools in the host's /, pipes at that same host path
+    assert daemon["command"] == ["chroot", "/host", "nvidia-cuda-mps-control", "-f"]
+    env = {e["name"]: e["value"] for e in daemon["env"]}
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe_dir
+    defined = volumes(mps_pod)
+    assert defined[mounts(daemon)["/host"]["name"]]["hostPath"]["path"] == "/"
+    for variable in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        mount = mounts(daemon)["/host" + env[variable]]
+        assert not mount.get("readOnly", False), variable
+        assert defined[mount["name"]]["hostPath"]["path"] == env[variable]
+    assert env["CUDA_MPS_LOG_DIRECTORY"] != pipe_dir, "claims would see the daemon's logs"
+    assert daemon["image"] == plugin_container["image"]  # the tag the base's images: set
