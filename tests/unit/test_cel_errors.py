@@ -87,14 +87,14 @@ def _error(text: str) -> CelEvaluationError:
 
 
 def test_a_missing_attribute_points_at_the_name_that_is_missing() -> None:
-    # "index" is in cdigen.dev, not in gpu.nvidia.com: the error is about the second one
+    # "pciBusId" is in cdigen.dev, not in gpu.nvidia.com: the error is about the second one
     text = (
-        'device.attributes["cdigen.dev"].index == 0 && '
-        'device.attributes["gpu.nvidia.com"].index == 0'
+        'device.attributes["cdigen.dev"].pciBusId != "" && '
+        'device.attributes["gpu.nvidia.com"].pciBusId != ""'
     )
     error = _error(text)
-    assert str(error) == "no attribute 'index' in that domain (guard with has(...))"
-    assert (error.line, error.column) == (1, text.rindex("index") + 1)
+    assert str(error) == "no attribute 'pciBusId' in that domain (guard with has(...))"
+    assert (error.line, error.column) == (1, text.rindex("pciBusId") + 1)
 
 
 @pytest.mark.parametrize(
