@@ -22,6 +22,9 @@ from cdigen.model import Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
+# The DRA driver's default name (plugin.dra.serve.DEFAULT_DRIVER): its plain attribute names
+# live in this domain; CEL policies also read them under NVIDIA's ``gpu.nvidia.com``.
+DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MIG_STRATEGIES = ("none", "single", "mixed")
@@ -126,6 +129,19 @@ def gpu_device_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.index}"
 
 
+def gpu_view(
+    node: Node,
+    gpu: Gpu,
+    *,
+    sysfs_root: str | Path | None = None,
+    groups: Mapping[str, Mapping[int, int]] | None = None,
+) -> DeviceView:
+    """The DRA view of one whole GPU (its MIG devices aside). ``groups`` maps a group attribute
+    (``nvlinkDomain``, ``nvlinkClique``) to its value by GPU index; none are published without."""
+    attrs = _gpu_attributes(node, gpu, sysfs_root, groups or {})
+    return DeviceView(gpu_device_name(gpu), gpu, None, attrs, {"memory": gpu.memory_bytes})
+
+
 def device_views(
     node: Node, *, mig_strategy: str = "mixed", sysfs_root: str | Path | None = None
 ) -> tuple[DeviceView, ...]:
@@ -140,10 +156,10 @@ def device_views(
     groups = {"nvlinkDomain": nvlink.domain, "nvlinkClique": nvlink.clique}
     views: list[DeviceView] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        base = _gpu_attributes(node, gpu, sysfs_root, groups)
+        whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
         if gpu.mig_enabled and mig_strategy != "none":
             for mig in gpu.mig_devices:
-                attrs = dict(base)
+                attrs = dict(whole.attributes)
                 attrs["type"] = Attribute("string", "mig")
                 attrs["uuid"] = Attribute("string", mig.uuid)
                 attrs["parentUUID"] = Attribute("string", gpu.uuid)
@@ -154,9 +170,7 @@ def device_views(
                     )
                 )
             continue
-        views.append(
-            DeviceView(gpu_device_name(gpu), gpu, None, base, {"memory": gpu.memory_bytes})
-        )
+        views.append(whole)
     for view in views:
         count = len(view.attributes) + len(view.capacity)
         if count > MAX_ATTRIBUTES_AND_CAPACITIES:  # a programming error, not bad input

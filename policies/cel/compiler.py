@@ -1,0 +1,231 @@
+"""Compiling a CEL expression once: parse, check, rewrite ``cel.bind``, estimate its cost, and
+bind it to a runner that meters every evaluation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import celpy
+from celpy import InterpretedRunner, celtypes
+from celpy.celparser import CELParseError
+from celpy.evaluation import CELEvalError, Evaluator
+from lark import Token, Tree
+
+from policies.cel import limits
+from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
+from policies.cel.functions import FUNCTIONS
+
+_ENVIRONMENT: Any = None
+_LITERAL_ZERO: Any = None
+
+
+def _environment() -> Any:
+    global _ENVIRONMENT, _LITERAL_ZERO
+    if _ENVIRONMENT is None:
+        _ENVIRONMENT = celpy.Environment()
+        _LITERAL_ZERO = _ENVIRONMENT.compile("0")
+    return _ENVIRONMENT
+
+
+def _rewrite_bind(tree: Any) -> None:
+    """Rewrite ``cel.bind(x, v, body)`` in place as ``[v].map(x, body)[0]`` (same semantics)."""
+    for node in list(tree.iter_subtrees()):
+        if node.data != "member":
+            continue
+        for index, child in enumerate(node.children):
+            if not (isinstance(child, Tree) and child.data == "member_dot_arg"):
+                continue
+            target, name = child.children[0], child.children[1]
+            if str(name) != "bind" or len(child.children) < 3:
+                continue
+            receiver = target.children[0] if target.children else None
+            if not (
+                isinstance(receiver, Tree)
+                and receiver.data == "primary"
+                and isinstance(receiver.children[0], Tree)
+                and receiver.children[0].data == "ident"
+                and str(receiver.children[0].children[0]) == "cel"
+            ):
+                continue
+            args = child.children[2].children
+            if len(args) != 3:
+                raise CelCompileError(
+                    "cel.bind needs 3 arguments: name, value, body",
+                    child.meta.line if not child.meta.empty else None,
+                    child.meta.column if not child.meta.empty else None,
+                )
+            var, value, body = args
+            listed = Tree(
+                "member", [Tree("primary", [Tree("list_lit", [Tree("exprlist", [value])])])]
+            )
+            mapped = Tree(
+                "member_dot_arg",
+                [listed, Token("IDENT", "map"), Tree("exprlist", [var, body])],
+                meta=child.meta,
+            )
+            node.children[index] = Tree(
+                "member_index", [Tree("member", [mapped]), _LITERAL_ZERO], meta=child.meta
+            )
+
+
+class _BoundedEvaluator(Evaluator):
+    """celpy's evaluator, counting each step against a ``limits.Meter`` (macros included)."""
+
+    def __init__(self, ast: Any, activation: Any, meter: limits.Meter) -> None:
+        super().__init__(ast, activation)
+        self.meter = meter
+
+    def sub_evaluator(self, ast: Any) -> Evaluator:
+        return _BoundedEvaluator(ast, self.activation, self.meter)
+
+    def visit(self, tree: Any) -> Any:
+        self.meter.tick()
+        return super().visit(tree)
+
+    def visit_children(self, tree: Any) -> Any:
+        self.meter.tick()
+        return super().visit_children(tree)
+
+
+class _BoundedRunner(InterpretedRunner):
+    """Each evaluation gets a fresh meter: the cost limit and ``EVAL_TIME_LIMIT_S``, or an
+    earlier ``deadline`` (``time.thread_time()``) of the caller."""
+
+    def evaluate(self, context: Any, deadline: float | None = None) -> Any:
+        own = time.thread_time() + limits.EVAL_TIME_LIMIT_S
+        meter = limits.Meter(own if deadline is None else min(own, deadline))
+        return _BoundedEvaluator(self.ast, self.new_activation(), meter).evaluate(context)
+
+
+@dataclass(frozen=True)
+class CelProgram:
+    """One compiled expression; ``evaluate`` returns its bool or raises CelEvaluationError.
+
+    ``allocation_fields``: the ``allocation.<name>`` facts the expression reads, when it reads
+    ``allocation`` only that way (then its result depends on those facts alone), else None.
+    """
+
+    text: str
+    program: Any
+    cost: int = 0
+    allocation_fields: frozenset[str] | None = None
+
+    def evaluate(self, activation: Mapping[str, Any], deadline: float | None = None) -> bool:
+        """Evaluate against ``activation`` (e.g. ``{"device": device_value(...)}``), within
+        the cost and time limits, and by ``deadline`` (``time.thread_time()``) if given."""
+        try:
+            result = self.program.evaluate(dict(activation), deadline)
+        except CELEvalError as exc:
+            raise runtime_error(exc) from None
+        except limits.LimitExceeded as exc:
+            raise CelEvaluationError(str(exc), 1, 1, over_limit=True) from None
+        except RecursionError:
+            raise CelEvaluationError("the expression is nested too deeply", 1, 1) from None
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError) as exc:
+            raise CelEvaluationError(str(exc)[:200]) from None
+        if isinstance(result, CELEvalError):
+            raise runtime_error(result)
+        if not isinstance(result, celtypes.BoolType):
+            raise CelEvaluationError(
+                f"the expression must return a bool, it returned {type_name(result)}", 1, 1
+            )
+        return bool(result)
+
+
+_MACROS = {"map", "filter", "all", "exists", "exists_one", "bind"}
+
+
+def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
+    """Reject identifiers that are neither ``variables`` nor bound by a macro (``all(d, ...)``)."""
+    bound = {"cel"}
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
+            args = node.children[2].children if len(node.children) > 2 else []
+            if args:
+                idents = [t for t in args[0].iter_subtrees() if t.data == "ident"]
+                if idents:
+                    bound.add(str(idents[0].children[0]))
+    for node in tree.iter_subtrees_topdown():
+        if isinstance(node, Tree) and node.data == "ident":
+            token = node.children[0]
+            name = str(token)
+            if name not in variables and name not in bound:
+                known = " or ".join(f"'{v}'" for v in sorted(variables))
+                raise CelCompileError(
+                    f"undeclared reference to {name!r} (this field can use {known})",
+                    getattr(token, "line", None),
+                    getattr(token, "column", None),
+                )
+
+
+ALLOCATION_FACTS = frozenset({"numaNodes", "size", "linkScore", "minPairNVLinks"})
+
+
+def _allocation_fields(tree: Any) -> frozenset[str] | None:
+    """The facts read as ``allocation.<fact>``, or None when ``allocation`` is used otherwise
+    (its devices, indexing, a macro variable of that name)."""
+    fields: set[str] = set()
+    plain = 0
+    for node in tree.iter_subtrees():
+        if node.data == "ident" and str(node.children[0]) == "allocation":
+            plain += 1
+        if node.data == "member_dot" and len(node.children) == 2:
+            inner = node.children[0]
+            if (
+                isinstance(inner, Tree)
+                and inner.data == "member"
+                and isinstance(inner.children[0], Tree)
+                and inner.children[0].data == "primary"
+                and isinstance(inner.children[0].children[0], Tree)
+                and inner.children[0].children[0].data == "ident"
+                and str(inner.children[0].children[0].children[0]) == "allocation"
+            ):
+                fields.add(str(node.children[1]))
+                plain -= 1
+        if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
+            args = node.children[2].children if len(node.children) > 2 else []
+            if args and any(
+                t.data == "ident" and str(t.children[0]) == "allocation"
+                for t in args[0].iter_subtrees()
+            ):
+                return None
+    if plain != 0 or not fields <= ALLOCATION_FACTS:
+        return None
+    return frozenset(fields)
+
+
+def compile_expression(
+    text: str, variables: frozenset[str] = frozenset({"device", "allocation"})
+) -> CelProgram:
+    """Parse and bind ``text`` once; CelCompileError with the position of a syntax error, of
+    an identifier outside ``variables``, or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
+    nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
+    if len(text.encode()) > limits.MAX_EXPRESSION_BYTES:
+        raise CelCompileError(f"expression longer than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1)
+    nesting = limits.nesting_problem(text)
+    if nesting is not None:
+        raise nesting
+    env = _environment()
+    try:
+        ast = env.compile(text)
+    except CELParseError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
+        raise CelCompileError(f"syntax error near {first[:80]!r}", exc.line, exc.column) from None
+    except RecursionError:
+        raise CelCompileError("the expression is nested too deeply", 1, 1) from None
+    except (ValueError, OverflowError) as exc:  # e.g. an int literal of 5,000 digits
+        raise CelCompileError(f"bad literal: {str(exc)[:120]}", 1, 1) from None
+    limits.check_depth(ast)
+    _check_identifiers(ast, variables)
+    _rewrite_bind(ast)
+    limits.check_depth(ast)
+    cost = limits.estimate_cost(ast, variables)
+    return CelProgram(
+        text=text,
+        program=_BoundedRunner(env, ast, FUNCTIONS),
+        cost=cost,
+        allocation_fields=_allocation_fields(ast) if "allocation" in variables else None,
+    )

@@ -1,0 +1,194 @@
+"""The extension functions of the Kubernetes CEL dialect, as cel-python functions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celpy import celtypes
+from celpy.evaluation import CELEvalError, base_functions
+
+from policies.cel import limits
+from policies.cel.errors import OperandTypeError
+from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
+from policies.cel.semver import Semver, parse_semver
+
+
+def _err(message: str) -> CELEvalError:
+    """The error value a CEL function returns (cel-python propagates it as the result)."""
+    return CELEvalError(message, TypeError, None)
+
+
+def _cel_quantity(text: Any) -> Any:
+    if not isinstance(text, str):
+        return _err(f"quantity() needs a string, got {type(text).__name__}")
+    try:
+        return Quantity(parse_quantity(str(text)), str(text))
+    except ValueError as exc:
+        return _err(str(exc))
+
+
+def _cel_is_quantity(text: Any) -> Any:
+    try:
+        parse_quantity(str(text))
+    except ValueError:
+        return celtypes.BoolType(False)
+    return celtypes.BoolType(isinstance(text, str))
+
+
+def _cel_semver(text: Any, normalize: Any = False) -> Any:
+    if not isinstance(text, str):
+        return _err(f"semver() needs a string, got {type(text).__name__}")
+    try:
+        return parse_semver(str(text), bool(normalize))
+    except ValueError as exc:
+        return _err(str(exc))
+
+
+def _cel_is_semver(text: Any, normalize: Any = False) -> Any:
+    try:
+        parse_semver(str(text), bool(normalize))
+    except ValueError:
+        return celtypes.BoolType(False)
+    return celtypes.BoolType(isinstance(text, str))
+
+
+def _compare(a: Any, b: Any) -> int | CELEvalError:
+    if isinstance(a, Quantity) and isinstance(b, Quantity):
+        return (a.value > b.value) - (a.value < b.value)
+    if isinstance(a, Semver) and isinstance(b, Semver):
+        return (a > b) - (a < b)
+    return _err(f"no such overload: {type(a).__name__}.compareTo({type(b).__name__})")
+
+
+def _cel_compare_to(a: Any, b: Any) -> Any:
+    result = _compare(a, b)
+    return result if isinstance(result, CELEvalError) else celtypes.IntType(result)
+
+
+def _cel_greater(a: Any, b: Any) -> Any:
+    result = _compare(a, b)
+    return result if isinstance(result, CELEvalError) else celtypes.BoolType(result > 0)
+
+
+def _cel_less(a: Any, b: Any) -> Any:
+    result = _compare(a, b)
+    return result if isinstance(result, CELEvalError) else celtypes.BoolType(result < 0)
+
+
+def _cel_as_integer(q: Any) -> Any:
+    if not isinstance(q, Quantity):
+        return _err(f"no such overload: {type(q).__name__}.asInteger()")
+    if q.value.denominator != 1 or not INT64_MIN <= q.value.numerator <= INT64_MAX:
+        return _err(f"quantity {q.text} is not an int64")
+    return celtypes.IntType(q.value.numerator)
+
+
+def _cel_as_float(q: Any) -> Any:
+    if not isinstance(q, Quantity):
+        return _err(f"no such overload: {type(q).__name__}.asApproximateFloat()")
+    return celtypes.DoubleType(float(q.value))
+
+
+def _arith(sign: int) -> Callable[[Any, Any], Any]:
+    def apply(q: Any, other: Any) -> Any:
+        if not isinstance(q, Quantity):
+            return _err(f"no such overload: {type(q).__name__} arithmetic")
+        if isinstance(other, Quantity):
+            return Quantity(q.value + sign * other.value)
+        if isinstance(other, int) and not isinstance(other, bool):
+            return Quantity(q.value + sign * other)
+        return _err(f"no such overload: quantity arithmetic with {type(other).__name__}")
+
+    return apply
+
+
+def _semver_part(name: str) -> Callable[[Any], Any]:
+    def part(v: Any) -> Any:
+        if not isinstance(v, Semver):
+            return _err(f"no such overload: {type(v).__name__}.{name}()")
+        return celtypes.IntType(getattr(v, name))
+
+    return part
+
+
+def _cel_lower_ascii(s: Any) -> Any:
+    if not isinstance(s, str):
+        return _err(f"no such overload: {type(s).__name__}.lowerAscii()")
+    return celtypes.StringType("".join(c.lower() if c.isascii() else c for c in s))
+
+
+def _cel_split(s: Any, sep: Any, limit: Any = -1) -> Any:
+    if not isinstance(s, str) or not isinstance(sep, str):
+        return _err("no such overload: split(string, string)")
+    count = int(limit)
+    if count == 0:
+        return celtypes.ListType([])
+    parts = str(s).split(str(sep), count - 1 if count > 0 else -1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _cel_replace(s: Any, old: Any, new: Any, limit: Any = -1) -> Any:
+    if not all(isinstance(x, str) for x in (s, old, new)):
+        return _err("no such overload: replace(string, string, string)")
+    count = len(s) + 1 if not old else s.count(old)
+    if int(limit) >= 0:
+        count = min(count, int(limit))
+    if len(s) + count * (len(new) - len(old)) > limits.MAX_VALUE_LENGTH:
+        return _err(f"replace() would build a string over {limits.MAX_VALUE_LENGTH} characters")
+    return celtypes.StringType(str(s).replace(str(old), str(new), int(limit)))
+
+
+def _cel_add(a: Any, b: Any) -> Any:
+    if (
+        isinstance(a, (str, list))
+        and isinstance(b, (str, list))
+        and len(a) + len(b) > limits.MAX_VALUE_LENGTH
+    ):
+        return _err(f"+ would build a value over {limits.MAX_VALUE_LENGTH} characters or elements")
+    return a + b
+
+
+def _typed_operator(symbol: str, apply: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """``apply``, raising OperandTypeError (the operator and operand types, as data) where it
+    raises TypeError; cel-python keeps it as the ``__cause__`` of its CELEvalError."""
+
+    def operator(left: Any, right: Any) -> Any:
+        try:
+            return apply(left, right)
+        except OperandTypeError:
+            raise
+        except TypeError:
+            raise OperandTypeError(symbol, left, right) from None
+
+    return operator
+
+
+# The binary operators whose type errors name the operator and the operand types.
+_OPERATORS = {"<": "_<_", "<=": "_<=_", ">": "_>_", ">=": "_>=_", "==": "_==_", "!=": "_!=_"}
+_ARITHMETIC = {"-": "_-_", "*": "_*_", "/": "_/_", "%": "_%_"}
+
+FUNCTIONS: dict[str, Any] = {
+    "quantity": _cel_quantity,
+    "isQuantity": _cel_is_quantity,
+    "semver": _cel_semver,
+    "isSemver": _cel_is_semver,
+    "compareTo": _cel_compare_to,
+    "isGreaterThan": _cel_greater,
+    "isLessThan": _cel_less,
+    "asInteger": _cel_as_integer,
+    "asApproximateFloat": _cel_as_float,
+    "add": _arith(1),
+    "sub": _arith(-1),
+    "major": _semver_part("major"),
+    "minor": _semver_part("minor"),
+    "patch": _semver_part("patch"),
+    "lowerAscii": _cel_lower_ascii,
+    "split": _cel_split,
+    "replace": _cel_replace,
+    "_+_": _typed_operator("+", _cel_add),
+    **{
+        name: _typed_operator(symbol, base_functions[name])
+        for symbol, name in (_OPERATORS | _ARITHMETIC).items()
+    },
+}
