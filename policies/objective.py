@@ -9,9 +9,10 @@ set left free and 7. the best pairing of what is left (higher wins; with subset 
 in the greedy search); 8. the links cut from the free devices (fragmentation); 9. the GPU
 positions, ascending.
 
-:func:`head` builds terms 1-7, :meth:`Candidate.key` all nine; the exact and greedy searches,
-``explain`` and :func:`why_lost` all rank by them. The exact search reads terms 1-4 from its
-sorted tables, computes term 8 only for sets tied on 1-7, and gets term 9 from its walk order.
+:func:`head` builds terms 1-7, :meth:`Candidate.key` all nine, :func:`static_terms` terms
+1, 3 and 4; the exact and greedy searches, ``explain`` and :func:`why_lost` all rank by them.
+The exact search reads terms 1, 3 and 4 from its sorted tables, computes term 8 only for sets
+tied on 1-7, and gets term 9 from its walk order (the tables' last sort key).
 """
 
 from __future__ import annotations
@@ -20,14 +21,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdigen.model import Node
 from policies.cel import allocation_value, device_value
 from policies.graph import Topology
 from policies.policy import Policy
-from policies.table import NEXT_SET_SIZE, Table, position_fact
 
+if TYPE_CHECKING:
+    from policies.table import Table
+
+# Fragmentation looks at what stays free for the next request: the best set of this size (the
+# commonest multi-GPU job after a pair), then the best split into pairs.
+NEXT_SET_SIZE = 4
 # CPU time one request may spend evaluating policy constraints; past it the sets not yet
 # evaluated count as failing them (a fallback reason says so), so that a slow policy cannot
 # hold a kubelet call (each evaluation is bounded too: policies.cel.EVAL_TIME_LIMIT_S).
@@ -35,6 +41,13 @@ CONSTRAINT_BUDGET_S = 0.08
 
 Head = tuple[int, bool, int, int, int, int, int]
 Key = tuple[int, bool, int, int, int, int, int, int, tuple[int, ...]]
+StaticTerms = tuple[int, int, int]
+
+
+def static_terms(selector_failures: int, link_score: int, numa_span: int) -> StaticTerms:
+    """Terms 1, 3 and 4 of the key, which a set has whatever the request: the exact search's
+    tables sort by them (then by term 9)."""
+    return (selector_failures, -link_score, numa_span)
 
 
 def head(
@@ -119,6 +132,17 @@ def why_lost(winner: Candidate, loser: Candidate) -> str:
         if won != lost:
             return _LOST_BECAUSE[term](winner, loser)
     return _LOST_BECAUSE[-1](winner, loser)
+
+
+def position_fact(topology: Topology, positions: tuple[int, ...], name: str) -> Any:
+    """One ``allocation`` fact of a set of GPU positions."""
+    if name == "numaNodes":
+        return topology.numa_nodes(positions)
+    if name == "size":
+        return len(positions)
+    if name == "linkScore":
+        return topology.set_score(positions)
+    return topology.min_pair_nvlinks(positions)
 
 
 class Objective:

@@ -8,14 +8,11 @@ the objective), and the subsets of each size sorted by the static part of the ob
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from policies.graph import Topology
+from policies.objective import NEXT_SET_SIZE, StaticTerms, static_terms
 
 EXACT_LIMIT = 16
-# Fragmentation looks at what stays free for the next request: the best set of this size (the
-# commonest multi-GPU job after a pair), then the best split into pairs.
-NEXT_SET_SIZE = 4
 
 
 def popcount(mask: int) -> int:
@@ -78,16 +75,16 @@ class Table:
         by_size: list[list[int]] = [[] for _ in range(count + 1)]
         for mask in range(size):
             by_size[popcount(mask)].append(mask)
+        # the terms of the objective a set has whatever the request, then term 9 (positions)
+        static_of = [
+            static_terms(popcount(m & fail_mask), score[m], self.numa_span[m]) for m in range(size)
+        ]
         self.order: list[list[int]] = []
-        self.static: list[list[tuple[int, int, int]]] = []
+        self.static: list[list[StaticTerms]] = []
         for masks in by_size:
-            masks.sort(
-                key=lambda m: (popcount(m & fail_mask), -score[m], self.numa_span[m], -reverse[m])
-            )
+            masks.sort(key=lambda m: (static_of[m], -reverse[m]))
             self.order.append(masks)
-            self.static.append(
-                [(popcount(m & fail_mask), -score[m], self.numa_span[m]) for m in masks]
-            )
+            self.static.append([static_of[m] for m in masks])
         self.weights = weights
         self.left_best_set = _best_set_within(score, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
@@ -129,17 +126,6 @@ class Table:
                 assert self._min_pair is not None
                 out.append(self._min_pair)
         return out
-
-
-def position_fact(topology: Topology, positions: tuple[int, ...], name: str) -> Any:
-    """One ``allocation`` fact of a set of GPU positions."""
-    if name == "numaNodes":
-        return topology.numa_nodes(positions)
-    if name == "size":
-        return len(positions)
-    if name == "linkScore":
-        return topology.set_score(positions)
-    return topology.min_pair_nvlinks(positions)
 
 
 def _best_set_within(score: list[int], count: int, k: int) -> list[int]:
