@@ -182,18 +182,16 @@ class Allocator:
             notes.append(f"must-include IDs {outside[:3]} are not available (ignored)")
             must = tuple(m for m in must if m not in set(outside))
         positions = [self.position_of(i) for i in available]
+        index = {device_id: n for n, device_id in enumerate(available)} if must else {}
         if len(must) > size:
             notes.append(f"{len(must)} must-include IDs for a request of {size} (kept the first)")
-            index = {device_id: n for n, device_id in enumerate(available)}
             chosen = [index[m] for m in must[:size]]
         else:
-            index = {device_id: n for n, device_id in enumerate(available)}
-            is_slice = [share_kind(i) == "slice" for i in available]
             chosen = self._solve(
                 positions,
                 [index[m] for m in must],
                 size,
-                is_slice,
+                lambda n: share_kind(available[n]) == "slice",
                 notes,
                 lambda ns: f"unknown device IDs {[available[n] for n in ns]}",
             )
@@ -226,7 +224,7 @@ class Allocator:
                 positions,
                 list(must),
                 size,
-                [slices] * len(available),
+                lambda n: slices,
                 notes,
                 lambda ns: f"unknown GPU positions {[available[n] for n in ns]}",
             )
@@ -241,7 +239,7 @@ class Allocator:
         positions: Sequence[int | None],
         must: Sequence[int],
         size: int,
-        is_slice: Sequence[bool],
+        is_slice: Callable[[int], bool],
         notes: list[str],
         unknown_note: Callable[[list[int]], str],
     ) -> list[int]:
@@ -264,7 +262,7 @@ class Allocator:
             return sorted(chosen)
         if slots == 0:
             return sorted(devices.must_bad)
-        slices = any(is_slice[n] for ids in devices.groups.values() for n in ids)
+        slices = any(is_slice(n) for ids in devices.groups.values() for n in ids)
         pack = slices or self.policy.replicas == "pack"
         search = self._search_for(sorted(devices.groups))
         gpus = choose_gpus(self.objective, search, devices, slots, notes, pack=pack, slices=slices)

@@ -68,7 +68,7 @@ class Table:
         self.numa_bits = numa_bits
         self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
         self._min_pair: list[int] | None = None
-        self.popcounts: list[int] | None = None
+        self._popcounts: list[int] | None = None
         # constraint results by this table's raw fact arrays (see Objective.mask_ok)
         self.ok_cache: dict[tuple[int, ...], bool] = {}
         self.numa_span = [popcount(b) for b in numa_bits]
@@ -82,7 +82,8 @@ class Table:
         self.order: list[list[int]] = []
         self.static: list[list[StaticTerms]] = []
         for masks in by_size:
-            masks.sort(key=lambda m: (static_of[m], -reverse[m]))
+            masks.sort(key=reverse.__getitem__, reverse=True)  # term 9 (no two equal) ...
+            masks.sort(key=static_of.__getitem__)  # ... then, stable, terms 1, 3 and 4 first
             self.order.append(masks)
             self.static.append([static_of[m] for m in masks])
         self.weights = weights
@@ -116,9 +117,9 @@ class Table:
             if name == "numaNodes":
                 out.append(self.numa_bits)
             elif name == "size":
-                if self.popcounts is None:
-                    self.popcounts = [popcount(m) for m in range(len(self.score))]
-                out.append(self.popcounts)
+                if self._popcounts is None:
+                    self._popcounts = [popcount(m) for m in range(len(self.score))]
+                out.append(self._popcounts)
             elif name == "linkScore":
                 out.append(self.score)
             else:
