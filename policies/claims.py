@@ -9,390 +9,68 @@ request's CEL selectors with cdigen's CEL engine (DRA dialect: ``device.driver``
 devices with a ``NoSchedule``/``NoExecute`` taint, and backtracks when a later pick fails, as
 the real one does. It is a simulator for tests and ``cdigen dra explain``: it answers what the
 scheduler's first fit would pick on a free (or given) node, not where pods go in a cluster.
+
+The manifests are read by :mod:`policies.claim_docs`, the slices' devices by
+:mod:`policies.slice_devices`; their names are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
-from celpy import celtypes
-
 from cdigen.errors import InputError
-from cdigen.fileio import read_text
-from policies.cel import (
-    CelCompileError,
-    CelEvaluationError,
-    CelProgram,
-    DomainMap,
-    Quantity,
-    compile_expression,
-    parse_quantity,
-    parse_semver,
+from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
+from policies.claim_docs import (
+    Claim,
+    Constraint,
+    DeviceClass,
+    Request,
+    Selector,
+    Toleration,
+    claim_from_doc,
+    device_class,
+    load_manifests,
+    read_documents,
+)
+from policies.slice_devices import (
+    TAINT_EFFECTS,
+    CapacityPolicy,
+    SliceDevice,
+    Taint,
+    qualify,
+    slice_devices,
 )
 
+__all__ = [
+    "DEVICE_VARIABLES",
+    "STANDARD_DOMAIN",
+    "TAINT_EFFECTS",
+    "Allocation",
+    "CapacityPolicy",
+    "Claim",
+    "Constraint",
+    "DeviceClass",
+    "FirstFit",
+    "NodeState",
+    "Pick",
+    "Request",
+    "Selector",
+    "SliceDevice",
+    "Taint",
+    "Toleration",
+    "claim_from_doc",
+    "device_class",
+    "load_manifests",
+    "qualify",
+    "read_documents",
+    "render_explanation",
+    "slice_devices",
+]
+
 STANDARD_DOMAIN = "resource.kubernetes.io"
-TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 DEVICE_VARIABLES = frozenset({"device"})
-
-# --------------------------------------------------------------------------- devices
-
-
-@dataclass(frozen=True)
-class Taint:
-    """A device taint: ``key=value:effect``."""
-
-    key: str
-    value: str
-    effect: str
-
-    def __str__(self) -> str:
-        return f"{self.key}={self.value}:{self.effect}"
-
-
-@dataclass(frozen=True)
-class CapacityPolicy:
-    """A capacity's ``requestPolicy`` (KEP-5075): ``default``, ``validRange`` or ``validValues``."""
-
-    default: int | None = None
-    min: int | None = None
-    max: int | None = None
-    step: int | None = None
-    values: tuple[int, ...] = ()
-
-    def consumed(self, requested: int | None, total: int) -> int | None:
-        """How much a request for ``requested`` (None: unnamed) consumes; None if the policy
-        refuses it."""
-        amount = requested if requested is not None else self.default
-        if amount is None:
-            return total
-        if self.values:
-            fits = [v for v in self.values if v >= amount]
-            return fits[0] if fits else None
-        if self.min is not None:
-            amount = max(amount, self.min)
-            if self.step:
-                steps = -(-(amount - self.min) // self.step)
-                amount = self.min + steps * self.step
-        if self.max is not None and amount > self.max:
-            return None
-        return amount
-
-
-@dataclass(frozen=True)
-class SliceDevice:
-    """One device of a ResourceSlice, as the allocator reads it; attribute and capacity names
-    are qualified (``<domain>/<name>``)."""
-
-    name: str
-    driver: str
-    pool: str
-    attributes: Mapping[str, str | int | bool]
-    versions: frozenset[str]  # the attributes of kind version
-    capacity: Mapping[str, int]
-    policies: Mapping[str, CapacityPolicy]
-    allow_multiple: bool = False
-    taints: tuple[Taint, ...] = ()
-
-    def cel_value(self) -> Any:
-        """The CEL ``device`` map, as the scheduler builds it."""
-        attrs: dict[str, dict[Any, Any]] = {}
-        for qualified, value in self.attributes.items():
-            domain, _, name = qualified.rpartition("/")
-            if qualified in self.versions:
-                cel: Any = parse_semver(str(value), normalize=True)
-            elif isinstance(value, bool):
-                cel = celtypes.BoolType(value)
-            elif isinstance(value, int):
-                cel = celtypes.IntType(value)
-            else:
-                cel = celtypes.StringType(value)
-            attrs.setdefault(domain, {})[celtypes.StringType(name)] = cel
-        caps: dict[str, dict[Any, Any]] = {}
-        for qualified, amount in self.capacity.items():
-            domain, _, name = qualified.rpartition("/")
-            caps.setdefault(domain, {})[celtypes.StringType(name)] = Quantity(Fraction(amount))
-        return celtypes.MapType(
-            {
-                celtypes.StringType("driver"): celtypes.StringType(self.driver),
-                celtypes.StringType("attributes"): DomainMap(
-                    {celtypes.StringType(d): celtypes.MapType(v) for d, v in attrs.items()}
-                ),
-                celtypes.StringType("capacity"): DomainMap(
-                    {celtypes.StringType(d): celtypes.MapType(v) for d, v in caps.items()}
-                ),
-            }
-        )
-
-
-def qualify(name: str, driver: str) -> str:
-    """``index`` -> ``<driver>/index``; qualified names stay as they are."""
-    return name if "/" in name else f"{driver}/{name}"
-
-
-def _quantity(text: Any, where: str) -> int:
-    try:
-        return int(parse_quantity(str(text)))
-    except ValueError:
-        raise InputError(f"{text!r} is not a quantity", where=where) from None
-
-
-def _policy(doc: Mapping[str, Any], where: str) -> CapacityPolicy:
-    rng = doc.get("validRange") or {}
-    return CapacityPolicy(
-        default=_quantity(doc["default"], where) if "default" in doc else None,
-        min=_quantity(rng["min"], where) if "min" in rng else None,
-        max=_quantity(rng["max"], where) if "max" in rng else None,
-        step=_quantity(rng["step"], where) if "step" in rng else None,
-        values=tuple(_quantity(v, where) for v in doc.get("validValues") or ()),
-    )
-
-
-def slice_devices(slices: Iterable[Mapping[str, Any]]) -> list[SliceDevice]:
-    """Every device of ``slices`` (v1 ResourceSlice dicts) in slice order, then device order."""
-    out: list[SliceDevice] = []
-    for n, body in enumerate(slices):
-        spec = body.get("spec") or {}
-        driver = str(spec.get("driver", ""))
-        pool = str((spec.get("pool") or {}).get("name", ""))
-        for k, dev in enumerate(spec.get("devices") or []):
-            where = f"ResourceSlice {n} spec.devices[{k}]"
-            attrs: dict[str, str | int | bool] = {}
-            versions = set()
-            for name, typed in (dev.get("attributes") or {}).items():
-                ((kind, value),) = typed.items()
-                attrs[qualify(name, driver)] = value
-                if kind == "version":
-                    versions.add(qualify(name, driver))
-            capacity: dict[str, int] = {}
-            policies: dict[str, CapacityPolicy] = {}
-            for name, cap in (dev.get("capacity") or {}).items():
-                capacity[qualify(name, driver)] = _quantity(cap["value"], where)
-                if cap.get("requestPolicy"):
-                    policies[qualify(name, driver)] = _policy(cap["requestPolicy"], where)
-            out.append(
-                SliceDevice(
-                    name=str(dev["name"]),
-                    driver=driver,
-                    pool=pool,
-                    attributes=attrs,
-                    versions=frozenset(versions),
-                    capacity=capacity,
-                    policies=policies,
-                    allow_multiple=bool(dev.get("allowMultipleAllocations", False)),
-                    taints=tuple(
-                        Taint(str(t["key"]), str(t.get("value", "")), str(t["effect"]))
-                        for t in dev.get("taints") or ()
-                    ),
-                )
-            )
-    return out
-
-
-# --------------------------------------------------------------------------- claims and classes
-
-
-@dataclass(frozen=True)
-class Selector:
-    """One CEL selector and where it was written (file and field)."""
-
-    expression: str
-    source: str
-    field: str
-
-
-@dataclass(frozen=True)
-class Toleration:
-    """A request's toleration of device taints (``Exists`` or ``Equal``)."""
-
-    key: str | None
-    operator: str
-    value: str
-    effect: str | None
-
-    def tolerates(self, taint: Taint) -> bool:
-        """True when this toleration covers ``taint``."""
-        if self.effect and self.effect != taint.effect:
-            return False
-        if self.key is None:
-            return self.operator == "Exists"
-        if self.key != taint.key:
-            return False
-        return self.operator == "Exists" or self.value == taint.value
-
-
-@dataclass(frozen=True)
-class Request:
-    """One ``exactly`` request of a claim."""
-
-    name: str
-    class_name: str
-    selectors: tuple[Selector, ...]
-    mode: str = "ExactCount"
-    count: int = 1
-    capacity: Mapping[str, int] = field(default_factory=dict)  # plain or qualified names
-    tolerations: tuple[Toleration, ...] = ()
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A claim constraint: ``matchAttribute`` or ``distinctAttribute`` over some requests."""
-
-    requests: tuple[str, ...]  # empty: all requests
-    attribute: str
-    distinct: bool = False
-
-    def covers(self, request: str) -> bool:
-        """True when the constraint applies to ``request``."""
-        return not self.requests or request in self.requests
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A ResourceClaim (or the claim of a ResourceClaimTemplate)."""
-
-    name: str
-    source: str
-    requests: tuple[Request, ...]
-    constraints: tuple[Constraint, ...]
-
-
-@dataclass(frozen=True)
-class DeviceClass:
-    """A DeviceClass: its name and selectors."""
-
-    name: str
-    source: str
-    selectors: tuple[Selector, ...]
-
-
-def read_documents(path: str | Path) -> list[Mapping[str, Any]]:
-    """The YAML documents of a file (``---`` separated); one-line InputError on bad YAML."""
-    import yaml
-
-    text = read_text(path, what="manifest")
-    try:
-        docs = list(yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        pos = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise InputError(f"{pos}invalid YAML: {exc.problem}", where=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", where=str(path)) from None
-    out = [d for d in docs if d is not None]
-    for n, doc in enumerate(out):
-        if not isinstance(doc, Mapping) or "kind" not in doc:
-            raise InputError(
-                f"document {n + 1} is not a Kubernetes object (no kind)", where=str(path)
-            )
-    return out
-
-
-def _selectors(items: Any, source: str, prefix: str) -> tuple[Selector, ...]:
-    out = []
-    for n, item in enumerate(items or ()):
-        expression = ((item or {}).get("cel") or {}).get("expression")
-        if not isinstance(expression, str):
-            raise InputError(
-                "a selector needs cel.expression (a string)",
-                where=f"{source}: {prefix}[{n}]",
-            )
-        out.append(Selector(expression, source, f"{prefix}[{n}].cel.expression"))
-    return tuple(out)
-
-
-def device_class(doc: Mapping[str, Any], source: str) -> DeviceClass:
-    """A DeviceClass from its manifest."""
-    name = str((doc.get("metadata") or {}).get("name", ""))
-    spec = doc.get("spec") or {}
-    return DeviceClass(name, source, _selectors(spec.get("selectors"), source, "spec.selectors"))
-
-
-def claim_from_doc(doc: Mapping[str, Any], source: str) -> Claim:
-    """A Claim from a ResourceClaim or ResourceClaimTemplate manifest (resource.k8s.io/v1)."""
-    kind = doc.get("kind")
-    name = str((doc.get("metadata") or {}).get("name", ""))
-    spec = doc.get("spec") or {}
-    base = "spec"
-    if kind == "ResourceClaimTemplate":
-        spec, base = spec.get("spec") or {}, "spec.spec"
-    elif kind != "ResourceClaim":
-        raise InputError(
-            f"kind {kind!r} is not a ResourceClaim or ResourceClaimTemplate", where=source
-        )
-    devices = spec.get("devices") or {}
-    requests: list[Request] = []
-    for n, req in enumerate(devices.get("requests") or ()):
-        where = f"{base}.devices.requests[{n}]"
-        exactly = (req or {}).get("exactly")
-        if not isinstance(exactly, Mapping):
-            raise InputError(
-                "only requests with exactly are simulated (firstAvailable is not)",
-                where=f"{source}: {where}",
-                hint="write the request as exactly: {deviceClassName: ..., ...}",
-            )
-        mode = str(exactly.get("allocationMode", "ExactCount"))
-        if mode not in ("ExactCount", "All"):
-            raise InputError(f"unknown allocationMode {mode!r}", where=f"{source}: {where}")
-        count = exactly.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise InputError(
-                f"count must be a positive integer, got {count!r}",
-                where=f"{source}: {where}.exactly.count",
-            )
-        caps = ((exactly.get("capacity") or {}).get("requests")) or {}
-        requests.append(
-            Request(
-                name=str(req.get("name", "")),
-                class_name=str(exactly.get("deviceClassName", "")),
-                selectors=_selectors(
-                    exactly.get("selectors"), source, f"{where}.exactly.selectors"
-                ),
-                mode=mode,
-                count=count,
-                capacity={
-                    str(k): _quantity(v, f"{source}: {where}.exactly.capacity.requests.{k}")
-                    for k, v in caps.items()
-                },
-                tolerations=tuple(
-                    Toleration(
-                        t.get("key"),
-                        str(t.get("operator", "Equal")),
-                        str(t.get("value", "")),
-                        t.get("effect"),
-                    )
-                    for t in exactly.get("tolerations") or ()
-                ),
-            )
-        )
-    constraints: list[Constraint] = []
-    for c in devices.get("constraints") or ():
-        names = tuple(str(r) for r in c.get("requests") or ())
-        if c.get("matchAttribute"):
-            constraints.append(Constraint(names, str(c["matchAttribute"])))
-        if c.get("distinctAttribute"):
-            constraints.append(Constraint(names, str(c["distinctAttribute"]), distinct=True))
-    return Claim(name, source, tuple(requests), tuple(constraints))
-
-
-def load_manifests(paths: Sequence[str | Path]) -> tuple[list[Claim], dict[str, DeviceClass]]:
-    """The claims (and templates) and device classes in ``paths``; other kinds are ignored."""
-    claims: list[Claim] = []
-    classes: dict[str, DeviceClass] = {}
-    for path in paths:
-        for doc in read_documents(path):
-            if doc["kind"] == "DeviceClass":
-                cls = device_class(doc, str(path))
-                classes[cls.name] = cls
-            elif doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
-                claims.append(claim_from_doc(doc, str(path)))
-    return claims, classes
-
-
-# --------------------------------------------------------------------------- first fit
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ def big_node(count: int = 24) -> Node:
 
 def test_above_the_limit_answers_are_valid_and_take_nvlink_pairs() -> None:
     allocator = Allocator(big_node())
-    assert allocator._table is None  # no full table above EXACT_LIMIT GPUs
+    assert allocator.exact.full_table is None  # no full table above EXACT_LIMIT GPUs
     ids = tuple(str(i) for i in range(24))
     answer = allocator.prefer(AllocationRequest(ids, ("9",), 2))
     assert set(answer.devices) == {"8", "9"}

@@ -1,0 +1,213 @@
+"""ResourceClaims, ResourceClaimTemplates and DeviceClasses read from YAML manifests
+(resource.k8s.io/v1), as the scheduler sees them: requests, selectors, tolerations, constraints.
+
+Part of the offline scheduler simulator (:mod:`policies.claims`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdigen.errors import InputError
+from cdigen.fileio import read_text
+from policies.slice_devices import Taint, quantity
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One CEL selector and where it was written (file and field)."""
+
+    expression: str
+    source: str
+    field: str
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A request's toleration of device taints (``Exists`` or ``Equal``)."""
+
+    key: str | None
+    operator: str
+    value: str
+    effect: str | None
+
+    def tolerates(self, taint: Taint) -> bool:
+        """True when this toleration covers ``taint``."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key is None:
+            return self.operator == "Exists"
+        if self.key != taint.key:
+            return False
+        return self.operator == "Exists" or self.value == taint.value
+
+
+@dataclass(frozen=True)
+class Request:
+    """One ``exactly`` request of a claim."""
+
+    name: str
+    class_name: str
+    selectors: tuple[Selector, ...]
+    mode: str = "ExactCount"
+    count: int = 1
+    capacity: Mapping[str, int] = field(default_factory=dict)  # plain or qualified names
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A claim constraint: ``matchAttribute`` or ``distinctAttribute`` over some requests."""
+
+    requests: tuple[str, ...]  # empty: all requests
+    attribute: str
+    distinct: bool = False
+
+    def covers(self, request: str) -> bool:
+        """True when the constraint applies to ``request``."""
+        return not self.requests or request in self.requests
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A ResourceClaim (or the claim of a ResourceClaimTemplate)."""
+
+    name: str
+    source: str
+    requests: tuple[Request, ...]
+    constraints: tuple[Constraint, ...]
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """A DeviceClass: its name and selectors."""
+
+    name: str
+    source: str
+    selectors: tuple[Selector, ...]
+
+
+def read_documents(path: str | Path) -> list[Mapping[str, Any]]:
+    """The YAML documents of a file (``---`` separated); one-line InputError on bad YAML."""
+    import yaml
+
+    text = read_text(path, what="manifest")
+    try:
+        docs = list(yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        pos = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InputError(f"{pos}invalid YAML: {exc.problem}", where=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"invalid YAML: {exc}", where=str(path)) from None
+    out = [d for d in docs if d is not None]
+    for n, doc in enumerate(out):
+        if not isinstance(doc, Mapping) or "kind" not in doc:
+            raise InputError(
+                f"document {n + 1} is not a Kubernetes object (no kind)", where=str(path)
+            )
+    return out
+
+
+def _selectors(items: Any, source: str, prefix: str) -> tuple[Selector, ...]:
+    out = []
+    for n, item in enumerate(items or ()):
+        expression = ((item or {}).get("cel") or {}).get("expression")
+        if not isinstance(expression, str):
+            raise InputError(
+                "a selector needs cel.expression (a string)",
+                where=f"{source}: {prefix}[{n}]",
+            )
+        out.append(Selector(expression, source, f"{prefix}[{n}].cel.expression"))
+    return tuple(out)
+
+
+def device_class(doc: Mapping[str, Any], source: str) -> DeviceClass:
+    """A DeviceClass from its manifest."""
+    name = str((doc.get("metadata") or {}).get("name", ""))
+    spec = doc.get("spec") or {}
+    return DeviceClass(name, source, _selectors(spec.get("selectors"), source, "spec.selectors"))
+
+
+def claim_from_doc(doc: Mapping[str, Any], source: str) -> Claim:
+    """A Claim from a ResourceClaim or ResourceClaimTemplate manifest (resource.k8s.io/v1)."""
+    kind = doc.get("kind")
+    name = str((doc.get("metadata") or {}).get("name", ""))
+    spec = doc.get("spec") or {}
+    base = "spec"
+    if kind == "ResourceClaimTemplate":
+        spec, base = spec.get("spec") or {}, "spec.spec"
+    elif kind != "ResourceClaim":
+        raise InputError(
+            f"kind {kind!r} is not a ResourceClaim or ResourceClaimTemplate", where=source
+        )
+    devices = spec.get("devices") or {}
+    requests: list[Request] = []
+    for n, req in enumerate(devices.get("requests") or ()):
+        where = f"{base}.devices.requests[{n}]"
+        exactly = (req or {}).get("exactly")
+        if not isinstance(exactly, Mapping):
+            raise InputError(
+                "only requests with exactly are simulated (firstAvailable is not)",
+                where=f"{source}: {where}",
+                hint="write the request as exactly: {deviceClassName: ..., ...}",
+            )
+        mode = str(exactly.get("allocationMode", "ExactCount"))
+        if mode not in ("ExactCount", "All"):
+            raise InputError(f"unknown allocationMode {mode!r}", where=f"{source}: {where}")
+        count = exactly.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise InputError(
+                f"count must be a positive integer, got {count!r}",
+                where=f"{source}: {where}.exactly.count",
+            )
+        caps = ((exactly.get("capacity") or {}).get("requests")) or {}
+        requests.append(
+            Request(
+                name=str(req.get("name", "")),
+                class_name=str(exactly.get("deviceClassName", "")),
+                selectors=_selectors(
+                    exactly.get("selectors"), source, f"{where}.exactly.selectors"
+                ),
+                mode=mode,
+                count=count,
+                capacity={
+                    str(k): quantity(v, f"{source}: {where}.exactly.capacity.requests.{k}")
+                    for k, v in caps.items()
+                },
+                tolerations=tuple(
+                    Toleration(
+                        t.get("key"),
+                        str(t.get("operator", "Equal")),
+                        str(t.get("value", "")),
+                        t.get("effect"),
+                    )
+                    for t in exactly.get("tolerations") or ()
+                ),
+            )
+        )
+    constraints: list[Constraint] = []
+    for c in devices.get("constraints") or ():
+        names = tuple(str(r) for r in c.get("requests") or ())
+        if c.get("matchAttribute"):
+            constraints.append(Constraint(names, str(c["matchAttribute"])))
+        if c.get("distinctAttribute"):
+            constraints.append(Constraint(names, str(c["distinctAttribute"]), distinct=True))
+    return Claim(name, source, tuple(requests), tuple(constraints))
+
+
+def load_manifests(paths: Sequence[str | Path]) -> tuple[list[Claim], dict[str, DeviceClass]]:
+    """The claims (and templates) and device classes in ``paths``; other kinds are ignored."""
+    claims: list[Claim] = []
+    classes: dict[str, DeviceClass] = {}
+    for path in paths:
+        for doc in read_documents(path):
+            if doc["kind"] == "DeviceClass":
+                cls = device_class(doc, str(path))
+                classes[cls.name] = cls
+            elif doc["kind"] in ("ResourceClaim", "ResourceClaimTemplate"):
+                claims.append(claim_from_doc(doc, str(path)))
+    return claims, classes

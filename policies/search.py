@@ -1,0 +1,208 @@
+"""The searches for the best set of GPUs, behind one small protocol: :class:`Search`.
+
+- :class:`ExactSearch` (up to ``EXACT_LIMIT`` GPUs): walks the subsets of the request's size in
+  the order of a :class:`~policies.table.Table` (sorted by the static terms of the objective),
+  skips sets that use busy GPUs or miss a must-include GPU, and stops as soon as no later set
+  can win; ties are compared on the rest of the objective. Tables are built once per node (or,
+  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached).
+- :class:`GreedySearch` (above): a greedy construction followed by 1-swap local search on the
+  objective key, O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not
+  guaranteed optimal; there fragmentation is the links cut alone (no subset tables).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policies.objective import Head, Objective, head
+from policies.table import EXACT_LIMIT, BitSums, Table, degrees
+
+MAX_SWAP_PASSES = 4
+TABLE_CACHE = 8  # tables kept for sets of available GPUs on nodes above the limit
+
+
+@dataclass(frozen=True)
+class SetQuery:
+    """Find the best ``k`` GPU positions of ``available`` holding every one of ``must``.
+
+    ``shares``: free shares per GPU, when the request is over shares; then the set must hold
+    ``needed`` of them, and with ``balance`` (``spread``) more free shares rank better.
+    """
+
+    available: tuple[int, ...]
+    must: tuple[int, ...]
+    k: int
+    shares: Mapping[int, int] | None = None
+    needed: int = 0
+    balance: bool = False
+
+
+class Search(Protocol):
+    """A search for the best set: ``best(query, notes)`` -> sorted GPU positions, or None if no
+    set fits; it may add fallback notes."""
+
+    def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
+        """The best set for ``query`` by the objective, or None."""
+        ...
+
+
+class ExactSearch:
+    """The exact search over subset tables (see the module docstring)."""
+
+    def __init__(self, objective: Objective, good: Sequence[int]) -> None:
+        self.objective = objective
+        topo = objective.topology
+        self.full_table = (
+            Table(topo, good, objective.fail_positions) if len(good) <= EXACT_LIMIT else None
+        )
+        self._tables: OrderedDict[tuple[int, ...], Table] = OrderedDict()
+        self._tables_lock = threading.Lock()
+        fields = objective.fact_fields
+        if self.full_table is not None and fields and "minPairNVLinks" in fields:
+            self.full_table.min_pair_nvlinks(0)  # build its table now, not on a kubelet call
+
+    def table_for(self, available: Sequence[int]) -> Table | None:
+        """The table covering ``available``, or None when it is too large for one."""
+        if self.full_table is not None:
+            return self.full_table
+        if len(available) > EXACT_LIMIT:
+            return None
+        key = tuple(available)
+        with self._tables_lock:  # the plugin calls prefer() from several gRPC threads
+            table = self._tables.get(key)
+            if table is None:
+                table = Table(self.objective.topology, key, self.objective.fail_positions)
+                self._tables[key] = table
+                if len(self._tables) > TABLE_CACHE:
+                    self._tables.popitem(last=False)
+        return table
+
+    def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
+        """The best set by the objective; the table must cover ``query.available``."""
+        table = self.table_for(query.available)
+        assert table is not None, "ExactSearch.best on more GPUs than a table holds"
+        objective = self.objective
+        k = query.k
+        avail = table.mask_of(query.available)
+        must = table.mask_of(query.must)
+        busy = ((1 << len(table.universe)) - 1) & ~avail
+        order, static = table.order[k], table.static[k]
+        capacity_of: BitSums | None = None
+        needed = query.needed
+        shares = query.shares
+        if shares is not None and min(shares.values()) * k < needed:
+            # otherwise every set of k GPUs has room
+            capacity_of = BitSums([shares.get(p, 0) for p in table.universe])
+        # the links a set cuts from the rest (+ 2 x its score): the last step, computed on ties
+        degree: BitSums | None = None
+        free_of = (
+            BitSums([shares.get(p, 0) for p in table.universe])
+            if query.balance and shares
+            else None
+        )
+        best_key: Head | None = None
+        best_mask = -1
+        best_ok = False
+        best_cut: int | None = None
+        left_sets, left_pairs = table.left_best_set, table.left_pairs
+        constraints = objective.constrained
+        fields = objective.fact_fields
+        arrays = table.fact_arrays(fields) if constraints and fields is not None else None
+        for idx, mask in enumerate(order):
+            if mask & busy or mask & must != must:
+                continue
+            if capacity_of is not None and capacity_of(mask) < needed:
+                continue
+            fails, neg_score, span = static[idx]
+            if best_key is not None:
+                if fails > best_key[0]:
+                    break
+                if best_ok and (fails, neg_score, span) > (best_key[0], *best_key[2:4]):
+                    break
+            ok = objective.mask_ok(table, mask, arrays) if constraints else True
+            if best_key is not None and (fails, not ok, neg_score, span) > best_key[:4]:
+                continue
+            rest = avail & ~mask
+            candidate = head(
+                fails,
+                ok,
+                -neg_score,
+                span,
+                free_of(mask) if free_of is not None else 0,
+                left_sets[rest],
+                left_pairs[rest],
+            )
+            if best_key is None or candidate < best_key:
+                best_key, best_mask, best_ok, best_cut = candidate, mask, ok, None
+            elif candidate == best_key:  # term 8, fragmentation: the links cut
+                if degree is None:
+                    degree = BitSums(degrees(table.weights, avail))
+                if best_cut is None:
+                    best_cut = degree(best_mask) + 2 * neg_score
+                cut = degree(mask) + 2 * neg_score
+                if cut < best_cut:  # term 9: on equal cuts the earlier set (lower positions)
+                    best_mask, best_ok, best_cut = mask, ok, cut
+        if best_key is None:
+            return None
+        if objective.budget_exhausted:
+            notes.append(
+                f"constraint evaluation ran past {objective.budget_s * 1000:.0f} ms; "
+                "sets not evaluated count as failing"
+            )
+        elif constraints and not best_ok:
+            notes.append("no available set satisfies the policy constraints")
+        if best_key[0]:
+            notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
+        return table.positions(best_mask)
+
+
+class GreedySearch:
+    """Greedy build, then 1-swap local search on the objective key: valid, not always optimal.
+
+    It ranks by the whole key without the subset-table terms (6, 7) and, as before the engine
+    was split, without the free-shares term (5): ``spread`` balance is the exact search's.
+    """
+
+    def __init__(self, objective: Objective) -> None:
+        self.objective = objective
+
+    def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
+        """A good set for ``query``, or None if the one found lacks the shares needed."""
+        avail_positions = query.available
+        chosen = list(query.must)
+        pool = [p for p in avail_positions if p not in chosen]
+        shares = query.shares
+        needed = query.needed
+
+        def key(ps: Sequence[int]) -> tuple[Any, ...]:
+            return self.objective.candidate(tuple(sorted(ps)), avail_positions).key()
+
+        while len(chosen) < query.k:
+            best = min(pool, key=lambda p: key([*chosen, p]))
+            chosen.append(best)
+            pool.remove(best)
+        fixed = set(query.must)
+        for _ in range(MAX_SWAP_PASSES):
+            improved = False
+            current = key(chosen)
+            for i, p in enumerate(chosen):
+                if p in fixed:
+                    continue
+                for q in pool:
+                    trial = [*chosen[:i], q, *chosen[i + 1 :]]
+                    if shares is not None and sum(shares[x] for x in trial) < needed:
+                        continue
+                    trial_key = key(trial)
+                    if trial_key < current:
+                        pool[pool.index(q)] = p
+                        chosen, current, improved = trial, trial_key, True
+                        break
+            if not improved:
+                break
+        if shares is not None and sum(shares[p] for p in chosen) < needed:
+            return None
+        return tuple(sorted(chosen))
