@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
+from cdigen.cdi.names import qualified_name
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.health import HealthBoard
@@ -435,7 +436,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             by_id = advertised_names if advertised_names is not None else self._advertised.names
             # several IDs of one GPU carry the same CDI name: hand it over once
             names = list(
-                dict.fromkeys(n for d in ids for n in by_id.get(d) or (f"{self.cdi_kind}={d}",))
+                dict.fromkeys(
+                    n for d in ids for n in by_id.get(d) or (qualified_name(self.cdi_kind, d),)
+                )
             )
             visible = ",".join(ids)
         response = pb.ContainerAllocateResponse()
