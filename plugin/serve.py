@@ -7,15 +7,10 @@ because the kubelet dials back during ``Register``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import CdigenError, InputError
@@ -33,6 +28,7 @@ from plugin.health import (
 )
 from plugin.kubelet import Registrar
 from plugin.layout import Layout, gpus_down, plan_layout, plan_resources_for, with_board_health
+from plugin.process import open_nvml, serve_until_signalled
 from plugin.resources import AdvertisedDevice, Resource
 from plugin.server import ResourceServer, make_plugin_dir, stop_servers
 from plugin.service import DevicePluginService
@@ -42,7 +38,14 @@ from policies.policy_set import PolicySet, load_policy_set
 if TYPE_CHECKING:
     from plugin.metrics import MetricsServer, PluginMetrics
 
-__all__ = ["Plugin", "PolicySet", "ResourceServer", "make_plugin_dir", "serve_until_signalled"]
+__all__ = [
+    "Plugin",
+    "PolicySet",
+    "ResourceServer",
+    "make_plugin_dir",
+    "open_nvml",  # re-exported: the CLIs start here
+    "serve_until_signalled",
+]
 
 log = logging.getLogger("cdigen.plugin")
 
@@ -176,15 +179,15 @@ class Plugin:
         bare = plan_layout(node, self.config, None)
         return with_board_health(node, gpus_down(self.board.snapshot()[1], bare.devices))
 
-    def _swap(self, layout: Layout) -> None:
-        """Put ``layout`` in force: one assignment, so gRPC threads see old or new, whole."""
-        old = self.layout.policy_names()
+    def _swap(self, layout: Layout, *, announce: bool = False) -> None:
+        """Put ``layout`` in force: one assignment, so gRPC threads see old or new, whole.
+        ``announce``: log and export its policies (a reload or new resources)."""
         self.layout = layout
-        names = layout.policy_names()
-        if names != old:
-            log.info("policies in force: %s", names)
+        if announce:
+            names = layout.policy_names()
             if self.metrics is not None:
                 self.metrics.set_policies(names)
+            log.info("policies in force: %s", names)
 
     def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
         """A health change: a new node (GPUs the board holds down), hence a new layout. The
@@ -325,7 +328,7 @@ class Plugin:
                 except Exception as exc:  # a new resource naming an unknown policy
                     log.error("policies for the new layout failed to load: %s", exc)
                     layout = plan_layout(effective, self.config, None)
-                self._swap(layout)
+                self._swap(layout, announce=changed)
                 if changed:
                     self._react(old, layout)
             return changed
@@ -383,15 +386,13 @@ class Plugin:
             with self._layout_lock:  # not racing a layout change: the newer node wins
                 layout = plan_layout(self._effective(self.node), self.config, policies)
                 self._policies = policies
-                self._swap(layout)
+                if self.metrics is not None:
+                    self.metrics.observe_policy_reload(ok=True)
+                self._swap(layout, announce=True)
         except Exception:
             if self.metrics is not None:
                 self.metrics.observe_policy_reload(ok=False)
             raise
-        if self.metrics is not None:
-            self.metrics.observe_policy_reload(ok=True)
-            self.metrics.set_policies(layout.policy_names())
-        log.info("policies in force: %s", layout.policy_names())
 
     def reload_policies(self) -> bool:
         """Reload the policy directory (SIGHUP); a bad file is reported and the old set stays."""
@@ -412,68 +413,3 @@ class Plugin:
             self._xid.stop()
         if self._metrics_server is not None:
             self._metrics_server.close()
-
-
-def open_nvml(source: str, driver_root: str = "/") -> Any:
-    """The initialised ``pynvml`` module when serving real GPUs, else None; its library is
-    loaded from ``driver_root`` first (discovery's loader, with its errors)."""
-    if source != "nvml":
-        return None
-    import pynvml
-
-    from cdigen.discover.nvml import start_nvml
-
-    start_nvml(pynvml, driver_root=driver_root)
-    return pynvml
-
-
-STOP_DEADLINE_S = 1.5  # SIGTERM ends the process within 2 s, whatever hangs
-
-
-def _exit_after(deadline_s: float) -> None:
-    """End the process ``deadline_s`` from now unless it has ended by itself (a daemon thread:
-    an orderly exit, atexit joins included, simply ends it)."""
-
-    def run() -> None:
-        time.sleep(deadline_s)
-        log.warning("stopping took more than %.1f s: exiting without waiting further", deadline_s)
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(0)
-
-    threading.Thread(target=run, name="stop-deadline", daemon=True).start()
-
-
-def serve_until_signalled(plugin: Plugin) -> int:
-    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads the policies.
-
-    It owns the process: from the stop signal on, the process ends within
-    :data:`STOP_DEADLINE_S` even if a thread hangs (a stuck call in a gRPC worker, say).
-    """
-    stop = threading.Event()
-    reload = threading.Event()
-
-    def on_stop(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            log.info("signal %s: stopping", signal.Signals(signum).name)
-            _exit_after(STOP_DEADLINE_S)
-        stop.set()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        reload.set()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
-    try:
-        plugin.start()
-        log.info("cdigen device plugin ready (pid %d)", os.getpid())
-        while not stop.wait(0.2):
-            if reload.is_set():
-                reload.clear()
-                if plugin.reload_policies():
-                    log.info("policies reloaded")
-    finally:
-        plugin.stop()
-    return 0
