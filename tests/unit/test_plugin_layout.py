@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
@@ -54,3 +56,48 @@ def test_a_gpu_that_recovers_is_preferred_again_without_a_reload(tmp_path: Path)
         finally:
             plugin.stop()
     assert answer == list(fresh.devices)
+
+
+def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> None:
+    """Every CDI name a layout hands out is one the generated spec defines; each device knows
+    its kind and its GPU's position, and each resource has its engine."""
+    from cdigen.cdi.registry import load_registry
+    from plugin.config import ResourceConfig
+    from plugin.layout import plan_layout
+    from plugin.serve import write_specs
+    from plugin.sharing import Sharing
+    from policies.policy_set import PolicySet
+    from tests.cdihost import build_host, make_node
+
+    node = make_node(3, mig_gpu=1)
+    host = build_host(tmp_path / "host", node, merged=True)
+    shared = "nvidia.com/gpu.shared"
+    config = PluginConfig(
+        node="unused",
+        plugin_dir=tmp_path / "plugins",
+        mig_strategy="mixed",
+        spec_dirs=(tmp_path / "cdi",),
+        host_root=str(host.base),
+        resources=(ResourceConfig(RESOURCE), ResourceConfig(shared, None, Sharing(2))),
+    )
+    write_specs(node, config)
+    defined = set(load_registry([tmp_path / "cdi"]).devices)
+    layout = plan_layout(node, config, PolicySet())
+    assert plan_layout(node, config, PolicySet()).resources == layout.resources  # pure
+    names = {n for d in layout.devices for n in d.names(config.cdi_kind)}
+    assert names and names <= defined
+    kinds = {(r.name, d.id): (d.kind, d.gpu_position) for r in layout.resources for d in r.devices}
+    gpus = [g.uuid for g in node.gpus]
+    migs = [m.uuid for m in node.gpus[1].mig_devices]
+    assert kinds == {
+        (RESOURCE, gpus[0]): ("gpu", 0),
+        (RESOURCE, gpus[2]): ("gpu", 2),
+        ("nvidia.com/mig-1g.10gb", migs[0]): ("mig", 1),
+        ("nvidia.com/mig-1g.10gb", migs[1]): ("mig", 1),
+        **{(shared, f"{gpus[p]}::{k}"): ("replica", p) for p in (0, 2) for k in range(2)},
+    }
+    assert set(layout.engines) == {r.name for r in layout.resources}
+    assert [name for name, e in layout.engines.items() if e.share is not None] == [shared]
+    assert layout.policy_names()[shared] == "spread"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.node = node  # type: ignore[misc]
