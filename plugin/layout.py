@@ -169,13 +169,14 @@ def plan_layout(node: Node, config: PluginConfig, policies: PolicySet | None) ->
         return Layout(node, resources)
     defaults = default_policies(resources)
     engines = {}
+    allocators: dict[tuple[str, str], Allocator] = {}  # one per policy: it is (node, policy)
     for resource, wanted in zip(resources, resource_configs(resources, config), strict=True):
         policy = policies.for_resource(wanted, defaults.get(resource.name, "default"))
-        engines[resource.name] = Engine(
-            policy,
-            allocator_module.Allocator(node, policy),
-            _share(node, resource, config.cdi_kind),
-        )
+        key = (policy.name, policy.source)
+        allocator = allocators.get(key)
+        if allocator is None:
+            allocator = allocators[key] = allocator_module.Allocator(node, policy)
+        engines[resource.name] = Engine(policy, allocator, _share(node, resource, config.cdi_kind))
     return Layout(node, resources, engines)
 
 
