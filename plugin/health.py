@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,10 @@ class HealthBoard:
     ``parents`` maps a device ID to the GPU UUIDs it lives on (a MIG device: its parent GPU):
     a reason reported against a GPU UUID that is not itself a device applies to every device on
     that GPU, so an Xid on a MIG-enabled GPU marks all its MIG devices Unhealthy.
+
+    The board is the one owner of health. A change is published in two steps: listeners first
+    (the plugin rebuilds its layout there), then the version moves and waiting streams wake, so
+    a kubelet that sees a device Healthy again gets preferences from an engine that knows it.
     """
 
     def __init__(
@@ -51,9 +55,12 @@ class HealthBoard:
         self._version = 0
         self._changed = threading.Condition()
         self._listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
+        self._held = 0  # > 0 inside hold(): changes are published when the last hold ends
+        self._pending = False
 
     def subscribe(self, listener: Callable[[dict[str, tuple[str, ...]]], None]) -> None:
-        """Call ``listener(reasons)`` now and after every change (as :meth:`snapshot` gives)."""
+        """Call ``listener(reasons)`` now and after every change (as :meth:`snapshot` gives),
+        before the version moves."""
         self._listeners.append(listener)
         listener(self.snapshot()[1])
 
@@ -62,6 +69,40 @@ class HealthBoard:
         """Bumped on every health change."""
         with self._changed:
             return self._version
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Make several changes one: nothing is published until the block ends (the reasons
+        themselves change at once, so :meth:`snapshot` inside the block sees them)."""
+        with self._changed:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._held -= 1
+                publish = self._held == 0 and self._pending
+                if publish:
+                    self._pending = False
+            if publish:
+                self._publish()
+
+    def _changed_locked(self) -> bool:
+        """Record a change (lock held); True when the caller must publish it."""
+        if self._held:
+            self._pending = True
+            return False
+        return True
+
+    def _publish(self) -> None:
+        """Listeners first, then the new version for the waiting streams."""
+        if self._listeners:
+            current = self.snapshot()[1]
+            for listener in self._listeners:
+                listener(current)
+        with self._changed:
+            self._version += 1
+            self._changed.notify_all()
 
     def reset_devices(
         self, device_ids: Iterable[str], parents: Mapping[str, Sequence[str]] | None = None
@@ -79,11 +120,9 @@ class HealthBoard:
                 for device in devices:
                     for source, reason in inherited.items():
                         self._reasons[device].setdefault(source, reason)
-            self._version += 1
-            self._changed.notify_all()
-        current = self.snapshot()[1]
-        for listener in self._listeners:
-            listener(current)
+            publish = self._changed_locked()
+        if publish:
+            self._publish()
 
     def set_reasons(self, source: str, reasons: Mapping[str, str | None]) -> bool:
         """Set (reason) or clear (None) ``source``'s reason for each device or GPU UUID; True if
@@ -110,13 +149,9 @@ class HealthBoard:
                         log.warning("device %s is Unhealthy: %s", device, reason)
                     held[source] = reason
                     changed = True
-            if changed:
-                self._version += 1
-                self._changed.notify_all()
-        if changed and self._listeners:
-            current = self.snapshot()[1]
-            for listener in self._listeners:
-                listener(current)
+            publish = changed and self._changed_locked()
+        if publish:
+            self._publish()
         return changed
 
     def healthy(self, device: str) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cdigen.cdi.names import device_name, qualified_name
 from cdigen.errors import InputError
 from cdigen.model import Gpu, Node
 from plugin.sharing import Sharing, share_devices
@@ -24,23 +25,44 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_RESOURCE_PREFIX = "mig-"
 
 
+DEVICE_KINDS = ("gpu", "mig", "replica", "slice")
+NAME_STRATEGY = "uuid"  # the plugin hands out CDI names by UUID
+
+
 @dataclass(frozen=True)
 class AdvertisedDevice:
-    """One device as the kubelet sees it."""
+    """One device of a layout, as the kubelet sees it and as the engine places it."""
 
-    id: str  # a GPU UUID or a MIG UUID
+    id: str  # a GPU UUID, a MIG UUID, or a share ID (``<uuid>::<k>``, ``<uuid>::slice-<k>``)
     numa_node: int | None
     gpu_uuids: tuple[str, ...] = ()  # the physical GPU(s) it lives on; () means (id,)
     cdi_names: tuple[str, ...] = ()  # fully-qualified names Allocate returns; () means kind=id
+    kind: str = "gpu"  # one of DEVICE_KINDS
+    gpu_position: int | None = None  # its GPU's place in the node's GPUs by NVML index
 
     @property
     def parents(self) -> tuple[str, ...]:
         """The physical GPU UUIDs whose health this device shares."""
         return self.gpu_uuids or (self.id,)
 
+    @property
+    def gpu_uuid(self) -> str:
+        """The UUID of the GPU this device lives on."""
+        return self.parents[0]
+
     def names(self, cdi_kind: str) -> tuple[str, ...]:
         """The fully-qualified CDI names Allocate hands out for this device."""
-        return self.cdi_names or (f"{cdi_kind}={self.id}",)
+        return self.cdi_names or (qualified_name(cdi_kind, self.id),)
+
+
+def gpu_cdi_name(cdi_kind: str, gpu: Gpu) -> str:
+    """The fully-qualified CDI name of a whole GPU, as the generated spec names it."""
+    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, gpu.uuid))
+
+
+def mig_cdi_name(cdi_kind: str, gpu: Gpu, position: int, mig_uuid: str) -> str:
+    """The fully-qualified CDI name of the MIG device at ``position`` on ``gpu``."""
+    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, mig_uuid, position))
 
 
 @dataclass(frozen=True)
@@ -57,16 +79,30 @@ def _sorted_gpus(node: Node) -> list[Gpu]:
     return sorted(node.gpus, key=lambda g: g.index)
 
 
-def whole_gpu(gpu: Gpu, cdi_kind: str) -> AdvertisedDevice:
+def whole_gpu(gpu: Gpu, cdi_kind: str, position: int | None = None) -> AdvertisedDevice:
     """A whole GPU as an advertised device."""
-    return AdvertisedDevice(gpu.uuid, gpu.numa_node, (gpu.uuid,), (f"{cdi_kind}={gpu.uuid}",))
+    name = gpu_cdi_name(cdi_kind, gpu)
+    return AdvertisedDevice(gpu.uuid, gpu.numa_node, (gpu.uuid,), (name,), "gpu", position)
 
 
-def mig_devices_of(gpu: Gpu, cdi_kind: str) -> list[tuple[str, AdvertisedDevice]]:
+def mig_devices_of(
+    gpu: Gpu, cdi_kind: str, position: int | None = None
+) -> list[tuple[str, AdvertisedDevice]]:
     """(profile, device) for each MIG device of ``gpu``; NUMA comes from the parent."""
+    migs = sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
     return [
-        (m.profile, AdvertisedDevice(m.uuid, gpu.numa_node, (gpu.uuid,), (f"{cdi_kind}={m.uuid}",)))
-        for m in sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
+        (
+            m.profile,
+            AdvertisedDevice(
+                m.uuid,
+                gpu.numa_node,
+                (gpu.uuid,),
+                (mig_cdi_name(cdi_kind, gpu, k, m.uuid),),
+                "mig",
+                position,
+            ),
+        )
+        for k, m in enumerate(migs)
     ]
 
 
@@ -74,7 +110,8 @@ def advertised_devices(
     node: Node, cdi_kind: str = "nvidia.com/gpu"
 ) -> tuple[AdvertisedDevice, ...]:
     """Every whole GPU of ``node`` that is not MIG-enabled, in NVML index order."""
-    return tuple(whole_gpu(g, cdi_kind) for g in _sorted_gpus(node) if not g.mig_enabled)
+    gpus = _sorted_gpus(node)
+    return tuple(whole_gpu(g, cdi_kind, p) for p, g in enumerate(gpus) if not g.mig_enabled)
 
 
 def mig_resource_name(gpu_resource: str, profile: str) -> str:
@@ -104,7 +141,7 @@ def plan_resources(
                 where=node.name or "node",
                 hint="enable MIG on every GPU, or use migStrategy 'mixed'",
             )
-        devices = [d for g in mig_gpus for d in mig_devices_of(g, cdi_kind)]
+        devices = [d for g in mig_gpus for d in mig_devices_of(g, cdi_kind, gpus.index(g))]
         profiles = sorted({p for p, _ in devices})
         if len(profiles) > 1:
             raise InputError(
@@ -128,7 +165,7 @@ def plan_resources(
         )
     by_profile: dict[str, list[AdvertisedDevice]] = {}
     for gpu in mig_gpus:
-        for profile, device in mig_devices_of(gpu, cdi_kind):
+        for profile, device in mig_devices_of(gpu, cdi_kind, gpus.index(gpu)):
             by_profile.setdefault(profile, []).append(device)
     out = [whole] if whole.devices else []
     out += [
@@ -140,8 +177,18 @@ def plan_resources(
 
 def shared_resource(node: Node, name: str, sharing: Sharing, cdi_kind: str) -> Resource:
     """A sharing resource: every share of every GPU, each handed out as its GPU's CDI name."""
+    gpus = _sorted_gpus(node)
+    position = {g.uuid: p for p, g in enumerate(gpus)}
+    names = {g.uuid: gpu_cdi_name(cdi_kind, g) for g in gpus}
     devices = tuple(
-        AdvertisedDevice(d.id, d.numa_node, (d.gpu_uuid,), (f"{cdi_kind}={d.gpu_uuid}",))
+        AdvertisedDevice(
+            d.id,
+            d.numa_node,
+            (d.gpu_uuid,),
+            (names[d.gpu_uuid],),
+            sharing.kind,
+            position[d.gpu_uuid],
+        )
         for d in share_devices(node, sharing)
     )
     return Resource(name, devices, sharing=sharing)

@@ -1,4 +1,5 @@
-"""Running the plugin: one gRPC server per resource, registration, health and restarts.
+"""Running the plugin: the composition root. One gRPC server per resource, registration,
+health watchers, and the layout (:mod:`plugin.layout`) swapped whole on every change.
 
 Order matters to the kubelet: a server must be listening on its socket before we register,
 because the kubelet dials back during ``Register``.
@@ -6,26 +7,16 @@ because the kubelet dials back during ``Register``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import shutil
-import signal
-import sys
-import tempfile
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent import futures
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Node
-from plugin.config import PluginConfig, ResourceConfig
+from plugin.config import PluginConfig
 from plugin.health import (
     SOURCE_NODE,
     HealthBoard,
@@ -36,354 +27,33 @@ from plugin.health import (
     XidHealth,
     node_reasons,
 )
-from plugin.kubelet import Registrar, socket_name
-from plugin.resources import (
-    AdvertisedDevice,
-    Resource,
-    cdi_names,
-    device_parents,
-    plan_resources,
-    shared_resource,
-)
-from plugin.service import DevicePluginService, Preference, Preferrer, ShareAllocator
-from plugin.sharing import ShareAllocation, advisory_warning, allocate_shares
+from plugin.kubelet import Registrar
+from plugin.layout import Layout, gpus_down, plan_layout, plan_resources_for, with_board_health
+from plugin.process import open_nvml, serve_until_signalled
+from plugin.resources import AdvertisedDevice, Resource
+from plugin.server import ResourceServer, make_plugin_dir, stop_servers
+from plugin.service import DevicePluginService
+from plugin.sharing import ShareAllocation, advisory_warning
+from policies.policy_set import PolicySet, load_policy_set
 
 if TYPE_CHECKING:
     from plugin.metrics import MetricsServer, PluginMetrics
 
-log = logging.getLogger("cdigen.plugin")
+__all__ = [
+    "Plugin",
+    "PolicySet",
+    "ResourceServer",
+    "make_plugin_dir",
+    "open_nvml",  # re-exported: the CLIs start here
+    "serve_until_signalled",
+]
 
-POLICY_SUFFIXES = (".yaml", ".yml", ".json")
-SERVER_THREADS = 64  # gRPC threads per resource server (created on demand)
-SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while serving
+log = logging.getLogger("cdigen.plugin")
 
 
 def is_node_file(source: str) -> bool:
     """True when the node source is a file the plugin can watch for health changes."""
     return source != "nvml" and not source.startswith("builtin:")
-
-
-# --- policies ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicySet:
-    """The policies loaded from the policy directory, by ``metadata.name``."""
-
-    by_name: Mapping[str, Any]
-    files: Mapping[str, Path]
-
-    def for_resource(self, resource: ResourceConfig, default: str = "default") -> Any:
-        """The policy ``resource`` asks for: by name (dir, then built-in), else one for its
-        resource name in the dir, else the built-in ``default``."""
-        from policies.policy import BUILTIN_NAMES, builtin_policy, builtin_policy_name
-
-        if resource.policy:
-            if resource.policy in self.by_name:
-                return self.by_name[resource.policy]
-            builtin = builtin_policy_name(resource.policy)
-            if builtin is None:
-                known = sorted(self.by_name) + list(BUILTIN_NAMES)
-                raise InputError(
-                    f"no policy named {resource.policy!r} for {resource.name}",
-                    where="resources[].policy",
-                    hint=f"name a policy in the policy dir or a built-in: {', '.join(known)}",
-                )
-            return builtin_policy(builtin)
-        for policy in self.by_name.values():
-            if getattr(policy, "resource", None) == resource.name:
-                return policy
-        return builtin_policy(default)
-
-
-def load_policy_set(policy_dir: Path | None) -> PolicySet:
-    """Load every policy file in ``policy_dir``; the first bad file raises (nothing half-loaded)."""
-    from policies.policy import load_policy
-
-    by_name: dict[str, Any] = {}
-    files: dict[str, Path] = {}
-    if policy_dir is None:
-        return PolicySet(by_name, files)
-    if not policy_dir.is_dir():
-        raise InputError(
-            "policy directory not found", where=str(policy_dir), hint="check --policy-dir"
-        )
-    for path in sorted(policy_dir.iterdir()):
-        if path.suffix not in POLICY_SUFFIXES or path.name.startswith("."):
-            continue
-        policy = load_policy(path)
-        name = str(getattr(policy, "name", path.stem))
-        if name in by_name:
-            raise InputError(
-                f"policy name {name!r} is also used by {files[name].name}",
-                where=str(path),
-                hint="give each policy its own metadata.name",
-            )
-        by_name[name] = policy
-        files[name] = path
-    return PolicySet(by_name, files)
-
-
-class Preferences:
-    """The preference functions in force, one per resource; swapped whole on a policy reload."""
-
-    def __init__(
-        self,
-        node: Node,
-        resources: Sequence[ResourceConfig],
-        metrics: PluginMetrics | None = None,
-        defaults: Mapping[str, str] | None = None,
-    ) -> None:
-        self._node = node
-        self._metrics = metrics
-        self._resources = tuple(resources)
-        self._defaults = dict(defaults or {})
-        self._policy_names: dict[str, str] = {}
-        # one load (or layout update) at a time: a SIGHUP reload that started on the old layout
-        # must not swap its allocators in after a layout change's load
-        self._load_lock = threading.Lock()
-        self._preferrers: dict[str, Preferrer] = {}
-
-    def load(self, policy_dir: Path | None) -> None:
-        """(Re)load the policy directory; on any error the allocators in force stay."""
-        from policies.allocator import Allocator
-
-        with self._load_lock:
-            try:
-                policy_set = load_policy_set(policy_dir)
-                policies = {
-                    r.name: policy_set.for_resource(r, self._defaults.get(r.name, "default"))
-                    for r in self._resources
-                }
-                preferrers = {
-                    name: _prefer_with(Allocator(self._node, p)) for name, p in policies.items()
-                }
-            except Exception:
-                if self._metrics is not None:
-                    self._metrics.observe_policy_reload(ok=False)
-                raise
-            self._preferrers = preferrers  # one assignment: gRPC threads see old or new, whole
-            names = {r: str(getattr(p, "name", p)) for r, p in policies.items()}
-            self._policy_names = names
-            if self._metrics is not None:
-                self._metrics.observe_policy_reload(ok=True)
-                self._metrics.set_policies(names)
-        log.info("policies in force: %s", names)
-
-    def policy_for(self, resource: str) -> str | None:
-        """The name of the policy in force for ``resource`` (None before the first load)."""
-        return self._policy_names.get(resource)
-
-    def update(
-        self, node: Node, resources: Sequence[ResourceConfig], defaults: Mapping[str, str]
-    ) -> None:
-        """Use ``node`` and ``resources`` from the next :meth:`load` on (a new layout)."""
-        with self._load_lock:
-            self._node = node
-            self._resources = tuple(resources)
-            self._defaults = dict(defaults)
-
-    def preferrer(self, resource: str) -> Callable[[], Preferrer]:
-        """A getter for ``resource``'s current preference function."""
-
-        def current() -> Preferrer:
-            prefer = self._preferrers.get(resource)
-            if prefer is None:
-                raise RuntimeError(f"no allocator for {resource}")
-            return prefer
-
-        return current
-
-
-def _prefer_with(allocator: Any) -> Preferrer:
-    from policies.allocator import AllocationRequest
-
-    def prefer(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
-        request = AllocationRequest(available=available, must_include=must, size=size)
-        answer = allocator.prefer(request)
-        if answer.fallback_reason:
-            log.info("preferred allocation fell back: %s", answer.fallback_reason)
-        return Preference(
-            tuple(answer.devices), int(answer.link_score), fallback=bool(answer.fallback_reason)
-        )
-
-    return prefer
-
-
-# --- one gRPC server per resource -------------------------------------------------------------
-
-
-SOCKET_MODE = 0o600  # the kubelet runs as root; nobody else may talk to the plugin
-PLUGIN_DIR_MODE = 0o755
-BIND_DIR_PREFIX = ".cdigen-"  # private directory a socket is bound in before it is renamed
-UNIX_PATH_MAX = 107  # sun_path holds 107 bytes and a NUL
-
-
-def make_plugin_dir(plugin_dir: Path) -> None:
-    """Create ``plugin_dir`` and its missing parents with mode 0755, whatever the umask, and
-    remove our own bind directories left by a killed run."""
-    missing: list[Path] = []
-    for path in (plugin_dir, *plugin_dir.parents):
-        if path.exists() or path.is_symlink():
-            break
-        missing.append(path)
-    try:
-        for path in reversed(missing):
-            with contextlib.suppress(FileExistsError):  # made meanwhile by someone else
-                path.mkdir()
-                os.chmod(path, PLUGIN_DIR_MODE)
-        if not plugin_dir.is_dir():
-            raise NotADirectoryError(20, "not a directory")
-        for leftover in plugin_dir.glob(BIND_DIR_PREFIX + "*"):
-            shutil.rmtree(leftover, ignore_errors=True)
-    except OSError as exc:
-        raise InputError(
-            f"cannot create the plugin directory: {exc.strerror}",
-            where=str(plugin_dir),
-            hint="pass --plugin-dir with a writable directory",
-        ) from None
-
-
-def bind_socket(server: Any, path: Path) -> tuple[int, int]:
-    """Bind the gRPC ``server`` to the unix socket ``path`` with mode 0600 whatever the umask.
-
-    The socket is bound in a private 0700 directory beside ``path``, made 0600 there and renamed
-    into place, so it is never reachable with a looser mode. Returns its (device, inode).
-    """
-    if len(os.fsencode(path)) > UNIX_PATH_MAX:
-        raise CdigenError(
-            f"cannot listen on {path}",
-            where=str(path.parent),
-            hint=f"the socket path is too long for a unix socket ({UNIX_PATH_MAX} bytes at most)",
-        )
-    if path.is_dir() and not path.is_symlink():
-        raise InputError(
-            "the plugin's socket path is a directory",
-            where=str(path),
-            hint="remove that directory, or pass another --plugin-dir",
-        )
-    try:
-        private = Path(tempfile.mkdtemp(prefix=BIND_DIR_PREFIX, dir=path.parent))
-        os.chmod(private, 0o700)
-    except OSError as exc:
-        raise CdigenError(
-            f"cannot listen on {path}: {exc.strerror}",
-            where=str(path.parent),
-            hint="is the directory writable?",
-        ) from None
-    temp = private / "s"
-    try:
-        try:
-            bound = server.add_insecure_port("unix:" + str(temp))
-        except RuntimeError:  # grpcio raises where older versions returned 0
-            bound = 0
-        if bound == 0:
-            raise CdigenError(
-                f"cannot listen on {path}",
-                where=str(path.parent),
-                hint="the socket path is too long for a unix socket"
-                if len(os.fsencode(temp)) > UNIX_PATH_MAX
-                else "is the directory writable?",
-            )
-        os.chmod(temp, SOCKET_MODE)
-        os.replace(temp, path)  # atomically replaces a stale socket of ours
-        st = os.stat(path)
-    except OSError as exc:
-        raise CdigenError(
-            f"cannot put the socket in place: {exc.strerror}",
-            where=str(path),
-            hint="is the plugin directory writable?",
-        ) from None
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-    return (st.st_dev, st.st_ino)
-
-
-class ResourceServer:
-    """A DevicePlugin gRPC server on ``<plugin-dir>/cdigen-<resource>.sock``."""
-
-    def __init__(
-        self, plugin_dir: Path, make_service: Callable[[threading.Event], DevicePluginService]
-    ):
-        self._make_service = make_service
-        self.plugin_dir = plugin_dir
-        self._server: Any = None
-        self._stop_streams = threading.Event()
-        self._socket_id: tuple[int, int] | None = None
-        self.service: DevicePluginService | None = None
-
-    @property
-    def resource(self) -> str:
-        """The resource this server advertises."""
-        assert self.service is not None
-        return self.service.resource
-
-    @property
-    def socket_path(self) -> Path:
-        """Where the server listens."""
-        return self.plugin_dir / socket_name(self.resource)
-
-    def socket_intact(self) -> bool:
-        """Whether the file at :attr:`socket_path` is still the socket this server listens on
-        (False once the kubelet, or anyone, removed or replaced it)."""
-        if self._server is None or self._socket_id is None:
-            return False
-        try:
-            st = os.stat(self.socket_path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._socket_id
-
-    def start(self) -> None:
-        """Listen on a fresh socket, mode 0600 (a stale file of ours is replaced)."""
-        import grpc
-
-        from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-
-        self._stop_streams = threading.Event()
-        self.service = self._make_service(self._stop_streams)
-        path = self.socket_path
-        # a thread per concurrent call up to SERVER_THREADS: a call waiting for the policy
-        # (one computation at a time) must not keep Allocate calls queued behind it
-        pool = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc")
-        # while a policy computes, gRPC's threads wait up to the switch interval for each turn
-        # at the interpreter lock: 5 ms by default, several turns per call (benchmarks/bench_load)
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-        server = grpc.server(pool)
-        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        self._socket_id = bind_socket(server, path)
-        server.start()
-        self._server = server
-        log.info("serving %s on %s", self.resource, path)
-
-    def halt(self) -> threading.Event | None:
-        """Begin stopping: end open ListAndWatch streams, stop taking calls, remove our socket
-        (only if it is still ours). Returns the event set once the server has stopped."""
-        self._stop_streams.set()
-        if self.service is not None:
-            self.service.wake_streams()
-            if self.socket_intact():
-                with contextlib.suppress(FileNotFoundError):
-                    self.socket_path.unlink()
-        self._socket_id = None
-        server, self._server = self._server, None
-        if server is None:
-            return None
-        done: threading.Event = server.stop(grace=0.2)
-        return done
-
-    def stop(self) -> None:
-        """Stop serving (ending open ListAndWatch streams) and remove the socket."""
-        stop_servers([self])
-
-
-def stop_servers(servers: Sequence[ResourceServer], timeout_s: float = 1.0) -> None:
-    """Stop ``servers`` together, not one after another: ``timeout_s`` at most in all."""
-    stopping = [server.halt() for server in servers]
-    deadline = time.monotonic() + timeout_s
-    for done in stopping:
-        if done is not None:
-            done.wait(max(0.0, deadline - time.monotonic()))
 
 
 # --- layout changes ---------------------------------------------------------------------------
@@ -433,10 +103,11 @@ class Plugin:
         rediscover: Callable[[], Node] | None = None,
     ) -> None:
         self.config = config
-        self.node = node if node is not None else self._discover(config.node)
+        self.node = node if node is not None else self._discover(config.node)  # as its source
         self._nvml = nvml
         self._rediscover = rediscover
-        self.resources: tuple[Resource, ...] = self._plan(self.node)
+        self._policies: PolicySet | None = None  # loaded at start
+        self.layout: Layout = plan_layout(self.node, config, None)  # swapped whole, never edited
         self.metrics: PluginMetrics | None = None
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:
@@ -445,13 +116,12 @@ class Plugin:
             self.metrics = PluginMetrics()
             for resource in self.resources:
                 self.metrics.declare_resource(resource.name)
-        self.board = HealthBoard((d.id for d in self.devices), device_parents(self.resources))
+        self.board = HealthBoard((d.id for d in self.devices), self.layout.parents())
         self.board.set_reasons(SOURCE_NODE, node_reasons(self.node))
-        self.preferences = Preferences(
-            self.node, self._resource_configs(), self.metrics, self._default_policies()
-        )
         self.servers: list[ResourceServer] = []
-        self._layout_lock = threading.Lock()
+        # layout changes, policy reloads, health rebuilds and server restarts, one at a time;
+        # re-entrant: the board calls _on_health back while apply_node holds it
+        self._layout_lock = threading.RLock()
         self._spec_watcher: SpecDirWatcher | None = None
         # The one view of the spec dirs: native edits and the spec-dir watcher share it.
         self.spec_cache = SpecCache(config.spec_dirs)
@@ -473,56 +143,62 @@ class Plugin:
         config = self.config
         return load_node(source, sysfs_root=config.sysfs_root, proc_root=config.proc_root)
 
-    # --- the resource model -------------------------------------------------------------------
+    # --- the layout in force ------------------------------------------------------------------
 
-    def _plan(self, node: Node) -> tuple[Resource, ...]:
-        config = self.config
-        planned = plan_resources(
-            node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
-        )
-        if not config.advertises_whole_gpus:  # only shares of the whole GPUs go out
-            planned = tuple(r for r in planned if r.mig_profile is not None)
-        shared = tuple(
-            shared_resource(node, r.name, r.sharing, config.cdi_kind)
-            for r in config.sharing_resources
-            if r.sharing is not None
-        )
-        return planned + shared
+    @property
+    def resources(self) -> tuple[Resource, ...]:
+        """The advertised resources of the layout in force."""
+        return self.layout.resources
 
     @property
     def devices(self) -> tuple[AdvertisedDevice, ...]:
         """Every advertised device, over all resources."""
-        return tuple(d for r in self.resources for d in r.devices)
+        return self.layout.devices
 
     def resource(self, name: str) -> Resource:
         """The planned resource ``name`` (KeyError if the layout has none)."""
-        for resource in self.resources:
-            if resource.name == name:
-                return resource
-        raise KeyError(name)
+        return self.layout.resource(name)
 
-    def _resource_configs(self) -> tuple[ResourceConfig, ...]:
-        configured = {r.name: r for r in self.config.resources}
-        return tuple(configured.get(r.name, ResourceConfig(r.name)) for r in self.resources)
+    def policy_for(self, resource: str) -> str | None:
+        """The name of the policy in force for ``resource`` (None before policies load)."""
+        engine = self.layout.engines.get(resource)
+        return engine.policy.name if engine is not None else None
 
-    def _default_policies(self) -> dict[str, str]:
-        # MIG devices are shares of their GPU: packing them keeps whole GPUs free. Replicas
-        # spread: a pod gets the GPU with the most free replicas (slices are packed anyway).
-        defaults = {r.name: "pack" for r in self.resources if r.mig_profile is not None}
-        defaults.update(
-            {r.name: "spread" for r in self.resources if r.sharing and r.sharing.replicas}
-        )
-        return defaults
+    def _effective(self, node: Node) -> Node:
+        """``node`` with the health the board holds (the board owns health)."""
+        bare = plan_layout(node, self.config, None)
+        return with_board_health(node, gpus_down(self.board.snapshot()[1], bare.devices))
 
-    def _share_allocator(self, resource: str) -> ShareAllocator | None:
-        """Allocate's hand-out for a sharing resource, on the node in force; None otherwise."""
-        sharing = self.resource(resource).sharing
-        if sharing is None:
+    def _swap(self, layout: Layout, *, announce: bool = False) -> None:
+        """Put ``layout`` in force: one assignment, so gRPC threads see old or new, whole.
+        ``announce``: log and export its policies (a reload or new resources)."""
+        self.layout = layout
+        if announce:
+            names = layout.policy_names()
+            if self.metrics is not None:
+                self.metrics.set_policies(names)
+            log.info("policies in force: %s", names)
+
+    def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
+        """A health change: a new node (GPUs the board holds down), hence a new layout. The
+        board calls it before the kubelet's streams hear of the change."""
+        with self._layout_lock:
+            if self._policies is None:
+                return
+            node = self._effective(self.node)
+            if node != self.layout.node:
+                self._swap(plan_layout(node, self.config, self._policies))
+
+    def _share(self, resource: str) -> Callable[[Sequence[str]], ShareAllocation] | None:
+        """Allocate's hand-out for a sharing resource, from the layout in force; None else."""
+        if self.resource(resource).sharing is None:
             return None
-        kind = self.config.cdi_kind
 
         def share(ids: Sequence[str]) -> ShareAllocation:
-            return allocate_shares(ids, self.node, sharing, cdi_kind=kind, resource=resource)
+            engine = self.layout.engine(resource)
+            if engine.share is None:
+                raise KeyError(f"{resource} is no longer a sharing resource")
+            return engine.share(ids)
 
         return share
 
@@ -541,11 +217,11 @@ class Plugin:
                 board=self.board,
                 cdi_kind=config.cdi_kind,
                 strategy=config.device_list_strategy,
-                prefer=self.preferences.preferrer(resource),
+                prefer=lambda: self.layout.engine(resource).prefer,
                 edits=edits,
                 stop=stop,
                 metrics=self.metrics,
-                share=self._share_allocator(resource),
+                share=self._share(resource),
             )
 
         return make
@@ -554,7 +230,7 @@ class Plugin:
         config = self.config
         watchers: list[Pollable] = []
         if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
-            names = cdi_names(self.resources, config.cdi_kind)
+            names = self.layout.cdi_names(config.cdi_kind)
             spec = SpecDirWatcher(self.spec_cache, names, self.board)
             spec.poll()  # at startup, before the first device list goes out
             self._spec_watcher = spec
@@ -589,7 +265,8 @@ class Plugin:
         if self.metrics is not None and config.metrics_address is not None:
             self._metrics_server, _ = self.metrics.start_http_server(config.metrics_address)
             self.board.subscribe(self._report_devices)
-        self.preferences.load(config.policy_dir)
+        self._load_policies()
+        self.board.subscribe(self._on_health)  # from now on health changes rebuild the layout
         self._poller = Poller(self._watchers(), config.health.poll_interval_s)
         make_plugin_dir(config.plugin_dir)
         for resource in self.resources:
@@ -610,50 +287,57 @@ class Plugin:
         self.servers.append(server)
 
     def apply_node(self, node: Node) -> bool:
-        """Take a re-discovered node: health always; on a new MIG layout, regenerate the spec
-        (when configured), re-advertise, start servers for new resources and stop those whose
-        profile disappeared. True when the layout changed."""
+        """Take a re-discovered node: a new layout always (health included); on new devices
+        (a new MIG layout) also regenerate the spec (when configured), re-advertise, start
+        servers for new resources and stop those whose profile disappeared. True when the
+        advertised devices changed."""
         with self._layout_lock:
             try:
-                resources = self._plan(node)
+                resources = plan_resources_for(node, self.config)
             except CdigenError as exc:
                 log.error("new layout not applied, keeping the current one: %s", exc)
                 return False
-            if resources == self.resources:
+            changed = resources != self.resources
+            if changed and self.config.generate_specs:
+                try:
+                    write_specs(node, self.config)
+                except CdigenError as exc:
+                    log.error("regenerating the CDI spec failed: %s", exc)
+            old = self.layout
+            with self.board.hold():  # published once the new layout is in force
+                if changed:
+                    devices = [d for r in resources for d in r.devices]
+                    self.board.reset_devices(
+                        (d.id for d in devices), {d.id: d.parents for d in devices}
+                    )
                 self.node = node
                 self.board.set_reasons(SOURCE_NODE, node_reasons(node))
-                return False
-            self._apply_layout(node, resources)
-            return True
+                effective = self._effective(node)
+                try:
+                    layout = plan_layout(effective, self.config, self._policies)
+                except Exception as exc:  # a new resource naming an unknown policy
+                    log.error("policies for the new layout failed to load: %s", exc)
+                    layout = plan_layout(effective, self.config, None)
+                self._swap(layout, announce=changed)
+                if changed:
+                    self._react(old, layout)
+            return changed
 
-    def _apply_layout(self, node: Node, resources: tuple[Resource, ...]) -> None:
+    def _react(self, old: Layout, new: Layout) -> None:
+        """Servers and watchers follow a layout whose devices changed."""
         config = self.config
-        old = {r.name for r in self.resources}
-        new = {r.name for r in resources}
         log.info(
             "new MIG layout: %s",
-            ", ".join(f"{r.name} ({len(r.devices)})" for r in resources) or "no resources",
+            ", ".join(f"{r.name} ({len(r.devices)})" for r in new.resources) or "no resources",
         )
-        if config.generate_specs:
-            try:
-                write_specs(node, config)
-            except CdigenError as exc:
-                log.error("regenerating the CDI spec failed: %s", exc)
-        self.node = node
-        self.resources = resources
-        self.preferences.update(node, self._resource_configs(), self._default_policies())
-        try:
-            self.preferences.load(config.policy_dir)
-        except Exception as exc:
-            log.error("policies for the new layout failed to load: %s", exc)
-        self.board.reset_devices((d.id for d in self.devices), device_parents(resources))
-        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
+        before = {r.name for r in old.resources}
+        after = {r.name for r in new.resources}
         for server in list(self.servers):
-            if server.resource in new and server.service is not None:
-                server.service.set_devices(self.resource(server.resource).devices)
+            if server.resource in after and server.service is not None:
+                server.service.set_devices(new.resource(server.resource).devices)
         if self._spec_watcher is not None:
-            self._spec_watcher.set_names(cdi_names(resources, config.cdi_kind))
-        for name in sorted(old - new):
+            self._spec_watcher.set_names(new.cdi_names(config.cdi_kind))
+        for name in sorted(before - after):
             server = next(s for s in self.servers if s.resource == name)
             self.servers.remove(server)  # first: the registrar must not miss its socket
             server.stop()
@@ -661,7 +345,7 @@ class Plugin:
             if self.metrics is not None:
                 self.metrics.retire_resource(name)
             log.info("stopped serving %s: its devices are gone", name)
-        for name in sorted(new - old):
+        for name in sorted(after - before):
             if self.metrics is not None:
                 self.metrics.declare_resource(name)
             self._start_server(name)
@@ -684,10 +368,26 @@ class Plugin:
             for server in chosen:
                 server.start()
 
+    def _load_policies(self) -> None:
+        """(Re)load the policy directory into a new layout; on any error the layout in force
+        stays and the error is raised."""
+        try:
+            policies = load_policy_set(self.config.policy_dir)
+            with self._layout_lock:  # not racing a layout change: the newer node wins
+                layout = plan_layout(self._effective(self.node), self.config, policies)
+                self._policies = policies
+                if self.metrics is not None:
+                    self.metrics.observe_policy_reload(ok=True)
+                self._swap(layout, announce=True)
+        except Exception:
+            if self.metrics is not None:
+                self.metrics.observe_policy_reload(ok=False)
+            raise
+
     def reload_policies(self) -> bool:
         """Reload the policy directory (SIGHUP); a bad file is reported and the old set stays."""
         try:
-            self.preferences.load(self.config.policy_dir)
+            self._load_policies()
         except Exception as exc:  # CdigenError or a policy-engine failure: keep serving
             log.error("policy reload failed, keeping the policies in force: %s", exc)
             return False
@@ -703,68 +403,3 @@ class Plugin:
             self._xid.stop()
         if self._metrics_server is not None:
             self._metrics_server.close()
-
-
-def open_nvml(source: str, driver_root: str = "/") -> Any:
-    """The initialised ``pynvml`` module when serving real GPUs, else None; its library is
-    loaded from ``driver_root`` first (discovery's loader, with its errors)."""
-    if source != "nvml":
-        return None
-    import pynvml
-
-    from cdigen.discover.nvml import start_nvml
-
-    start_nvml(pynvml, driver_root=driver_root)
-    return pynvml
-
-
-STOP_DEADLINE_S = 1.5  # SIGTERM ends the process within 2 s, whatever hangs
-
-
-def _exit_after(deadline_s: float) -> None:
-    """End the process ``deadline_s`` from now unless it has ended by itself (a daemon thread:
-    an orderly exit, atexit joins included, simply ends it)."""
-
-    def run() -> None:
-        time.sleep(deadline_s)
-        log.warning("stopping took more than %.1f s: exiting without waiting further", deadline_s)
-        for handler in logging.getLogger().handlers:
-            with contextlib.suppress(Exception):
-                handler.flush()
-        os._exit(0)
-
-    threading.Thread(target=run, name="stop-deadline", daemon=True).start()
-
-
-def serve_until_signalled(plugin: Plugin) -> int:
-    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads the policies.
-
-    It owns the process: from the stop signal on, the process ends within
-    :data:`STOP_DEADLINE_S` even if a thread hangs (a stuck call in a gRPC worker, say).
-    """
-    stop = threading.Event()
-    reload = threading.Event()
-
-    def on_stop(signum: int, frame: FrameType | None) -> None:
-        if not stop.is_set():
-            log.info("signal %s: stopping", signal.Signals(signum).name)
-            _exit_after(STOP_DEADLINE_S)
-        stop.set()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        reload.set()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
-    try:
-        plugin.start()
-        log.info("cdigen device plugin ready (pid %d)", os.getpid())
-        while not stop.wait(0.2):
-            if reload.is_set():
-                reload.clear()
-                if plugin.reload_policies():
-                    log.info("policies reloaded")
-    finally:
-        plugin.stop()
-    return 0

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdigen.cdi.names import device_name, qualified_name
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
 from policies.shares import gpu_part, replica_ids, share_kind, slice_count, slice_ids
@@ -224,7 +225,9 @@ def allocate_shares(
         mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
     return ShareAllocation(
         gpu_uuids=uuids,
-        cdi_names=tuple(f"{cdi_kind}={uuid}" for uuid in uuids),
+        cdi_names=tuple(
+            qualified_name(cdi_kind, device_name("uuid", gpus[u].index, u)) for u in uuids
+        ),
         env=env,
         mounts=mounts,
         shares_per_gpu=tuple(per_gpu[u] for u in uuids),

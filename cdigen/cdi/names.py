@@ -76,6 +76,22 @@ def qualified_name(kind: str, name: str) -> str:
     return f"{kind}={name}"
 
 
+def device_name(strategy: str, gpu_index: int, uuid: str, mig_position: int | None = None) -> str:
+    """The CDI device name of a GPU (``mig_position`` None) or of the MIG device at
+    ``mig_position`` on GPU ``gpu_index`` (``uuid`` is then the MIG device's), under one naming
+    strategy: ``index`` (``0``, ``0:1``), ``uuid`` or ``type-index`` (``gpu0``, ``mig0:1``).
+    The one place device names are made: generated specs and the plugin both use it."""
+    if mig_position is None:
+        by = {"index": str(gpu_index), "uuid": uuid, "type-index": f"gpu{gpu_index}"}
+    else:
+        by = {
+            "index": f"{gpu_index}:{mig_position}",
+            "uuid": uuid,
+            "type-index": f"mig{gpu_index}:{mig_position}",
+        }
+    return by[strategy]
+
+
 def parse_qualified_name(text: str) -> tuple[str, str, str]:
     """``vendor/class=name`` -> ``(vendor, class, name)``; InputError naming the bad part."""
     kind, sep, name = text.partition("=")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from cdigen.cdi import host as hostmod
 from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS, Library
-from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR, make_kind
+from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR, device_name, make_kind
 from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, HookDoc, MountDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
 from cdigen.errors import InputError
@@ -144,17 +144,11 @@ def node_doc(info: DeviceNodeInfo) -> DeviceNodeDoc:
 
 
 def _gpu_names(gpu: Gpu, strategies: Iterable[str]) -> list[str]:
-    by = {"index": str(gpu.index), "uuid": gpu.uuid, "type-index": f"gpu{gpu.index}"}
-    return [by[s] for s in strategies]
+    return [device_name(s, gpu.index, gpu.uuid) for s in strategies]
 
 
 def _mig_names(gpu: Gpu, position: int, uuid: str, strategies: Iterable[str]) -> list[str]:
-    by = {
-        "index": f"{gpu.index}:{position}",
-        "uuid": uuid,
-        "type-index": f"mig{gpu.index}:{position}",
-    }
-    return [by[s] for s in strategies]
+    return [device_name(s, gpu.index, uuid, position) for s in strategies]
 
 
 def _device_entries(

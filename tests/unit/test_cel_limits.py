@@ -204,13 +204,13 @@ def test_reload_keeps_the_last_good_policy_and_answers_meanwhile(tmp_path: Path)
                 assert plugin.reload_policies() is False
                 caller.join(5)
                 assert answers == [[uuids[1]]]
-                assert plugin.preferences.policy_for(RESOURCE) == "keep-gpu0-free"
+                assert plugin.policy_for(RESOURCE) == "keep-gpu0-free"
                 assert kubelet.preferred(RESOURCE, uuids[:2], 1) == [uuids[1]]
             quantity = 'quantity("1e99999999").isGreaterThan(quantity("1")) && '
             selector = quantity + 'device.attributes["cdigen.dev"].index != 1'
             (policies / "p.yaml").write_text(policy_text("quantity", selector=selector))
             assert plugin.reload_policies() is True
-            assert plugin.preferences.policy_for(RESOURCE) == "quantity"
+            assert plugin.policy_for(RESOURCE) == "quantity"
             assert kubelet.preferred(RESOURCE, uuids[:2], 1) == [uuids[0]]
         finally:
             plugin.stop()

@@ -181,8 +181,8 @@ def test_mig_resources_default_to_the_pack_policy_unless_configured(tmp_path: Pa
         resources=(ResourceConfig(GPU), ResourceConfig("nvidia.com/mig-1g.10gb", "spread")),
     )
     plugin = Plugin(config)
-    plugin.preferences.load(None)
-    policies = {r.name: plugin.preferences.policy_for(r.name) for r in plugin.resources}
+    assert plugin.reload_policies()
+    policies = {r.name: plugin.policy_for(r.name) for r in plugin.resources}
     assert policies[GPU] == "default"
     assert policies["nvidia.com/mig-1g.10gb"] == "spread"
     assert policies["nvidia.com/mig-3g.40gb"] == "pack"

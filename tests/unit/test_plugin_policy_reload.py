@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from plugin.config import ResourceConfig
-from plugin.serve import Preferences
+from plugin.config import PluginConfig
+from plugin.serve import Plugin
 from policies import allocator as allocator_module
 from policies.allocator import Allocator
 from policies.policy import Policy
 
+MIG = "nvidia.com/mig-1g.10gb"
+
 
 def test_a_reload_racing_a_layout_change_leaves_the_new_layout_in_force(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    node = load_node("builtin:rtx4090")
-    preferences = Preferences(node, [ResourceConfig("nvidia.com/gpu")])
+    plugin = Plugin(
+        PluginConfig(node="builtin:dgx-a100", plugin_dir=tmp_path, mig_strategy="mixed")
+    )
+    assert plugin.reload_policies()
     reload_started = threading.Event()
     reload_may_finish = threading.Event()
     built: list[Node] = []
@@ -33,21 +38,20 @@ def test_a_reload_racing_a_layout_change_leaves_the_new_layout_in_force(
             super().__init__(node, policy)
 
     monkeypatch.setattr(allocator_module, "Allocator", SlowFirstAllocator)
-    sighup = threading.Thread(target=preferences.load, args=(None,))
+    sighup = threading.Thread(target=plugin.reload_policies)
     sighup.start()
     assert reload_started.wait(5)
-
-    def new_layout() -> None:
-        resources = [ResourceConfig("nvidia.com/gpu"), ResourceConfig("nvidia.com/mig-1g.10gb")]
-        preferences.update(node, resources, {"nvidia.com/mig-1g.10gb": "pack"})
-        preferences.load(None)
-
-    layout = threading.Thread(target=new_layout)
+    mig_node = load_node("builtin:dgx-a100-mig-mixed")
+    layout = threading.Thread(target=plugin.apply_node, args=(mig_node,))
     layout.start()
-    layout.join(0.5)  # lets an unserialised layout load finish before the reload does
+    layout.join(0.5)  # lets an unserialised layout change finish before the reload does
     reload_may_finish.set()
     sighup.join(5)
     layout.join(5)
-    assert preferences.policy_for("nvidia.com/mig-1g.10gb") == "pack"
-    prefer = preferences.preferrer("nvidia.com/mig-1g.10gb")()
-    assert prefer(("0",), (), 1).devices == ("0",)
+    try:
+        assert plugin.layout.node == mig_node
+        assert plugin.policy_for(MIG) == "pack"
+        device = plugin.resource(MIG).devices[0].id
+        assert plugin.layout.engine(MIG).prefer((device,), (), 1).devices == (device,)
+    finally:
+        plugin.stop()

@@ -1,0 +1,201 @@
+"""The plugin's layout: one immutable value per (node, config, policies), swapped whole.
+
+:func:`plan_layout` is the one pure function that makes it. For each advertised resource the
+layout holds its devices (ID, GPU position and UUID, kind, CDI name; see
+:class:`~plugin.resources.AdvertisedDevice`) and its :class:`Engine` (the allocation policy's
+allocator, plus Allocate's share hand-out for a sharing resource). Health reaches the engine
+through the node: :func:`with_board_health` marks the GPUs the health board holds down, so a
+health change makes a new node, hence a new layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cdigen.model import Node
+from plugin.config import PluginConfig, ResourceConfig
+from plugin.resources import AdvertisedDevice, Resource, plan_resources, shared_resource
+from plugin.service import Preference
+from plugin.sharing import ShareAllocation, allocate_shares
+
+if TYPE_CHECKING:
+    from policies.allocator import Allocator
+    from policies.policy import Policy
+    from policies.policy_set import PolicySet
+
+log = logging.getLogger("cdigen.plugin")
+
+
+def engine_request(
+    allocator: Allocator,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+) -> Preference:
+    """Ask ``allocator`` for ``size`` of ``available`` with ``must_include`` among them.
+
+    The one place the plugin talks to the engine: today it passes the kubelet's ID strings
+    (the allocator parses them); once the engine takes GPU positions, this maps the layout's
+    devices to positions and back, and nothing else changes.
+    """
+    from policies.allocator import AllocationRequest
+
+    request = AllocationRequest(
+        available=tuple(available), must_include=tuple(must_include), size=size
+    )
+    answer = allocator.prefer(request)
+    if answer.fallback_reason:
+        log.info("preferred allocation fell back: %s", answer.fallback_reason)
+    return Preference(
+        tuple(answer.devices), int(answer.link_score), fallback=bool(answer.fallback_reason)
+    )
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What decides for one resource: its policy's allocator, and for a sharing resource what
+    Allocate hands out for a set of shares."""
+
+    policy: Policy
+    allocator: Allocator
+    share: Callable[[Sequence[str]], ShareAllocation] | None = None
+
+    def prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+        """The policy's preferred devices (see :func:`engine_request`)."""
+        return engine_request(self.allocator, available, must, size)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the plugin advertises and how it decides, for one node state. Never changed: a new
+    node (health included) or a policy reload makes a new one."""
+
+    node: Node  # health as the board holds it (see with_board_health)
+    resources: tuple[Resource, ...]
+    engines: Mapping[str, Engine] = field(default_factory=dict)  # empty: no policies loaded yet
+
+    @property
+    def devices(self) -> tuple[AdvertisedDevice, ...]:
+        """Every advertised device, over all resources."""
+        return tuple(d for r in self.resources for d in r.devices)
+
+    def resource(self, name: str) -> Resource:
+        """The resource ``name`` (KeyError if the layout has none)."""
+        for resource in self.resources:
+            if resource.name == name:
+                return resource
+        raise KeyError(name)
+
+    def engine(self, name: str) -> Engine:
+        """The engine of resource ``name`` (KeyError before policies load, or no such one)."""
+        return self.engines[name]
+
+    def parents(self) -> dict[str, tuple[str, ...]]:
+        """Per device ID: the GPU UUIDs whose health it shares."""
+        return {d.id: d.parents for d in self.devices}
+
+    def cdi_names(self, cdi_kind: str) -> dict[str, list[str]]:
+        """Per device ID: the CDI names Allocate may return for it."""
+        return {d.id: list(d.names(cdi_kind)) for d in self.devices}
+
+    def policy_names(self) -> dict[str, str]:
+        """Per resource: the name of the policy in force."""
+        return {name: engine.policy.name for name, engine in self.engines.items()}
+
+    def same_devices(self, other: Layout) -> bool:
+        """Whether ``other`` advertises exactly what this one does (only engines differ)."""
+        return self.resources == other.resources
+
+
+def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]:
+    """The resources ``node`` advertises under ``config`` (InputError when the MIG strategy
+    cannot hold); no engines, so cheap."""
+    planned = plan_resources(
+        node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
+    )
+    if not config.advertises_whole_gpus:  # only shares of the whole GPUs go out
+        planned = tuple(r for r in planned if r.mig_profile is not None)
+    shared = tuple(
+        shared_resource(node, r.name, r.sharing, config.cdi_kind)
+        for r in config.sharing_resources
+        if r.sharing is not None
+    )
+    return planned + shared
+
+
+def default_policies(resources: Sequence[Resource]) -> dict[str, str]:
+    """The built-in policy per resource when the config names none."""
+    # MIG devices are shares of their GPU: packing them keeps whole GPUs free. Replicas
+    # spread: a pod gets the GPU with the most free replicas (slices are packed anyway).
+    defaults = {r.name: "pack" for r in resources if r.mig_profile is not None}
+    defaults.update({r.name: "spread" for r in resources if r.sharing and r.sharing.replicas})
+    return defaults
+
+
+def resource_configs(
+    resources: Sequence[Resource], config: PluginConfig
+) -> tuple[ResourceConfig, ...]:
+    """The config entry of each planned resource (a bare one where the config has none)."""
+    configured = {r.name: r for r in config.resources}
+    return tuple(configured.get(r.name, ResourceConfig(r.name)) for r in resources)
+
+
+def _share(
+    node: Node, resource: Resource, cdi_kind: str
+) -> Callable[[Sequence[str]], ShareAllocation] | None:
+    sharing = resource.sharing
+    if sharing is None:
+        return None
+    name = resource.name
+
+    def share(ids: Sequence[str]) -> ShareAllocation:
+        return allocate_shares(ids, node, sharing, cdi_kind=cdi_kind, resource=name)
+
+    return share
+
+
+def plan_layout(node: Node, config: PluginConfig, policies: PolicySet | None) -> Layout:
+    """The layout of ``node`` under ``config`` with ``policies`` (None: advertise only, no
+    engines yet). Raises InputError for a layout the MIG strategy cannot hold or a resource
+    naming an unknown policy."""
+    from policies import allocator as allocator_module
+
+    resources = plan_resources_for(node, config)
+    if policies is None:
+        return Layout(node, resources)
+    defaults = default_policies(resources)
+    engines = {}
+    allocators: dict[tuple[str, str], Allocator] = {}  # one per policy: it is (node, policy)
+    for resource, wanted in zip(resources, resource_configs(resources, config), strict=True):
+        policy = policies.for_resource(wanted, defaults.get(resource.name, "default"))
+        key = (policy.name, policy.source)
+        allocator = allocators.get(key)
+        if allocator is None:
+            allocator = allocators[key] = allocator_module.Allocator(node, policy)
+        engines[resource.name] = Engine(policy, allocator, _share(node, resource, config.cdi_kind))
+    return Layout(node, resources, engines)
+
+
+def gpus_down(
+    reasons: Mapping[str, Sequence[str]], devices: Sequence[AdvertisedDevice]
+) -> frozenset[str]:
+    """The GPU UUIDs the health board holds down: those whose every advertised device holds a
+    reason (``reasons`` as :meth:`plugin.health.HealthBoard.snapshot` gives them)."""
+    devices_on: dict[str, list[str]] = {}
+    for device in devices:
+        for gpu in device.parents:
+            devices_on.setdefault(gpu, []).append(device.id)
+    return frozenset(gpu for gpu, ids in devices_on.items() if all(reasons.get(d) for d in ids))
+
+
+def with_board_health(node: Node, down: frozenset[str]) -> Node:
+    """``node`` with the GPUs in ``down`` marked unhealthy (the board owns health; the node
+    source's own flags reach the board first, as one of its sources)."""
+    if not any(g.uuid in down and g.healthy for g in node.gpus):
+        return node
+    gpus = tuple(dataclasses.replace(g, healthy=False) if g.uuid in down else g for g in node.gpus)
+    return dataclasses.replace(node, gpus=gpus)
