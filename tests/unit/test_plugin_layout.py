@@ -61,7 +61,7 @@ def test_a_gpu_that_recovers_is_preferred_again_without_a_reload(tmp_path: Path)
 def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> None:
     """Every CDI name a layout hands out is one the generated spec defines; each device knows
     its kind and its GPU's position, and each resource has its engine."""
-    from cdigen.cdi.registry import load_registry
+    from cdigen.cdi.cache import load_state
     from plugin.config import ResourceConfig
     from plugin.layout import plan_layout
     from plugin.serve import write_specs
@@ -81,7 +81,7 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
         resources=(ResourceConfig(RESOURCE), ResourceConfig(shared, None, Sharing(2))),
     )
     write_specs(node, config)
-    defined = set(load_registry([tmp_path / "cdi"]).devices)
+    defined = set(load_state([tmp_path / "cdi"]).devices)
     layout = plan_layout(node, config, PolicySet())
     assert plan_layout(node, config, PolicySet()).resources == layout.resources  # pure
     names = {n for d in layout.devices for n in d.names(config.cdi_kind)}
