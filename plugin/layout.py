@@ -32,27 +32,28 @@ log = logging.getLogger("cdigen.plugin")
 
 def engine_request(
     allocator: Allocator,
+    devices: Mapping[str, AdvertisedDevice],
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
 ) -> Preference:
     """Ask ``allocator`` for ``size`` of ``available`` with ``must_include`` among them.
 
-    The one place the plugin talks to the engine: today it passes the kubelet's ID strings
-    (the allocator parses them); once the engine takes GPU positions, this maps the layout's
-    devices to positions and back, and nothing else changes.
+    The one place the plugin talks to the engine. It hands the engine device handles (each
+    device's GPU position, from the layout), never ID strings to parse: IDs the layout does not
+    advertise are left out, as the kubelet may list devices of an older layout.
     """
-    from policies.allocator import AllocationRequest
-
-    request = AllocationRequest(
-        available=tuple(available), must_include=tuple(must_include), size=size
-    )
-    answer = allocator.prefer(request)
-    if answer.fallback_reason:
-        log.info("preferred allocation fell back: %s", answer.fallback_reason)
-    return Preference(
-        tuple(answer.devices), int(answer.link_score), fallback=bool(answer.fallback_reason)
-    )
+    known = [d for d in available if d in devices and devices[d].gpu_position is not None]
+    index = {d: n for n, d in enumerate(known)}
+    positions = [p for d in known if (p := devices[d].gpu_position) is not None]
+    must = [index[d] for d in must_include if d in index]
+    slices = any(devices[d].kind == "slice" for d in known)
+    placed = allocator.prefer_positions(positions, must, size, slices=slices)
+    chosen = tuple(known[k] for k in placed.devices)
+    score, fallback = int(placed.link_score), placed.fallback_reason
+    if fallback:
+        log.info("preferred allocation fell back: %s", fallback)
+    return Preference(chosen, score, fallback=bool(fallback))
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,11 @@ class Engine:
     policy: Policy
     allocator: Allocator
     share: Callable[[Sequence[str]], ShareAllocation] | None = None
+    devices: Mapping[str, AdvertisedDevice] = dataclasses.field(default_factory=dict)
 
     def prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
         """The policy's preferred devices (see :func:`engine_request`)."""
-        return engine_request(self.allocator, available, must, size)
+        return engine_request(self.allocator, self.devices, available, must, size)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,9 @@ def plan_layout(node: Node, config: PluginConfig, policies: PolicySet | None) ->
         allocator = allocators.get(key)
         if allocator is None:
             allocator = allocators[key] = allocator_module.Allocator(node, policy)
-        engines[resource.name] = Engine(policy, allocator, _share(node, resource, config.cdi_kind))
+        share = _share(node, resource, config.cdi_kind)
+        by_id = {d.id: d for d in resource.devices}
+        engines[resource.name] = Engine(policy, allocator, share, by_id)
     return Layout(node, resources, engines)
 
 

@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 import policies.cel
 from policies.cel import CelEvaluationError, OperandTypeError, compile_expression, device_value
 from policies.cel import limits as cel_limits
-from tests.unit.test_cel_dialect import DEVICE_A, NODE_A
+from tests.helpers.cel import DEVICE_A, NODE_A
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
