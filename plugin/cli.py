@@ -156,5 +156,5 @@ def _serve(args: argparse.Namespace) -> int:
     }
     config = load_config(args.config, flags=flags)
     setup_logging(config.log_level, config.log_format)
-    plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root))
+    plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root, config.host_root))
     return serve_until_signalled(plugin)

@@ -28,16 +28,17 @@ class Servable(Protocol):
         """Stop serving."""
 
 
-def open_nvml(source: str, driver_root: str = "/") -> Any:
+def open_nvml(source: str, driver_root: str = "/", host_root: str = "/") -> Any:
     """The initialised ``pynvml`` module when serving real GPUs, else None; its library is
-    loaded from ``driver_root`` first (discovery's loader, with its errors)."""
+    loaded from ``driver_root`` (a host path under ``host_root``) first (discovery's loader,
+    with its errors)."""
     if source != "nvml":
         return None
     import pynvml
 
     from cdigen.discover.nvml import start_nvml
 
-    start_nvml(pynvml, driver_root=driver_root)
+    start_nvml(pynvml, driver_root=driver_root, host_root=host_root)
     return pynvml
 
 

@@ -141,7 +141,13 @@ class Plugin:
         from cdigen.discover import load_node
 
         config = self.config
-        return load_node(source, sysfs_root=config.sysfs_root, proc_root=config.proc_root)
+        return load_node(
+            source,
+            sysfs_root=config.sysfs_root,
+            proc_root=config.proc_root,
+            driver_root=config.driver_root,
+            host_root=config.host_root,
+        )
 
     # --- the layout in force ------------------------------------------------------------------
 
