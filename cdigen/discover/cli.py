@@ -255,5 +255,19 @@ def run_topo_import(args: argparse.Namespace) -> int:
     node = import_topo_text(text, where=where, facts=facts)
     for note in node.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
-    _emit(dump_node(node, args.import_format), args.output)
+    text = dump_node(node, args.import_format)
+    if args.import_format == "yaml":  # JSON has no comments: the stderr note below says it
+        text = INVENTED_HEADER + text
+    print(f"cdigen: note: {INVENTED_NOTE}", file=sys.stderr)
+    _emit(text, args.output)
     return EXIT_OK
+
+
+INVENTED_NOTE = (
+    "topo -m shows no UUIDs, minors or PCI bus IDs: those in the imported node are invented "
+    "(stable per file); use 'cdigen discover' on the node for the real ones"
+)
+INVENTED_HEADER = (
+    "# Imported from nvidia-smi topo -m by cdigen: GPU uuid, minor and pciBusId are INVENTED\n"
+    "# (topo -m does not show them); run 'cdigen discover' on the node for the real values.\n"
+)

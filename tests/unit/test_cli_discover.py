@@ -191,3 +191,19 @@ def test_output_into_a_missing_directory_is_refused_not_created(
     assert code == 2 and out == ""
     assert "does not exist" in err and str(tmp_path / "typo") in err
     assert not (tmp_path / "typo").exists()
+
+
+def test_topo_import_marks_its_invented_identifiers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    target = tmp_path / "node.yaml"
+    reference = TOPOLOGIES / "dgx-a100.txt"
+    code, _, err = run(capsys, "topo", "import", str(reference), "-o", str(target))
+    assert code == 0
+    text = target.read_text()
+    assert (
+        text.startswith("# Imported from nvidia-smi topo -m") and "INVENTED" in text.splitlines()[0]
+    )
+    assert "invented" in err and "cdigen discover" in err
+    code, _, _ = run(capsys, "discover", "--node", str(target))
+    assert code == 0, "the header does not stop the file from loading"
