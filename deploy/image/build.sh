@@ -3,7 +3,7 @@
 # (mmdebstrap), podman imports it as localhost/cdigen-base:bookworm, and Containerfile installs
 # cdigen and its dependencies from wheels built here first (pip wheel, while mmdebstrap runs;
 # pip's cache makes reruns fast). Needs root, mmdebstrap, podman and runc (apt-get install
-# mmdebstrap podman runc). About 40 s of CPU for the root, 20 s for the wheels, 20 s to build.
+# mmdebstrap podman runc). About 40 s of CPU for the root, 20 s for the wheels, 30 s to build.
 #
 #   deploy/image/build.sh [TAG]          (default TAG: cdigen:<version from pyproject.toml>)
 #
