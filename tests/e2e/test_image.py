@@ -2,13 +2,17 @@
 run as a user would: ``--help``, ``generate --dry-run``, and the plugin container against the
 kubelet's own device-plugin code (``../shared/tools/bin/kubeletsim``) through a mounted plugin dir.
 
-The image is built once per session into a private podman store under /var/tmp, tagged with a hash
-of everything that goes into it, so a rerun with unchanged sources reuses it.
+The image is built once per session into a private podman store under /var/tmp
+(``CDIGEN_TEST_IMAGE_STORE`` overrides where), tagged with a hash of everything that goes into it,
+so a rerun with unchanged sources reuses it. The store uses podman's overlay driver where this
+kernel mounts overlays, else vfs (which copies the whole root for every container). The quick
+checks run in one container as the image's default user; each test asserts on its part.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -16,6 +20,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,16 @@ from tests.helpers.podman import CONTAINERS_CONF
 from tests.helpers.shared import require_shared_tool
 
 REPO = Path(__file__).resolve().parents[2]
-STORE = Path("/var/tmp/cdigen-image-test")  # podman wants short --root/--runroot paths
+# podman wants short --root/--runroot paths
+STORES = Path(os.environ.get("CDIGEN_TEST_IMAGE_STORE") or "/var/tmp/cdigen-image-test")
+MODULES = "grpc, google.protobuf, yaml, jsonschema, networkx, celpy, prometheus_client, pynvml"
+# The quick checks, each command's stdout, stderr and exit status written to /out/NAME.*
+CHECKS = {
+    "id": "id",
+    "help": "cdigen --help",
+    "generate": "cdigen generate --node builtin:rtx4090 --dry-run",
+    "imports": f"python3 -c 'import {MODULES}; import plugin.serve, policies, cdigen.cli'",
+}
 
 
 def _missing_tools() -> str | None:
@@ -58,22 +72,31 @@ def _source_hash() -> str:
 class Image:
     """``podman`` on the private store, and the tag of the image built there."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, store: Path, driver: str) -> None:
         self.tag = tag
+        self.driver = driver
         self.prefix = [
-            "podman", "--root", str(STORE / "root"), "--runroot", str(STORE / "run"),
-            "--storage-driver", "vfs",
+            "podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
+            "--storage-driver", driver,
         ]  # fmt: skip
-        self.env = {**os.environ, "CONTAINERS_CONF": str(STORE / "containers.conf")}
+        self.env = {**os.environ, "CONTAINERS_CONF": str(STORES / "containers.conf")}
 
     def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*self.prefix, *args], capture_output=True, text=True, env=self.env, timeout=timeout
         )
 
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """``podman run --rm`` of the image with ``args`` after the entrypoint (cdigen)."""
-        return self.podman("run", "--rm", "--network", "none", self.tag, *args)
+
+def _store() -> tuple[Path, str]:
+    """The store and its driver: overlay if podman mounts one here (it tries at start), else vfs."""
+    for driver in ("overlay", "vfs"):
+        store = STORES / driver
+        store.mkdir(parents=True, exist_ok=True)
+        smoke = Image("", store, driver).podman("info", timeout=60)
+        if smoke.returncode == 0:
+            return store, driver
+        reason = smoke.stderr.strip()[-300:]
+    pytest.skip(f"podman does not work on this machine: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -81,12 +104,10 @@ def image() -> Iterator[Image]:
     reason = _missing_tools()
     if reason:
         pytest.skip(reason)
-    STORE.mkdir(parents=True, exist_ok=True)
-    (STORE / "containers.conf").write_text(CONTAINERS_CONF)
-    found = Image(f"localhost/cdigen:test-{_source_hash()}")
-    smoke = found.podman("info", timeout=60)
-    if smoke.returncode != 0:
-        pytest.skip(f"podman does not work on this machine: {smoke.stderr.strip()[-300:]}")
+    STORES.mkdir(parents=True, exist_ok=True)
+    (STORES / "containers.conf").write_text(CONTAINERS_CONF)
+    store, driver = _store()
+    found = Image(f"localhost/cdigen:test-{_source_hash()}", store, driver)
     if found.podman("image", "exists", found.tag).returncode != 0:
         start = time.monotonic()
         result = subprocess.run(
@@ -97,38 +118,76 @@ def image() -> Iterator[Image]:
             timeout=1500,
         )
         assert result.returncode == 0, result.stderr[-3000:]
-        print(f"image {found.tag} built in {time.monotonic() - start:.0f} s")
+        print(f"image {found.tag} built on {driver} in {time.monotonic() - start:.0f} s")
     yield found
 
 
-def test_help_runs_in_the_image(image: Image) -> None:
-    result = image.run("--help")
-    assert result.returncode == 0, result.stderr
-    assert "generate" in result.stdout and "plugin" in result.stdout
+@dataclass(frozen=True)
+class Check:
+    """One command of the quick checks: its exit status and output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_every_dependency_imports_in_the_image(image: Image) -> None:
-    """The compiled ones too (grpcio needs libstdc++ from the Debian root)."""
-    modules = "grpc, google.protobuf, yaml, jsonschema, networkx, celpy, prometheus_client, pynvml"
+@pytest.fixture(scope="module")
+def checks(image: Image, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Check]:
+    """Every command of ``CHECKS`` run in one container of the image, as its default user."""
+    out = tmp_path_factory.mktemp("image-checks")
+    out.chmod(0o777)  # the image's user (65532) writes here
+    script = "".join(
+        f"{command} >/out/{name}.out 2>/out/{name}.err; echo $? >/out/{name}.rc\n"
+        for name, command in CHECKS.items()
+    )
     result = image.podman(
-        "run", "--rm", "--network", "none", "--entrypoint", "python3", image.tag,
-        "-c", f"import {modules}; import plugin.serve, policies, cdigen.cli",
+        "run", "--rm", "--network", "none", "-v", f"{out}:/out",
+        "--entrypoint", "/bin/sh", image.tag, "-c", script,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
+    found = {}
+    for name in CHECKS:
+        rc = (out / f"{name}.rc").read_text().strip()
+        found[name] = Check(
+            int(rc), (out / f"{name}.out").read_text(), (out / f"{name}.err").read_text()
+        )
+    return found
 
 
-def test_generate_dry_run_in_the_image(image: Image) -> None:
-    result = image.run("generate", "--node", "builtin:rtx4090", "--dry-run")
+def test_image_starts_cdigen_help_by_default(image: Image) -> None:
+    """``podman run IMAGE ARGS`` is ``cdigen ARGS``, and no ARGS is ``cdigen --help``."""
+    result = image.podman("image", "inspect", "--format", "{{json .Config}}", image.tag)
     assert result.returncode == 0, result.stderr
-    spec = yaml.safe_load(result.stdout)
+    config = json.loads(result.stdout)
+    assert config["Entrypoint"] == ["cdigen"]
+    assert config["Cmd"] == ["--help"]
+    assert config["User"] == "65532:65532"
+
+
+def test_help_runs_in_the_image(checks: dict[str, Check]) -> None:
+    help_ = checks["help"]
+    assert help_.returncode == 0, help_.stderr
+    assert "generate" in help_.stdout and "plugin" in help_.stdout
+
+
+def test_every_dependency_imports_in_the_image(checks: dict[str, Check]) -> None:
+    """The compiled ones too (grpcio needs libstdc++ from the Debian root)."""
+    imports = checks["imports"]
+    assert imports.returncode == 0, imports.stderr[-2000:]
+
+
+def test_generate_dry_run_in_the_image(checks: dict[str, Check]) -> None:
+    generate = checks["generate"]
+    assert generate.returncode == 0, generate.stderr
+    spec = yaml.safe_load(generate.stdout)
     assert spec["kind"] == "nvidia.com/gpu"
     assert {"0", "all"} <= {d["name"] for d in spec["devices"]}
 
 
-def test_image_runs_as_non_root_by_default(image: Image) -> None:
-    result = image.podman("run", "--rm", "--network", "none", "--entrypoint", "id", image.tag)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("uid=65532")
+def test_image_runs_as_non_root_by_default(checks: dict[str, Check]) -> None:
+    id_ = checks["id"]
+    assert id_.returncode == 0, id_.stderr
+    assert id_.stdout.startswith("uid=65532")
 
 
 def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> None:
