@@ -24,7 +24,6 @@ from plugin.health import (
     Pollable,
     Poller,
     SpecDirWatcher,
-    XidHealth,
     node_reasons,
 )
 from plugin.kubelet import Registrar
@@ -34,6 +33,7 @@ from plugin.resources import AdvertisedDevice, Resource
 from plugin.server import ResourceServer, make_plugin_dir, stop_servers
 from plugin.service import DevicePluginService
 from plugin.sharing import ShareAllocation, advisory_warning
+from plugin.xid import XidHealth
 from policies.policy_set import PolicySet, load_policy_set
 
 if TYPE_CHECKING:

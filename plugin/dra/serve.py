@@ -35,7 +35,8 @@ from plugin.dra.service import (
     socket_paths,
 )
 from plugin.dra.slices import MemoryShares, TaintDoc
-from plugin.health import HealthBoard, XidHealth, node_reasons
+from plugin.health import HealthBoard, node_reasons
+from plugin.xid import XidHealth
 from policies.device_view import DeviceView, device_views
 from policies.dra_order import ordered_views
 

@@ -17,9 +17,9 @@ from plugin.health import (
     HealthBoard,
     NodeWatcher,
     SpecDirWatcher,
-    XidHealth,
     node_reasons,
 )
+from plugin.xid import XidHealth
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.clock import FakeClock
 
