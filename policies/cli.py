@@ -14,10 +14,7 @@ from cdigen.discover.cli import add_node_source
 from cdigen.errors import CheckFailed, InputError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
-    from policies.simulate import Figures
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -379,89 +376,6 @@ def _parse_request_line(line: str, where: str) -> dict[str, Any]:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from policies.simulate import simulate
+    from policies.simulate_cli import run_simulate
 
-    if args.steps < 1:
-        raise InputError(f"--steps must be at least 1, got {args.steps}")
-    allocator = _allocator(args)
-    if args.replicas is not None or args.slice_mib is not None:
-        return _simulate_shares(args, allocator)
-    ours, theirs = simulate(allocator.node, allocator, seed=args.seed, steps=args.steps)
-    node = allocator.node.name or args.node
-    print(
-        f"node {node} ({allocator.topology.size} GPUs), policy {allocator.policy.name}, "
-        f"seed {args.seed}, {args.steps} steps (1/2/4/8-GPU jobs, weights 40/30/20/10%)"
-    )
-    rows: list[tuple[str, Callable[[Figures], str]]] = [
-        ("jobs placed (multi-GPU)", lambda f: f"{f.jobs} ({f.multi_jobs})"),
-        ("multi-GPU jobs with the best link score", lambda f: f"{100 * f.share_best_link():.1f}%"),
-        ("mean link score (multi-GPU)", lambda f: f"{f.mean_link_score():.1f}"),
-        *(
-            (f"  ... of {size}-GPU jobs", _mean_of(size))
-            for size in sorted(ours.jobs_by_size)
-            if size < allocator.topology.size
-        ),
-        (
-            "jobs spanning avoidable NUMA nodes",
-            lambda f: f"{100 * f.numa_excess_jobs / f.multi_jobs if f.multi_jobs else 0:.1f}%",
-        ),
-        ("mean NUMA-span excess", lambda f: f"{f.mean_numa_excess():.3f}"),
-        ("invalid answers (wrong count, empty slot)", lambda f: str(f.invalid_answers)),
-    ]
-    print(f"{'':44}{'cdigen':>14}{'best-effort':>14}")
-    for label, value in rows:
-        right = "n/a" if theirs.skipped else value(theirs)
-        print(f"{label:44}{value(ours):>14}{right:>14}")
-    if theirs.skipped:
-        print(f"baseline {theirs.skipped}")
-    return 0
-
-
-def _mean_of(size: int) -> Callable[[Figures], str]:
-    return lambda f: f"{f.mean_link_score_of(size):.1f}"
-
-
-def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:
-    from policies.simulate import ShareFigures, simulate_shares
-
-    for flag, value in (("--replicas", args.replicas), ("--slice-mib", args.slice_mib)):
-        if value is not None and value < 1:
-            raise InputError(f"{flag} must be at least 1, got {value}")
-    ours, theirs = simulate_shares(
-        allocator.node,
-        allocator,
-        replicas=args.replicas,
-        slice_mib=args.slice_mib,
-        seed=args.seed,
-        steps=args.steps,
-    )
-    node = allocator.node.name or args.node
-    what = (
-        f"{args.replicas} replicas per GPU, pods asking 1/2 (80/20%)"
-        if args.replicas is not None
-        else f"{args.slice_mib} MiB slices, pods asking 1/2/3/4/8 (30/25/20/15/10%)"
-    )
-    print(
-        f"node {node} ({allocator.topology.size} GPUs), policy {allocator.policy.name}, "
-        f"seed {args.seed}, {args.steps} steps; {what}"
-    )
-    rows: list[tuple[str, Callable[[ShareFigures], str]]] = [
-        ("pods (admitted)", lambda f: f"{f.pods} ({f.admitted})"),
-        ("rejected: fewer free shares than asked", lambda f: str(f.insufficient)),
-    ]
-    if args.slice_mib is not None:
-        rows += [
-            ("refused in Allocate: slices on 2+ GPUs", lambda f: str(f.refused)),
-            ("  ... although one GPU had room", lambda f: str(f.avoidable_refusals)),
-        ]
-    else:
-        rows.append(
-            (
-                "multi-replica pods on distinct GPUs",
-                lambda f: f"{f.multi_distinct}/{f.multi}",
-            )
-        )
-    print(f"{'':44}{'cdigen':>14}{'no preference':>14}")
-    for label, value in rows:
-        print(f"{label:44}{value(ours):>14}{value(theirs):>14}")
-    return 0
+    return run_simulate(args)
