@@ -68,6 +68,7 @@ class PluginConfig:
     driver_root: str = "/"  # for generation
     dev_root: str = "/"  # for generation
     host_root: str = "/"  # for generation: where the host's / is (driver/dev roots are under it)
+    capabilities: tuple[str, ...] = ("compute", "utility")  # for generation: driver capabilities
     rescan_interval_s: float = 30.0  # how often NVML is asked for a new MIG layout
     sysfs_root: str = "/sys"  # NVML discovery: NUMA fallback
     proc_root: str = "/proc"  # NVML discovery: driver/nvidia-caps/mig-minors
@@ -113,6 +114,7 @@ ENV_VARS = {
     "CDIGEN_METRICS_ADDRESS": "metrics_address",
     "CDIGEN_MIG_STRATEGY": "mig_strategy",
     "CDIGEN_GENERATE_SPECS": "generate_specs",  # true/false
+    "CDIGEN_CAPABILITIES": "capabilities",  # comma-separated, as generate --capabilities
 }
 
 
@@ -138,6 +140,8 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     for key, name in simple.items():
         if key in doc:
             out[name] = doc[key]
+    if "capabilities" in doc:
+        out["capabilities"] = ",".join(doc["capabilities"])
     if "specDir" in doc:
         spec = doc["specDir"]
         out["spec_dirs"] = [spec] if isinstance(spec, str) else list(spec)
@@ -250,6 +254,10 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             changes["resources"] = (ResourceConfig(str(value), only.policy, only.sharing),)
         elif name == "resources":
             changes[name] = tuple(value)
+        elif name == "capabilities":
+            from cdigen.cdi.spec import parse_capabilities
+
+            changes[name] = parse_capabilities(str(value))
         elif name == "ignored_xids":
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":

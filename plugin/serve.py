@@ -76,6 +76,7 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         dev_root=config.dev_root,
         host_root=config.host_root,
         hook_path=find_hook(config.driver_root, HostFS(config.host_root)),
+        capabilities=config.capabilities,
     )
     spec, result = generate_spec_file(node, options, config.spec_dirs[0])
     log.info(

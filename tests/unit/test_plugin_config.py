@@ -117,3 +117,32 @@ def test_two_resources_would_double_book_the_gpus(tmp_path: Path) -> None:
     path = write(tmp_path, "resources: [{name: example.com/gpu}, {name: example.com/gpu2}]\n")
     with pytest.raises(InputError, match="same GPUs"):
         load_config(path, env={})
+
+
+def test_capabilities_of_the_generated_spec_from_file_and_env(tmp_path: Path) -> None:
+    head = "apiVersion: cdigen/v1alpha1\nkind: PluginConfig\n"
+    path = write(tmp_path, head + "capabilities: [compute, utility, video]\n")
+    assert load_config(str(path), env={}).capabilities == ("compute", "utility", "video")
+    from_env = load_config(str(path), env={"CDIGEN_CAPABILITIES": "all"})
+    assert from_env.capabilities == ("compute", "utility", "video", "graphics", "display")
+    assert load_config(env={}).capabilities == ("compute", "utility")
+    with pytest.raises(InputError, match="unknown driver capability 'vulkan'"):
+        load_config(env={"CDIGEN_CAPABILITIES": "compute,vulkan"})
+    with pytest.raises(SchemaError):
+        load_config(str(write(tmp_path, head + "capabilities: [vulkan]\n")), env={})
+
+
+def test_generated_spec_follows_the_capabilities(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from plugin.serve import write_specs
+    from tests.cdihost import build_host, make_node
+
+    host = build_host(tmp_path / "host", make_node(1), merged=True, graphics=True)
+    base = replace(load_config(env={}), spec_dirs=(tmp_path / "cdi",), host_root=str(host.base))
+    default = write_specs(host.node, base).read_text()
+    graphics = write_specs(
+        host.node, replace(base, capabilities=("compute", "utility", "graphics"))
+    )
+    assert "vulkan" not in default.lower()
+    assert "vulkan" in graphics.read_text().lower()
