@@ -27,7 +27,14 @@ from plugin.health import (
     node_reasons,
 )
 from plugin.kubelet import Registrar
-from plugin.layout import Layout, gpus_down, plan_layout, plan_resources_for, with_board_health
+from plugin.layout import (
+    AllocatorCache,
+    Layout,
+    gpus_down,
+    plan_layout,
+    plan_resources_for,
+    with_board_health,
+)
 from plugin.process import open_nvml, serve_until_signalled
 from plugin.resources import AdvertisedDevice, Resource
 from plugin.server import ResourceServer, make_plugin_dir, stop_servers
@@ -108,6 +115,7 @@ class Plugin:
         self._nvml = nvml
         self._rediscover = rediscover
         self._policies: PolicySet | None = None  # loaded at start
+        self._allocators = AllocatorCache()  # engines by (node, policy); new with each policy set
         self.layout: Layout = plan_layout(self.node, config, None)  # swapped whole, never edited
         self.metrics: PluginMetrics | None = None
         self._metrics_server: MetricsServer | None = None
@@ -194,7 +202,7 @@ class Plugin:
                 return
             node = self._effective(self.node)
             if node != self.layout.node:
-                self._swap(plan_layout(node, self.config, self._policies))
+                self._swap(plan_layout(node, self.config, self._policies, self._allocators))
 
     def _share(self, resource: str) -> Callable[[Sequence[str]], ShareAllocation] | None:
         """Allocate's hand-out for a sharing resource, from the layout in force; None else."""
@@ -321,7 +329,7 @@ class Plugin:
                 self.board.set_reasons(SOURCE_NODE, node_reasons(node))
                 effective = self._effective(node)
                 try:
-                    layout = plan_layout(effective, self.config, self._policies)
+                    layout = plan_layout(effective, self.config, self._policies, self._allocators)
                 except Exception as exc:  # a new resource naming an unknown policy
                     log.error("policies for the new layout failed to load: %s", exc)
                     layout = plan_layout(effective, self.config, None)
@@ -381,8 +389,9 @@ class Plugin:
         try:
             policies = load_policy_set(self.config.policy_dir)
             with self._layout_lock:  # not racing a layout change: the newer node wins
-                layout = plan_layout(self._effective(self.node), self.config, policies)
-                self._policies = policies
+                allocators = AllocatorCache()
+                layout = plan_layout(self._effective(self.node), self.config, policies, allocators)
+                self._policies, self._allocators = policies, allocators
                 if self.metrics is not None:
                     self.metrics.observe_policy_reload(ok=True)
                 self._swap(layout, announce=True)

@@ -10,7 +10,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
-from plugin.config import HealthConfig, PluginConfig
+from plugin.config import HealthConfig, PluginConfig, ResourceConfig
 from plugin.serve import Plugin
 from policies.allocator import AllocationRequest, Allocator
 from tests.kubelet_sim import KubeletSimulator
@@ -101,3 +101,27 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     assert layout.policy_names()[shared] == "spread"
     with pytest.raises(dataclasses.FrozenInstanceError):
         layout.node = node  # type: ignore[misc]
+
+
+def test_a_health_state_seen_before_gets_its_engine_back_without_a_rebuild() -> None:
+    """Allocators are a pure function of (node, policy): a GPU that flaps back to a state seen
+    before reuses the engine built for it; a new policy set starts afresh."""
+    import dataclasses
+
+    from cdigen.discover import load_node
+    from plugin.layout import AllocatorCache, plan_layout
+    from policies.policy_set import PolicySet
+
+    node = load_node("builtin:dgx1-v100")
+    config = PluginConfig(node="builtin:dgx1-v100", resources=(ResourceConfig(RESOURCE),))
+    sick = dataclasses.replace(
+        node, gpus=tuple(dataclasses.replace(g, healthy=g.index != 3) for g in node.gpus)
+    )
+    cache = AllocatorCache(size=2)
+    healthy = plan_layout(node, config, PolicySet(), cache).engine(RESOURCE).allocator
+    unhealthy = plan_layout(sick, config, PolicySet(), cache).engine(RESOURCE).allocator
+    assert unhealthy is not healthy and 3 in {g.index for g in unhealthy.node.gpus if not g.healthy}
+    again = plan_layout(node, config, PolicySet(), cache).engine(RESOURCE).allocator
+    assert again is healthy
+    fresh = plan_layout(node, config, PolicySet(), AllocatorCache()).engine(RESOURCE).allocator
+    assert fresh is not healthy
