@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -348,8 +348,10 @@ def load_policy(path: str | Path) -> Policy:
     return policy
 
 
+@cache
 def builtin_policy(name: str) -> Policy:
-    """One of the shipped policies: default, single-numa, pack, spread."""
+    """One of the shipped policies: default, single-numa, pack, spread (parsed and checked once
+    per process: they are package data, and every new layout asks for them)."""
     if name not in BUILTIN_NAMES:
         raise InputError(
             f"unknown built-in policy {name!r}", hint=f"choose one of {', '.join(BUILTIN_NAMES)}"
