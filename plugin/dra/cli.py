@@ -11,7 +11,7 @@ import sys
 from cdigen.discover.cli import add_node_source
 from plugin.defaults import LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES
 
-DEFAULT_DRIVER = "gpu.cdigen.dev"  # plugin.dra.serve.DEFAULT_DRIVER; kept here so --help is cheap
+DEFAULT_DRIVER = "gpu.cdigen.dev"  # policies.device_view.DRA_DRIVER; kept here so --help is cheap
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -37,12 +37,12 @@ from plugin.dra.service import (
 from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.health import HealthBoard, node_reasons
 from plugin.xid import XidHealth
-from policies.device_view import DeviceView, device_views
+from policies.device_view import DRA_DRIVER, DeviceView, device_views
 from policies.dra_order import ordered_views
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER = "gpu.cdigen.dev"
+DEFAULT_DRIVER = DRA_DRIVER
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SOURCE_NODE = "node"
