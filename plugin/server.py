@@ -30,7 +30,7 @@ BIND_DIR_PREFIX = ".cdigen-"  # private directory a socket is bound in before it
 UNIX_PATH_MAX = 107  # sun_path holds 107 bytes and a NUL
 
 
-def make_plugin_dir(plugin_dir: Path) -> None:
+def make_plugin_dir(plugin_dir: Path, flag: str = "--plugin-dir") -> None:
     """Create ``plugin_dir`` and its missing parents with mode 0755, whatever the umask, and
     remove our own bind directories left by a killed run."""
     missing: list[Path] = []
@@ -51,11 +51,11 @@ def make_plugin_dir(plugin_dir: Path) -> None:
         raise InputError(
             f"cannot create the plugin directory: {exc.strerror}",
             where=str(plugin_dir),
-            hint="pass --plugin-dir with a writable directory",
+            hint=f"pass {flag} with a writable directory",
         ) from None
 
 
-def bind_socket(server: Any, path: Path) -> tuple[int, int]:
+def bind_socket(server: Any, path: Path, flag: str = "--plugin-dir") -> tuple[int, int]:
     """Bind the gRPC ``server`` to the unix socket ``path`` with mode 0600 whatever the umask.
 
     The socket is bound in a private 0700 directory beside ``path``, made 0600 there and renamed
@@ -71,7 +71,7 @@ def bind_socket(server: Any, path: Path) -> tuple[int, int]:
         raise InputError(
             "the plugin's socket path is a directory",
             where=str(path),
-            hint="remove that directory, or pass another --plugin-dir",
+            hint=f"remove that directory, or pass another {flag}",
         )
     try:
         private = Path(tempfile.mkdtemp(prefix=BIND_DIR_PREFIX, dir=path.parent))

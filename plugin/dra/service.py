@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from cdigen.errors import CdigenError
 from plugin.dra.claims import ClaimRef
 from plugin.dra.prepare import Preparer
 from plugin.health import HealthBoard
@@ -175,32 +173,15 @@ class UnixServer:
         """Listen on a fresh socket (a stale file at the path is removed first)."""
         import grpc
 
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if self.path.is_dir():
-            raise CdigenError(
-                f"cannot listen on {self.path}: it is a directory",
-                where=str(self.path),
-                hint="remove the directory or choose another --kubelet-dir",
-            )
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        from plugin.server import bind_socket, make_plugin_dir
+
+        # the device plugin's socket handling: 0755 dirs and a 0600 socket, whatever the umask
+        make_plugin_dir(self.path.parent, flag="--kubelet-dir")
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dra")
         )
         self._add(server)
-        old_umask = os.umask(0o177)  # the socket is born 0600: only root (the kubelet) talks
-        try:
-            bound = server.add_insecure_port("unix:" + str(self.path))
-        except RuntimeError:
-            bound = 0
-        finally:
-            os.umask(old_umask)
-        if bound == 0:
-            raise CdigenError(
-                f"cannot listen on {self.path}",
-                where=str(self.path.parent),
-                hint="is the directory writable, and the path under 108 bytes?",
-            )
+        bind_socket(server, self.path, flag="--kubelet-dir")
         server.start()
         self._server = server
         log.info("listening on %s", self.path)
