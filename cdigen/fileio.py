@@ -5,15 +5,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import logging
 import math
 import os
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from cdigen import logs
 from cdigen.errors import InputError, WriteError
 
 MAX_INPUT_BYTES_ENV = "CDIGEN_MAX_INPUT_BYTES"
@@ -257,6 +256,8 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
 
     On any failure the previous file is left as it was and the temp file is removed.
     """
+    import tempfile  # with shutil, ~5 ms that commands which write nothing need not pay
+
     target = Path(path)
     directory = target.parent
     try:
@@ -287,7 +288,7 @@ def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
         finally:
             os.close(dir_fd)
     except OSError as exc:
-        logging.getLogger("cdigen").warning(
+        logs.logger().warning(
             "%s: written, but syncing %s failed (%s); a power loss now could undo the rename",
             target,
             directory,

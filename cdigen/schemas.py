@@ -172,68 +172,134 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _ok(value: Any, schema: Any, root: Mapping[str, Any]) -> bool:
-    if schema is True:
-        return True
-    if schema is False or not isinstance(schema, Mapping):
-        return schema is True
-    for key, arg in schema.items():
-        if key in _ANNOTATIONS:
-            continue
-        if key == "$ref":
-            if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
-                raise _Unknown(key)
-            if not _ok(value, root["$defs"][arg.removeprefix("#/$defs/")], root):
-                return False
-        elif key == "type":
-            types = arg if isinstance(arg, list) else [arg]
-            if not any(_TYPES[t](value) for t in types):
-                return False
-        elif key == "const":
-            if not _same(value, arg):
-                return False
-        elif key == "enum":
-            if not any(_same(value, a) for a in arg):
-                return False
-        elif key in ("properties", "required", "additionalProperties", "propertyNames"):
-            if isinstance(value, dict) and not _object_ok(key, value, schema, root):
-                return False
-        elif key in ("items", "minItems", "maxItems"):
-            if isinstance(value, list) and not _array_ok(key, value, arg, root):
-                return False
-        elif key in ("pattern", "minLength", "maxLength"):
-            if isinstance(value, str) and not _string_ok(key, value, arg):
-                return False
-        elif key in ("minimum", "maximum"):
-            if _TYPES["number"](value) and not (value >= arg if key == "minimum" else value <= arg):
-                return False
-        else:
-            raise _Unknown(key)
+Check = Callable[[Any], bool]
+
+
+def _always(value: Any) -> bool:
     return True
 
 
-def _object_ok(key: str, value: dict[str, Any], schema: Mapping[str, Any], root: Any) -> bool:
-    props = schema.get("properties", {})
-    if key == "properties":
-        return all(_ok(value[k], s, root) for k, s in props.items() if k in value)
-    if key == "required":
-        return all(k in value for k in schema["required"])
-    if key == "propertyNames":
-        return all(_ok(k, schema["propertyNames"], root) for k in value)
-    extra = schema["additionalProperties"]
-    return all(_ok(v, extra, root) for k, v in value.items() if k not in props)
+def _never(value: Any) -> bool:
+    return False
 
 
-def _array_ok(key: str, value: list[Any], arg: Any, root: Any) -> bool:
-    if key == "items":
-        return all(_ok(v, arg, root) for v in value)
-    return bool(len(value) >= arg if key == "minItems" else len(value) <= arg)
+def _all_of(checks: list[Check]) -> Check:
+    if not checks:
+        return _always
+    if len(checks) == 1:
+        return checks[0]
+    return lambda v: all(c(v) for c in checks)
 
 
-def _string_ok(key: str, value: str, arg: Any) -> bool:
-    if key == "pattern":
-        return _compiled(arg).search(value) is not None
-    return bool(len(value) >= arg if key == "minLength" else len(value) <= arg)
+def _object_check(schema: Mapping[str, Any], root: Any, refs: dict[str, Check]) -> Check | None:
+    """The check for an object's properties, required, additionalProperties and propertyNames."""
+    if not {"properties", "required", "additionalProperties", "propertyNames"} & schema.keys():
+        return None
+    props = {k: _compile(s, root, refs) for k, s in schema.get("properties", {}).items()}
+    required = tuple(schema.get("required", ()))
+    extra = (
+        _compile(schema["additionalProperties"], root, refs)
+        if "additionalProperties" in schema
+        else None
+    )
+    names = _compile(schema["propertyNames"], root, refs) if "propertyNames" in schema else None
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return True
+        if any(k not in value for k in required):
+            return False
+        for k, v in value.items():
+            sub = props.get(k)
+            if sub is not None:
+                if not sub(v):
+                    return False
+            elif extra is not None and not extra(v):
+                return False
+            if names is not None and not names(k):
+                return False
+        return True
+
+    return check
+
+
+def _ref(arg: Any, root: Any, refs: dict[str, Check]) -> Check:
+    if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
+        raise _Unknown("$ref")
+    name = arg.removeprefix("#/$defs/")
+    if name not in refs:
+        late: list[Check] = []
+        refs[name] = lambda v: late[0](v)  # a recursive schema reaches itself through this
+        late.append(_compile(root["$defs"][name], root, refs))
+        refs[name] = late[0]
+    return refs[name]
+
+
+def _compile(schema: Any, root: Any, refs: dict[str, Check]) -> Check:
+    """``schema`` as one predicate; :class:`_Unknown` for a keyword the quick check lacks."""
+    if schema is True:
+        return _always
+    if schema is False or not isinstance(schema, Mapping):
+        return _never
+    checks: list[Check] = []
+    for key, arg in schema.items():
+        if key in _ANNOTATIONS or key in ("required", "additionalProperties", "propertyNames"):
+            continue
+        if key == "$ref":
+            checks.append(_ref(arg, root, refs))
+        elif key == "type":
+            preds = tuple(_TYPES[t] for t in (arg if isinstance(arg, list) else [arg]))
+            checks.append(lambda v, preds=preds: any(p(v) for p in preds))
+        elif key == "const":
+            checks.append(lambda v, arg=arg: _same(v, arg))
+        elif key == "enum":
+            checks.append(lambda v, arg=arg: any(_same(v, a) for a in arg))
+        elif key == "properties":
+            object_check = _object_check(schema, root, refs)
+            assert object_check is not None
+            checks.append(object_check)
+        elif key == "items":
+            item = _compile(arg, root, refs)
+            checks.append(lambda v, item=item: not isinstance(v, list) or all(map(item, v)))
+        elif key == "minItems":
+            checks.append(lambda v, n=arg: not isinstance(v, list) or len(v) >= n)
+        elif key == "maxItems":
+            checks.append(lambda v, n=arg: not isinstance(v, list) or len(v) <= n)
+        elif key == "pattern":
+            search = _compiled(arg).search
+            checks.append(lambda v, search=search: not isinstance(v, str) or search(v) is not None)
+        elif key == "minLength":
+            checks.append(lambda v, n=arg: not isinstance(v, str) or len(v) >= n)
+        elif key == "maxLength":
+            checks.append(lambda v, n=arg: not isinstance(v, str) or len(v) <= n)
+        elif key == "minimum":
+            checks.append(lambda v, n=arg: not _TYPES["number"](v) or v >= n)
+        elif key == "maximum":
+            checks.append(lambda v, n=arg: not _TYPES["number"](v) or v <= n)
+        else:
+            raise _Unknown(key)
+    if "properties" not in schema:
+        object_check = _object_check(schema, root, refs)
+        if object_check is not None:
+            checks.append(object_check)
+    return _all_of(checks)
+
+
+_QUICK: dict[int, tuple[Mapping[str, Any], Check | None]] = {}
+
+
+def _quick_check(schema: Mapping[str, Any]) -> Check | None:
+    """The compiled check for ``schema``, made once per schema object (None: not supported)."""
+    known = _QUICK.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+    try:
+        check: Check | None = _compile(schema, schema, {})
+    except (_Unknown, KeyError, TypeError, re.error):
+        check = None
+    if len(_QUICK) < 64:  # schemas are few and long-lived; a test's throwaway ones are not kept
+        _QUICK[id(schema)] = (schema, check)
+    return check
 
 
 def quick_valid(document: Any, schema: Mapping[str, Any]) -> bool | None:
@@ -243,9 +309,12 @@ def quick_valid(document: Any, schema: Mapping[str, Any]) -> bool | None:
     Covers the keywords cdigen's schemas use. It only ever answers True for a document that
     jsonschema accepts too; its False is rechecked with jsonschema for the messages.
     """
+    check = _quick_check(schema)
+    if check is None:
+        return None
     try:
-        return _ok(document, schema, schema)
-    except (_Unknown, KeyError, TypeError, re.error):
+        return check(document)
+    except TypeError:  # e.g. a minimum compared with a value of another kind
         return None
 
 

@@ -19,7 +19,6 @@ threads never see half of a reload.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import threading
@@ -27,15 +26,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdigen import logs
 from cdigen.cdi.edits import ContainerEdits, merge_edits
 from cdigen.cdi.load import LoadedSpec, SpecLoadError, load_spec
-from cdigen.cdi.names import qualified_name
+from cdigen.cdi.names import SPEC_SUFFIXES, qualified_name
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
-SPEC_SUFFIXES = (".yaml", ".json")
 _MEMO_LIMIT = 4096  # merged edits kept per state for repeated requests (Allocate's hot path)
 
-log = logging.getLogger("cdigen")
+log = logs.logger()
 
 Signature = tuple[tuple[str, int, int, int, int], ...]
 

@@ -19,7 +19,6 @@ import contextlib
 import errno
 import fcntl
 import json
-import logging
 import os
 import re
 import time
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdigen.cdi.cache import load_state
+from cdigen import logs
 from cdigen.cdi.names import qualified_name, spec_file_name
 from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.types import SpecDoc
@@ -47,8 +46,6 @@ DIR_MODE = 0o755
 LOCK_NAME = ".cdigen.lock"
 # atomic_write's temp files: mkstemp(prefix=".<name>.", suffix=".tmp") adds 8 of [a-z0-9_]
 _TEMP_FILE = re.compile(r"\.[^/]+\.(?:yaml|json)\.[a-z0-9_]{8}\.tmp")
-
-log = logging.getLogger("cdigen")
 
 
 @dataclass(frozen=True)
@@ -82,13 +79,15 @@ def find_conflicts(target: Path, names: Sequence[str]) -> list[tuple[Path, str]]
     """``(other file, device)`` for each device in ``names`` that another spec file in the
     target's directory already defines, loaded as runtimes load it (a file that fails to load
     defines nothing: runtimes skip it)."""
+    from cdigen.cdi.cache import load_state  # the loader is not needed for --dry-run
+
     wanted = set(names)
     found: list[tuple[Path, str]] = []
     for spec in load_state([target.parent]).files:
         if spec.path.name == target.name:
             continue
         if not spec.loads:
-            log.info("ignoring %s for conflict checks: %s", spec.path, spec.problems[0])
+            logs.logger().info("ignoring %s for conflict checks: %s", spec.path, spec.problems[0])
             continue
         found += [(spec.path, n) for n in spec.device_names if n in wanted]
     return found
@@ -139,7 +138,7 @@ def spec_dir_lock(directory: Path) -> Iterator[None]:
         try:
             fd = os.open(path, flags | os.O_RDONLY)  # flock works on a read-only descriptor
         except OSError:
-            log.debug("no lock file %s (%s): going on unlocked", path, exc.strerror)
+            logs.logger().debug("no lock file %s (%s): going on unlocked", path, exc.strerror)
             yield
             return
     try:
@@ -148,7 +147,7 @@ def spec_dir_lock(directory: Path) -> Iterator[None]:
         except BlockingIOError:
             start = time.monotonic()
             fcntl.flock(fd, fcntl.LOCK_EX)
-            log.info(
+            logs.logger().info(
                 "waited %.1f s for another cdigen run writing %s (lock %s)",
                 time.monotonic() - start,
                 directory,
@@ -173,9 +172,11 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
         try:
             path.unlink()
         except OSError as exc:
-            log.warning("cannot remove %s, left by an interrupted run: %s", path, exc.strerror)
+            logs.logger().warning(
+                "cannot remove %s, left by an interrupted run: %s", path, exc.strerror
+            )
             continue
-        log.info("removed %s, left by an interrupted cdigen run", path)
+        logs.logger().info("removed %s, left by an interrupted cdigen run", path)
         removed.append(path)
     return removed
 

@@ -32,36 +32,36 @@ def _scalar(value: Any, resolve: Any) -> str:
     return value
 
 
-def _mapping(doc: dict[str, Any], indent: int, out: list[str], resolve: Any, first: str) -> None:
+def _mapping(doc: dict[str, Any], indent: int, out: list[str], scalar: Any, first: str) -> None:
     if not doc:
         raise _Unsupported
     pad = " " * indent
     for i, (key, value) in enumerate(doc.items()):
         lead = first if i == 0 else pad
-        name = _scalar(key, resolve)
+        name = scalar(key)
         if isinstance(value, dict):
             out.append(f"{lead}{name}:\n")
-            _mapping(value, indent + 2, out, resolve, " " * (indent + 2))
+            _mapping(value, indent + 2, out, scalar, " " * (indent + 2))
         elif isinstance(value, list):
             if i == 0 and first != pad:
                 raise _Unsupported  # a sequence as the first value of a sequence item
             out.append(f"{lead}{name}:\n")
-            _sequence(value, indent, out, resolve)
+            _sequence(value, indent, out, scalar)
         else:
-            out.append(f"{lead}{name}: {_scalar(value, resolve)}\n")
+            out.append(f"{lead}{name}: {scalar(value)}\n")
 
 
-def _sequence(items: list[Any], indent: int, out: list[str], resolve: Any) -> None:
+def _sequence(items: list[Any], indent: int, out: list[str], scalar: Any) -> None:
     if not items:
         raise _Unsupported
     pad = " " * indent
     for item in items:
         if isinstance(item, dict):
-            _mapping(item, indent + 2, out, resolve, f"{pad}- ")
+            _mapping(item, indent + 2, out, scalar, f"{pad}- ")
         elif isinstance(item, list):
             raise _Unsupported
         else:
-            out.append(f"{pad}- {_scalar(item, resolve)}\n")
+            out.append(f"{pad}- {scalar(item)}\n")
 
 
 def block_yaml(doc: Any) -> str | None:
@@ -69,15 +69,24 @@ def block_yaml(doc: Any) -> str | None:
     import yaml
 
     resolver: Any = yaml.resolver.Resolver()
+    written: dict[str, str] = {}  # a spec repeats its keys and options hundreds of times
 
     def resolve(text: str) -> str:
         return str(resolver.resolve(yaml.ScalarNode, text, (True, False)))
+
+    def scalar(value: Any) -> str:
+        if type(value) is not str:
+            return _scalar(value, resolve)
+        text = written.get(value)
+        if text is None:
+            text = written[value] = _scalar(value, resolve)
+        return text
 
     out: list[str] = []
     try:
         if not isinstance(doc, dict):
             return None
-        _mapping(doc, 0, out, resolve, "")
+        _mapping(doc, 0, out, scalar, "")
     except _Unsupported:
         return None
     return "".join(out)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen import logs
 from cdigen.errors import EXIT_OK, InputError
 from cdigen.model import MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
     from cdigen.model import Node
 
-log = logging.getLogger("cdigen")
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
@@ -191,7 +190,7 @@ def _emit(text: str, output: str) -> None:
             hint="create it first, or write to an existing directory",
         )
     atomic_write(target, text.encode("utf-8"))
-    log.info("wrote %s", output)
+    logs.logger().info("wrote %s", output)
 
 
 def _load(args: argparse.Namespace) -> Node:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import os
 import re
 from collections import Counter
@@ -28,13 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from cdigen import logs
 from cdigen.cdi.checks import CONTAINERIZED_DRIVER_ROOT
 from cdigen.cdi.host import HOST, LD_CACHE, LIBRARY_DIRS, HostFS, host_path, read_ld_cache
 from cdigen.errors import DiscoveryError
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel
 from cdigen.nodefile import normalize_bus_id
 
-log = logging.getLogger("cdigen.discover.nvml")
+log = logs.logger("cdigen.discover.nvml")
 
 T = TypeVar("T")
 V = TypeVar("V")
