@@ -1,4 +1,5 @@
-"""Whole-process wall time of ``cdigen generate --dry-run`` and ``cdigen --help``.
+"""Whole-process wall time of ``cdigen generate`` (dry run, a new spec file, an unchanged one)
+and ``cdigen --help``.
 
 An 8-GPU node on a fake host with 60 driver libraries (tests/cdihost.py). Each command runs as a
 fresh process, interleaved with a baseline measured in the same run (``python -c pass``: the
@@ -30,6 +31,8 @@ from tests.cdihost import DRIVER_LIBRARIES, build_host, make_node
 
 GPUS = 8
 LIBRARIES = 60
+# What any run of generate imports before cdigen's own code does anything: the floor under it.
+FLOOR_MODULES = ("re", "argparse", "typing", "pathlib", "dataclasses", "json", "yaml")
 # As an installed package runs: with its bytecode cached (pip compiles on install). Without
 # this, PYTHONDONTWRITEBYTECODE=1 (set in some shells and CI images) makes every run compile
 # cdigen's modules again, and that compile time is not what a node pays.
@@ -40,6 +43,21 @@ def cdigen_command() -> list[str]:
     """The installed console script if there is one, else ``python -m cdigen.cli``."""
     script = shutil.which("cdigen") or str(Path(sys.executable).parent / "cdigen")
     return [script] if Path(script).exists() else [sys.executable, "-m", "cdigen.cli"]
+
+
+def install_kind() -> str:
+    """How cdigen is installed: an editable install's import hook runs at every interpreter
+    start, so it raises the baseline too and flatters the ratios."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import cdigen; print(cdigen.__file__)"],
+        check=True, capture_output=True, text=True, env=ENV, cwd="/",
+    ).stdout.strip()  # fmt: skip
+    if "site-packages" in out:
+        return f"installed normally ({out})"
+    return (
+        f"an editable install ({out}): its import hook adds ~25 ms to every start, the "
+        "baseline's included; with 'pip install .' the baseline is lower and every ratio higher"
+    )
 
 
 def run_ms(argv: list[str]) -> tuple[float, float]:
@@ -74,16 +92,29 @@ def main() -> None:
         node_file = base / "node.yaml"
         node_file.write_text(dump_node(host.node, "yaml"))
         cdigen = cdigen_command()
+        generate = [
+            *cdigen, "generate", "--node", str(node_file),
+            "--driver-root", str(host.driver_root), "--dev-root", str(host.dev_root),
+            "--sysfs-root", str(host.sysfs_root),
+        ]  # fmt: skip
+        spec_dir = base / "cdi"
+        spec_file = spec_dir / "nvidia.com-gpu.yaml"
         commands = {
             "python -c pass (baseline)": [sys.executable, "-c", "pass"],
+            "python importing the libraries generate needs": [
+                sys.executable, "-c", f"import {', '.join(FLOOR_MODULES)}"
+            ],
             "cdigen --help": [*cdigen, "--help"],
             f"cdigen generate --dry-run ({GPUS} GPUs, {len(host.libraries)} libs)": [
-                *cdigen, "generate", "--dry-run", "--node", str(node_file),
-                "--driver-root", str(host.driver_root), "--dev-root", str(host.dev_root),
-                "--sysfs-root", str(host.sysfs_root),
+                *generate, "--dry-run"
+            ],
+            "  the same, writing a new spec file": [*generate, "--output-dir", str(spec_dir)],
+            "  the same, spec file unchanged (a reboot)": [
+                *generate, "--output-dir", str(spec_dir)
             ],
         }  # fmt: skip
-        spec = subprocess.run(list(commands.values())[-1], check=True, capture_output=True)
+        first_write = "  the same, writing a new spec file"
+        spec = subprocess.run([*generate, "--dry-run"], check=True, capture_output=True)
         mounts = spec.stdout.count(b"containerPath:")
         walls: dict[str, list[float]] = {name: [] for name in commands}
         cpus: dict[str, list[float]] = {name: [] for name in commands}
@@ -91,6 +122,8 @@ def main() -> None:
             run_ms(argv)
         for _ in range(args.runs):
             for name, argv in commands.items():
+                if name == first_write:
+                    spec_file.unlink(missing_ok=True)
                 wall, cpu = run_ms(argv)
                 walls[name].append(wall)
                 cpus[name].append(cpu)
@@ -100,6 +133,7 @@ def main() -> None:
         f"{args.runs} runs each, interleaved; spec has {mounts} mounts; "
         f"python {sys.version.split()[0]}; {os.cpu_count()} CPUs, load average {load:.1f}"
     )
+    print(f"cdigen is {install_kind()}")
     print(f"{'command':<50} {'median ms':>9} {'p99 ms':>8} {'x baseline':>10} {'cpu ms':>7}")
     for name, values in walls.items():
         median = statistics.median(values)

@@ -224,6 +224,7 @@ def _object_check(schema: Mapping[str, Any], root: Any, refs: dict[str, Check]) 
 
 
 def _ref(arg: Any, root: Any, refs: dict[str, Check]) -> Check:
+    """The check for ``{"$ref": "#/$defs/NAME"}``, compiled once per NAME."""
     if not isinstance(arg, str) or not arg.startswith("#/$defs/"):
         raise _Unknown("$ref")
     name = arg.removeprefix("#/$defs/")
@@ -233,6 +234,33 @@ def _ref(arg: Any, root: Any, refs: dict[str, Check]) -> Check:
         late.append(_compile(root["$defs"][name], root, refs))
         refs[name] = late[0]
     return refs[name]
+
+
+def _keyword_check(key: str, arg: Any, compile_sub: Callable[[Any], Check]) -> Check:
+    """The check for one keyword other than ``$ref`` and the object keywords."""
+    if key == "type":
+        preds = tuple(_TYPES[t] for t in (arg if isinstance(arg, list) else [arg]))
+        return lambda v: any(p(v) for p in preds)
+    if key == "const":
+        return lambda v: _same(v, arg)
+    if key == "enum":
+        return lambda v: any(_same(v, a) for a in arg)
+    if key == "items":
+        item = compile_sub(arg)
+        return lambda v: not isinstance(v, list) or all(map(item, v))
+    if key in ("minItems", "maxItems", "minLength", "maxLength"):
+        kind = list if key.endswith("Items") else str
+        if key.startswith("min"):
+            return lambda v: not isinstance(v, kind) or len(v) >= arg
+        return lambda v: not isinstance(v, kind) or len(v) <= arg
+    if key == "pattern":
+        search = _compiled(arg).search
+        return lambda v: not isinstance(v, str) or search(v) is not None
+    if key == "minimum":
+        return lambda v: not _TYPES["number"](v) or v >= arg
+    if key == "maximum":
+        return lambda v: not _TYPES["number"](v) or v <= arg
+    raise _Unknown(key)
 
 
 def _compile(schema: Any, root: Any, refs: dict[str, Check]) -> Check:
@@ -247,37 +275,12 @@ def _compile(schema: Any, root: Any, refs: dict[str, Check]) -> Check:
             continue
         if key == "$ref":
             checks.append(_ref(arg, root, refs))
-        elif key == "type":
-            preds = tuple(_TYPES[t] for t in (arg if isinstance(arg, list) else [arg]))
-            checks.append(lambda v, preds=preds: any(p(v) for p in preds))
-        elif key == "const":
-            checks.append(lambda v, arg=arg: _same(v, arg))
-        elif key == "enum":
-            checks.append(lambda v, arg=arg: any(_same(v, a) for a in arg))
         elif key == "properties":
             object_check = _object_check(schema, root, refs)
             assert object_check is not None
             checks.append(object_check)
-        elif key == "items":
-            item = _compile(arg, root, refs)
-            checks.append(lambda v, item=item: not isinstance(v, list) or all(map(item, v)))
-        elif key == "minItems":
-            checks.append(lambda v, n=arg: not isinstance(v, list) or len(v) >= n)
-        elif key == "maxItems":
-            checks.append(lambda v, n=arg: not isinstance(v, list) or len(v) <= n)
-        elif key == "pattern":
-            search = _compiled(arg).search
-            checks.append(lambda v, search=search: not isinstance(v, str) or search(v) is not None)
-        elif key == "minLength":
-            checks.append(lambda v, n=arg: not isinstance(v, str) or len(v) >= n)
-        elif key == "maxLength":
-            checks.append(lambda v, n=arg: not isinstance(v, str) or len(v) <= n)
-        elif key == "minimum":
-            checks.append(lambda v, n=arg: not _TYPES["number"](v) or v >= n)
-        elif key == "maximum":
-            checks.append(lambda v, n=arg: not _TYPES["number"](v) or v <= n)
         else:
-            raise _Unknown(key)
+            checks.append(_keyword_check(key, arg, lambda sub: _compile(sub, root, refs)))
     if "properties" not in schema:
         object_check = _object_check(schema, root, refs)
         if object_check is not None:

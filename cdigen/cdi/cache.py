@@ -29,7 +29,8 @@ from pathlib import Path
 from cdigen import logs
 from cdigen.cdi.edits import ContainerEdits, merge_edits
 from cdigen.cdi.load import LoadedSpec, SpecLoadError, load_spec
-from cdigen.cdi.names import SPEC_SUFFIXES, qualified_name
+from cdigen.cdi.names import qualified_name
+from cdigen.cdi.specdir import SPEC_SUFFIXES, spec_files, spec_suffix
 
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 _MEMO_LIMIT = 4096  # merged edits kept per state for repeated requests (Allocate's hot path)
@@ -110,28 +111,6 @@ class SpecState:
         return merged
 
 
-def spec_suffix(name: str) -> str:
-    """The extension as Go's ``filepath.Ext`` sees it (``.yaml`` is a ``.yaml`` file)."""
-    dot = name.rfind(".")
-    return name[dot:] if dot >= 0 else ""
-
-
-def spec_files(directory: str | Path) -> list[Path]:
-    """The entries of ``directory`` a runtime tries to load, in name order ([] if unreadable).
-
-    Subdirectories are skipped; links are kept (to a file, a directory or nothing: the last
-    two fail to load, as in runtimes).
-    """
-    try:
-        if stat.S_ISLNK(os.lstat(directory).st_mode):
-            return []
-        names = sorted(os.listdir(directory))
-    except OSError:
-        return []
-    paths = [Path(directory) / n for n in names if spec_suffix(n) in SPEC_SUFFIXES]
-    return [p for p in paths if p.is_symlink() or not p.is_dir()]
-
-
 def signature(spec_dirs: Sequence[Path]) -> Signature:
     """Names, inodes, mtimes, ctimes and sizes of the spec files: changes whenever one does."""
     entries: list[tuple[str, int, int, int, int]] = []
@@ -156,13 +135,18 @@ def signature(spec_dirs: Sequence[Path]) -> Signature:
     return tuple(entries)
 
 
-def load_state(spec_dirs: Sequence[Path], sig: Signature = ()) -> SpecState:
-    """Load ``spec_dirs`` by the library's rules (``Cache.refresh``)."""
+def load_state(
+    spec_dirs: Sequence[Path], sig: Signature = (), *, exclude: Path | None = None
+) -> SpecState:
+    """Load ``spec_dirs`` by the library's rules (``Cache.refresh``), leaving out the file
+    ``exclude`` (the one about to be rewritten: reading it would be wasted work)."""
     files: list[SpecFile] = []
     devices: dict[str, CdiDevice] = {}
     clashes: dict[str, list[Path]] = {}
     for priority, directory in enumerate(spec_dirs):
         for path in spec_files(directory):
+            if path == exclude:
+                continue
             try:
                 spec = load_spec(path, priority)
             except SpecLoadError as exc:

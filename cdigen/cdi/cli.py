@@ -244,7 +244,7 @@ def _located(fs: HostFS, path: str) -> str:
 def run_validate(args: argparse.Namespace) -> int:
     """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
     from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
-    from cdigen.cdi.cache import spec_files as spec_paths
+    from cdigen.cdi.specdir import spec_files as spec_paths
     from cdigen.cdi.validate import file_problems
 
     files: list[str] = []

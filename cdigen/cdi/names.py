@@ -15,7 +15,6 @@ DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 DEFAULT_VENDOR = "nvidia.com"
 DEFAULT_CLASS = "gpu"
-SPEC_SUFFIXES = (".yaml", ".json")  # what runtimes load from a spec dir, and nothing else
 
 
 def _kind_part_problem(part: str, value: str) -> str | None:

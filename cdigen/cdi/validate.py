@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.cdi import names
-from cdigen.cdi.names import SPEC_SUFFIXES
+from cdigen.cdi.specdir import SPEC_SUFFIXES
 from cdigen.cdi.version import KNOWN_VERSIONS, version_shortfall
 from cdigen.errors import CdigenError, InputError, SchemaError, first_of
 from cdigen.fileio import read_document

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from cdigen import logs
 from cdigen.cdi.names import qualified_name, spec_file_name
 from cdigen.cdi.spec import SpecOptions, generate
+from cdigen.cdi.specdir import spec_files
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.validate import check_spec, refuse_dangling_link
 from cdigen.errors import SpecConflictError, WriteError, first_of
@@ -79,13 +80,14 @@ def find_conflicts(target: Path, names: Sequence[str]) -> list[tuple[Path, str]]
     """``(other file, device)`` for each device in ``names`` that another spec file in the
     target's directory already defines, loaded as runtimes load it (a file that fails to load
     defines nothing: runtimes skip it)."""
-    from cdigen.cdi.cache import load_state  # the loader is not needed for --dry-run
+    target = target.parent / target.name  # as spec_files() names it
+    if not [p for p in spec_files(target.parent) if p != target]:
+        return []  # the common case at boot: nothing to load, so no loader to import
+    from cdigen.cdi.cache import load_state
 
     wanted = set(names)
     found: list[tuple[Path, str]] = []
-    for spec in load_state([target.parent]).files:
-        if spec.path.name == target.name:
-            continue
+    for spec in load_state([target.parent], exclude=target).files:
         if not spec.loads:
             logs.logger().info("ignoring %s for conflict checks: %s", spec.path, spec.problems[0])
             continue
