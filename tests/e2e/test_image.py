@@ -119,7 +119,29 @@ def image() -> Iterator[Image]:
         )
         assert result.returncode == 0, result.stderr[-3000:]
         print(f"image {found.tag} built on {driver} in {time.monotonic() - start:.0f} s")
+        _prune_test_images(found)
     yield found
+
+
+KEEP_IMAGES = 3  # other checkouts may be testing their own tree's image at the same time
+
+
+def _prune_test_images(image: Image) -> None:
+    """Remove all but the newest ``KEEP_IMAGES`` test images and their unused layers: every
+    source change builds one (~150 MB), and nothing else would ever remove them."""
+    listed = image.podman("images", "--filter", "reference=localhost/cdigen", "--format", "json")
+    if listed.returncode != 0:
+        return
+    tests = [
+        (entry.get("Created", 0), name)
+        for entry in json.loads(listed.stdout or "[]")
+        for name in entry.get("Names") or ()
+        if name.startswith("localhost/cdigen:test-") and name != image.tag
+    ]
+    old = [name for _, name in sorted(tests, reverse=True)[KEEP_IMAGES - 1 :]]
+    if old:
+        image.podman("rmi", *old)  # an image a running test still uses is refused, and kept
+        image.podman("image", "prune", "-f")
 
 
 @dataclass(frozen=True)
