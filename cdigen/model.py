@@ -75,6 +75,8 @@ class Node:
     driver_version: str = ""
     cuda_driver_version: str = ""
     name: str = ""  # a label for samples and reports; not used for decisions
+    # "nvml" when discovery read the hardware (kept in the node file it writes); "" otherwise
+    discovered_by: str = field(default="", compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what discovery inferred
 
     @cached_property

@@ -65,6 +65,7 @@ class NodeDoc(TypedDict):
     apiVersion: str
     kind: str
     name: NotRequired[str]
+    discoveredBy: NotRequired[str]
     driverVersion: str
     cudaDriverVersion: str
     gpus: list[GpuDoc]
@@ -89,6 +90,8 @@ def node_to_dict(node: Node) -> NodeDoc:
     doc: NodeDoc = {"apiVersion": API_VERSION, "kind": NODE_KIND}  # type: ignore[typeddict-item]
     if node.name:
         doc["name"] = node.name
+    if node.discovered_by:
+        doc["discoveredBy"] = node.discovered_by
     doc["driverVersion"] = node.driver_version
     doc["cudaDriverVersion"] = node.cuda_driver_version
     doc["gpus"] = [_gpu_to_dict(g) for g in node.gpus]
@@ -156,6 +159,7 @@ def node_from_dict(doc: Any, *, where: str) -> Node:
         driver_version=data.get("driverVersion", ""),
         cuda_driver_version=data.get("cudaDriverVersion", ""),
         name=data.get("name", ""),
+        discovered_by=data.get("discoveredBy", ""),
     )
     check_node(node, where=where, raw_links=data.get("links", []))
     return node

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from cdigen.cdi.host import HostFS, detect_driver_version, host_path, library_dirs
+from cdigen.discover import from_hardware
 from cdigen.errors import InputError
 from cdigen.model import Node
 
@@ -69,6 +70,10 @@ def has_libcuda(driver_root: str, version: str, fs: HostFS) -> bool:
     )
 
 
+def _said_by(source: str) -> str:
+    return "NVML" if from_hardware(source) else f"NVML, as {source} records it"
+
+
 def check_driver_libraries(
     node: Node, driver_root: str, fs: HostFS, *, source: str, hardware: bool
 ) -> str | None:
@@ -88,14 +93,15 @@ def check_driver_libraries(
         if present:
             raise InputError(
                 f"the libraries there are driver {present}'s, but the running driver is "
-                f"{wanted} (NVML)",
+                f"{wanted} ({_said_by(source)})",
                 where=where,
                 hint="the spec would start containers without libcuda; point --driver-root at "
                 f"the running driver's files (a containerized driver: {CONTAINERIZED_DRIVER_ROOT})"
                 ", or finish the driver upgrade (reboot or reload the kernel module)",
             )
         raise InputError(
-            f"no libraries of the running driver {wanted or '(version unknown)'} there "
+            f"no libraries of the running driver {wanted or '(version unknown)'} "
+            f"({_said_by(source)}) there "
             "(no libcuda.so.*)",
             where=where,
             hint="the spec would start containers without libcuda; point --driver-root at the "

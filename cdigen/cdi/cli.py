@@ -127,7 +127,7 @@ def run_generate(args: argparse.Namespace) -> int:
     )
     from cdigen.cdi.validate import check_spec
     from cdigen.cdi.write import generate_spec_file, render_spec
-    from cdigen.discover import from_hardware, load_node
+    from cdigen.discover import describes_hardware, load_node
 
     make_kind(args.vendor, args.cls)  # bad names fail before discovery runs
     if args.hook_path and not args.hook_path.startswith("/"):
@@ -171,7 +171,7 @@ def run_generate(args: argparse.Namespace) -> int:
         host_root=fs.root,
     )
     warning = check_driver_libraries(
-        node, args.driver_root, fs, source=args.node, hardware=from_hardware(args.node)
+        node, args.driver_root, fs, source=args.node, hardware=describes_hardware(args.node, node)
     )
     if warning:
         print(f"cdigen: warning: {warning}", file=sys.stderr)

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from cdigen import logs
 from cdigen.cdi.checks import CONTAINERIZED_DRIVER_ROOT
 from cdigen.cdi.host import HOST, LD_CACHE, LIBRARY_DIRS, HostFS, host_path, read_ld_cache
+from cdigen.discover import NVML
 from cdigen.errors import DiscoveryError
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel
 from cdigen.nodefile import normalize_bus_id
@@ -367,6 +368,7 @@ class _Discovery:
             links=self.links(found),
             driver_version=driver,
             cuda_driver_version=cuda,
+            discovered_by=NVML,
         )
 
     def gpu(self, index: int) -> _Found:

@@ -154,3 +154,23 @@ def test_quick_start_exits_0_and_says_why_the_spec_has_no_libraries(
     assert "device nodes only" in line and "no NVIDIA driver libraries" in line
     assert "--driver-root /" in line
     assert yaml.safe_load(captured.out)["kind"] == "nvidia.com/gpu"
+
+
+def test_a_node_file_discover_wrote_from_nvml_counts_as_the_hardware(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The boot flow ``discover -o node.yaml`` then ``generate --node node.yaml``: the file is
+    NVML's word, so a root with another driver's libraries is refused, not a warning."""
+    host = build_host(tmp_path / "host", make_node(2, driver_version=OTHER_VERSION))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(make_node(2)))  # runs DRIVER_VERSION
+    node_file = tmp_path / "node.yaml"
+    discover = ["discover", "--node", "nvml", "--sysfs-root", str(host.sysfs_root)]
+    assert main([*discover, "-o", str(node_file)]) == 0
+    assert yaml.safe_load(node_file.read_text())["discoveredBy"] == "nvml"
+    capsys.readouterr()
+    argv = ["generate", "--node", str(node_file), *roots(host), "--dry-run"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = one_line(captured.err)
+    assert f"running driver is {DRIVER_VERSION} (NVML, as {node_file} records it)" in line
+    assert captured.out == ""
