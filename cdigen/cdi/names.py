@@ -100,6 +100,15 @@ def capability_device_name(capability: str) -> str:
     return f"{CAPABILITY_DEVICE_PREFIX}{capability}"
 
 
+def capability_of(name: str) -> str | None:
+    """The capability a (bare or fully-qualified) capability device name stands for
+    (``nvidia.com/gpu=capability-graphics`` -> ``graphics``); None for any other name."""
+    device = name.rpartition("=")[2]
+    if device.startswith(CAPABILITY_DEVICE_PREFIX):
+        return device.removeprefix(CAPABILITY_DEVICE_PREFIX)
+    return None
+
+
 def parse_qualified_name(text: str) -> tuple[str, str, str]:
     """``vendor/class=name`` -> ``(vendor, class, name)``; InputError naming the bad part."""
     kind, sep, name = text.partition("=")

@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.spec import generate
+from cdigen.cdi.names import (
+    capability_device_name,
+    capability_of,
+    device_name_problem,
+    parse_qualified_name,
+)
+from cdigen.cdi.spec import CAPABILITIES, generate
 from cdigen.cdi.validate import spec_problems
 from cdigen.cdi.write import render_spec
 from cdigen.errors import InputError
@@ -78,6 +84,15 @@ def links(edits: Any) -> set[str]:
 
 
 # --- the spec ---------------------------------------------------------------------------------
+
+
+def test_capability_device_names_follow_the_cdi_name_rules() -> None:
+    for cap in CAPABILITIES:
+        name = capability_device_name(cap)
+        assert device_name_problem(name) is None
+        assert parse_qualified_name(f"{GPU}={name}") == ("nvidia.com", "gpu", name)
+        assert capability_of(f"{GPU}={name}") == capability_of(name) == cap
+    assert capability_of(f"{GPU}=GPU-0000") is None and capability_of("0") is None
 
 
 def test_capability_devices_hold_what_each_adds_and_nothing_else_changes(fake: FakeHost) -> None:
@@ -305,7 +320,7 @@ def test_native_strategy_mounts_the_capability_files_for_that_resource_only(
 
 
 def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
-    tmp_path: Path, fake: FakeHost
+    tmp_path: Path, fake: FakeHost, caplog: pytest.LogCaptureFixture
 ) -> None:
     # the spec written without --capability-devices: no capability-graphics to hand out
     run = cdigen(fake, "--output-dir", str(tmp_path / "cdi"))
@@ -325,6 +340,8 @@ def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
             assert len(gpus) == 2
             shares = kubelet.wait_devices(SHARED)
             assert shares and all(d.health == "Healthy" for d in shares)
+            fix = f"--output-dir {tmp_path / 'cdi'} --capability-devices graphics')"
+            assert fix in caplog.text  # the command that fixes it
         finally:
             plugin.stop()
 
