@@ -37,6 +37,9 @@ class ResourceConfig:
     name: str = DEFAULT_RESOURCE
     policy: str | None = None  # None: the built-in default policy
     sharing: Sharing | None = None  # None: whole GPUs (or MIG devices)
+    # driver capabilities its containers get; those beyond the node-wide ``capabilities`` come
+    # as capability devices (``nvidia.com/gpu=capability-graphics``). None: the node-wide ones
+    capabilities: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,23 @@ class PluginConfig:
         """False when every GPU resource listed is a sharing one: GPUs go out as shares only."""
         gpu_resources = [r for r in self.resources if not is_mig_resource(r.name)]
         return not gpu_resources or any(r.sharing is None for r in gpu_resources)
+
+    def extra_capabilities(self, resource: str) -> tuple[str, ...]:
+        """The capabilities ``resource`` asks for beyond the node-wide ones, in NVIDIA's
+        order: Allocate hands each out as a capability device after the GPUs."""
+        from cdigen.cdi.spec import CAPABILITIES
+
+        asked = {c for r in self.resources if r.name == resource for c in r.capabilities or ()}
+        return tuple(c for c in CAPABILITIES if c in asked and c not in self.capabilities)
+
+    @property
+    def capability_devices(self) -> tuple[str, ...]:
+        """Every capability some resource asks for beyond the node-wide ones: generateSpecs
+        writes a capability device for each."""
+        from cdigen.cdi.spec import CAPABILITIES
+
+        asked = {c for r in self.resources for c in self.extra_capabilities(r.name)}
+        return tuple(c for c in CAPABILITIES if c in asked)
 
     @property
     def sharing_resources(self) -> tuple[ResourceConfig, ...]:
@@ -141,7 +161,8 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
         if key in doc:
             out[name] = doc[key]
     if "capabilities" in doc:
-        out["capabilities"] = ",".join(doc["capabilities"])
+        caps = doc["capabilities"]
+        out["capabilities"] = "all" if "all" in caps else ",".join(caps)
     if "specDir" in doc:
         spec = doc["specDir"]
         out["spec_dirs"] = [spec] if isinstance(spec, str) else list(spec)
@@ -165,10 +186,29 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
                 r["name"],
                 r.get("policy"),
                 sharing_from_doc(r.get("sharing"), where=f"resources[{i}].sharing"),
+                _capability_list(r["capabilities"], where=f"resources[{i}].capabilities")
+                if "capabilities" in r
+                else None,
             )
             for i, r in enumerate(doc["resources"])
         ]
     return out
+
+
+def _capability_list(value: Any, *, where: str) -> tuple[str, ...]:
+    """A config file's capability list (``[compute, graphics]``; ``all`` in it means every
+    one); InputError naming ``where`` on an unknown one."""
+    from cdigen.cdi.spec import CAPABILITIES, parse_capabilities
+
+    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+        raise InputError(
+            f"expected a list of capability names, got {value!r}",
+            where=where,
+            hint="e.g. [compute, utility, graphics]",
+        )
+    named = [c for c in value if c != "all"]
+    caps = parse_capabilities(",".join(named), where=where) if named or not value else ()
+    return CAPABILITIES if "all" in value else caps
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -251,7 +291,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             changes[name] = tuple(Path(v) for v in value)
         elif name == "resource":
             only = config.resources[0] if len(config.resources) == 1 else ResourceConfig()
-            changes["resources"] = (ResourceConfig(str(value), only.policy, only.sharing),)
+            changes["resources"] = (replace(only, name=str(value)),)
         elif name == "resources":
             changes[name] = tuple(value)
         elif name == "capabilities":

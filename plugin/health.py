@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cdigen.cdi.cache import SpecCache
+from cdigen.cdi.names import capability_of
 from cdigen.model import Node
 
 log = logging.getLogger("cdigen.plugin")
@@ -360,13 +361,15 @@ class SpecDirWatcher:
         reasons: dict[str, str | None] = {}
         for device, gone in missing.items():
             if gone:
+                caps = [c for c in map(capability_of, gone) if c]
                 log.error(
                     "CDI device %s is not defined in %s: device %s advertised Unhealthy until the "
-                    "spec has it (run 'cdigen generate --output-dir %s')",
+                    "spec has it (run 'cdigen generate --output-dir %s%s')",
                     ", ".join(gone),
                     _show(self.spec_dirs),
                     device,
                     self.spec_dirs[0] if self.spec_dirs else "DIR",
+                    f" --capability-devices {','.join(caps)}" if caps else "",
                 )
                 reasons[device] = f"CDI name {gone[0]} missing from the spec dirs"
             else:

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING
 
 from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig
-from plugin.resources import AdvertisedDevice, Resource, plan_resources, shared_resource
+from plugin.resources import (
+    AdvertisedDevice,
+    Resource,
+    capability_cdi_names,
+    cdi_names,
+    plan_resources,
+    shared_resource,
+)
 from plugin.service import Preference
 from plugin.sharing import ShareAllocation, allocate_shares
 
@@ -101,8 +108,8 @@ class Layout:
         return {d.id: d.parents for d in self.devices}
 
     def cdi_names(self, cdi_kind: str) -> dict[str, list[str]]:
-        """Per device ID: the CDI names Allocate may return for it."""
-        return {d.id: list(d.names(cdi_kind)) for d in self.devices}
+        """Per device ID: the CDI names Allocate may return for it (capability devices too)."""
+        return cdi_names(self.resources, cdi_kind)
 
     def policy_names(self) -> dict[str, str]:
         """Per resource: the name of the policy in force."""
@@ -115,7 +122,8 @@ class Layout:
 
 def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]:
     """The resources ``node`` advertises under ``config`` (InputError when the MIG strategy
-    cannot hold); no engines, so cheap."""
+    cannot hold), each with the capability devices its config entry asks for; no engines,
+    so cheap."""
     planned = plan_resources(
         node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
     )
@@ -126,7 +134,11 @@ def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]
         for r in config.sharing_resources
         if r.sharing is not None
     )
-    return planned + shared
+    out = []
+    for resource in planned + shared:
+        names = capability_cdi_names(config.cdi_kind, config.extra_capabilities(resource.name))
+        out.append(dataclasses.replace(resource, capability_names=names) if names else resource)
+    return tuple(out)
 
 
 def default_policies(resources: Sequence[Resource]) -> dict[str, str]:

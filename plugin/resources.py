@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdigen.cdi.names import device_name, qualified_name
+from cdigen.cdi.names import capability_device_name, device_name, qualified_name
 from cdigen.errors import InputError
 from cdigen.model import Gpu, Node
 from plugin.sharing import Sharing, share_devices
@@ -65,6 +65,12 @@ def mig_cdi_name(cdi_kind: str, gpu: Gpu, position: int, mig_uuid: str) -> str:
     return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, mig_uuid, position))
 
 
+def capability_cdi_names(cdi_kind: str, capabilities: Sequence[str]) -> tuple[str, ...]:
+    """The fully-qualified CDI names of capability devices, as the generated spec names them
+    (``nvidia.com/gpu=capability-graphics``)."""
+    return tuple(qualified_name(cdi_kind, capability_device_name(c)) for c in capabilities)
+
+
 @dataclass(frozen=True)
 class Resource:
     """One extended resource and the devices it advertises."""
@@ -73,6 +79,8 @@ class Resource:
     devices: tuple[AdvertisedDevice, ...]
     mig_profile: str | None = None  # the profile of a MIG resource; None: whole GPUs
     sharing: Sharing | None = None  # how the GPUs are shared; None: whole GPUs or MIG devices
+    # fully-qualified names of the capability devices every container gets after its GPUs
+    capability_names: tuple[str, ...] = ()
 
 
 def _sorted_gpus(node: Node) -> list[Gpu]:
@@ -200,5 +208,6 @@ def device_parents(resources: Sequence[Resource]) -> dict[str, tuple[str, ...]]:
 
 
 def cdi_names(resources: Sequence[Resource], cdi_kind: str) -> dict[str, list[str]]:
-    """Per device ID: the CDI names Allocate may return for it."""
-    return {d.id: list(d.names(cdi_kind)) for r in resources for d in r.devices}
+    """Per device ID: the CDI names Allocate may return for it (its resource's capability
+    devices included)."""
+    return {d.id: [*d.names(cdi_kind), *r.capability_names] for r in resources for d in r.devices}

@@ -69,8 +69,8 @@ def is_node_file(source: str) -> bool:
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
     from cdigen.cdi.host import HostFS, find_hook
-    from cdigen.cdi.names import split_kind
-    from cdigen.cdi.spec import SpecOptions
+    from cdigen.cdi.names import capability_device_name, split_kind
+    from cdigen.cdi.spec import SpecOptions, missing_capability_devices
     from cdigen.cdi.write import generate_spec_file
 
     if not config.spec_dirs:
@@ -84,8 +84,18 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         host_root=config.host_root,
         hook_path=find_hook(config.driver_root, HostFS(config.host_root)),
         capabilities=config.capabilities,
+        capability_devices=config.capability_devices,
     )
     spec, result = generate_spec_file(node, options, config.spec_dirs[0])
+    for cap in missing_capability_devices(spec, options):
+        log.warning(
+            "no %s files under the driver root %s: the CDI spec has no %s device, and "
+            "containers of the resources that ask for %s will not start",
+            cap,
+            config.driver_root,
+            capability_device_name(cap),
+            cap,
+        )
     log.info(
         "%s CDI spec %s (%d devices)",
         "wrote" if result.changed else "unchanged",
@@ -237,6 +247,7 @@ class Plugin:
                 stop=stop,
                 metrics=self.metrics,
                 share=self._share(resource),
+                capability_names=self.resource(resource).capability_names,
             )
 
         return make

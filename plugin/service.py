@@ -121,9 +121,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         watch_tick_s: float = 1.0,
         metrics: PluginMetrics | None = None,
         share: ShareAllocator | None = None,
+        capability_names: Sequence[str] = (),
     ) -> None:
         self.resource = resource
         self._share = share
+        # capability devices every container gets after its GPUs (CDI strategies and native)
+        self._capability_names = tuple(capability_names)
         self.cdi_kind = cdi_kind
         self._advertised = Advertised.of(devices, cdi_kind)
         self._board = board
@@ -328,7 +331,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self, ids: Sequence[str], advertised_names: Mapping[str, tuple[str, ...]] | None = None
     ) -> pb.ContainerAllocateResponse:
         """The response for one container, following the device list strategy; shares of a
-        GPU add their limits (environment) and the MPS pipe directory (mount).
+        GPU add their limits (environment) and the MPS pipe directory (mount); the resource's
+        capability devices follow the GPUs' CDI names.
         ``advertised_names`` is the device-to-CDI-names map the caller checked ``ids`` against
         (default: the one in force)."""
         shared = self._share(ids) if self._share is not None else None
@@ -344,6 +348,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 )
             )
             visible = ",".join(ids)
+        names += [n for n in self._capability_names if n not in names]
         response = pb.ContainerAllocateResponse()
         if self.strategy == "cdi-cri":
             response.cdi_devices.extend(pb.CDIDevice(name=n) for n in names)

@@ -80,6 +80,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "or all (default: compute,utility)",
     )
     gen.add_argument(
+        "--capability-devices",
+        metavar="LIST",
+        help="also write one device per capability in LIST (same names, or all) that "
+        "--capabilities leaves out, named capability-<name> (e.g. nvidia.com/gpu="
+        "capability-graphics), holding what it adds: containers that ask for it beside a GPU "
+        "get it (default: none)",
+    )
+    gen.add_argument(
         "--cdi-version",
         metavar="X.Y.Z",
         help="pin cdiVersion (default: the lowest the content needs); fails if too low",
@@ -122,6 +130,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from cdigen.cdi.spec import (
         SpecOptions,
         generate,
+        missing_capability_devices,
         parse_capabilities,
         parse_name_strategies,
     )
@@ -161,6 +170,11 @@ def run_generate(args: argparse.Namespace) -> int:
         host_root=fs.root,
         hook_path=hook,
         capabilities=parse_capabilities(args.capabilities),
+        capability_devices=(
+            parse_capabilities(args.capability_devices, where="--capability-devices")
+            if args.capability_devices is not None
+            else ()
+        ),
         cdi_version=args.cdi_version,
     )
     node = load_node(
@@ -178,6 +192,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.dry_run or args.output == "-":
         spec = generate(node, options, fs)
         check_spec(spec, where="generated spec")
+        _warn_missing_capabilities(missing_capability_devices(spec, options), args.driver_root)
         sys.stdout.write(render_spec(spec, args.format))
         return EXIT_OK
     spec, result = generate_spec_file(
@@ -188,11 +203,25 @@ def run_generate(args: argparse.Namespace) -> int:
         output=Path(args.output) if args.output else None,
         fs=fs,
     )
+    _warn_missing_capabilities(missing_capability_devices(spec, options), args.driver_root)
     status = "wrote" if result.changed else "unchanged"
     print(
         f"{status} {result.path} ({len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']})"
     )
     return EXIT_OK
+
+
+def _warn_missing_capabilities(missing: tuple[str, ...], driver_root: str) -> None:
+    """One warning line per capability asked for as a device that got none."""
+    from cdigen.cdi.names import capability_device_name
+
+    for cap in missing:
+        print(
+            f"cdigen: warning: --capability-devices: no {cap} files under the driver root "
+            f"{driver_root}, so the spec has no {capability_device_name(cap)} device; a "
+            "container asking for it would not start",
+            file=sys.stderr,
+        )
 
 
 def _host_fs(args: argparse.Namespace) -> HostFS:

@@ -15,6 +15,7 @@ DEVICE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
 DEFAULT_VENDOR = "nvidia.com"
 DEFAULT_CLASS = "gpu"
+CAPABILITY_DEVICE_PREFIX = "capability-"  # never a GPU name: those are digits, GPU-/MIG- or gpuN
 
 
 def _kind_part_problem(part: str, value: str) -> str | None:
@@ -90,6 +91,22 @@ def device_name(strategy: str, gpu_index: int, uuid: str, mig_position: int | No
             "type-index": f"mig{gpu_index}:{mig_position}",
         }
     return by[strategy]
+
+
+def capability_device_name(capability: str) -> str:
+    """The CDI device name of a driver capability's extra edits, e.g. ``capability-graphics``
+    (``nvidia.com/gpu=capability-graphics``). The one place these names are made: generated
+    specs and the plugin's Allocate both use it."""
+    return f"{CAPABILITY_DEVICE_PREFIX}{capability}"
+
+
+def capability_of(name: str) -> str | None:
+    """The capability a (bare or fully-qualified) capability device name stands for
+    (``nvidia.com/gpu=capability-graphics`` -> ``graphics``); None for any other name."""
+    device = name.rpartition("=")[2]
+    if device.startswith(CAPABILITY_DEVICE_PREFIX):
+        return device.removeprefix(CAPABILITY_DEVICE_PREFIX)
+    return None
 
 
 def parse_qualified_name(text: str) -> tuple[str, str, str]:

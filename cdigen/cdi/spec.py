@@ -19,7 +19,13 @@ from dataclasses import dataclass, replace
 
 from cdigen.cdi import host as hostmod
 from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS, Library
-from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR, device_name, make_kind
+from cdigen.cdi.names import (
+    DEFAULT_CLASS,
+    DEFAULT_VENDOR,
+    capability_device_name,
+    device_name,
+    make_kind,
+)
 from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, HookDoc, MountDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
 from cdigen.errors import InputError
@@ -96,6 +102,8 @@ class SpecOptions:
     host_root: str = "/"  # where the host's / is: the roots above are host paths under it
     hook_path: str | None = None  # None: no hooks
     capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
+    # each of these not in ``capabilities`` gets a device ``capability-<name>`` with its files
+    capability_devices: tuple[str, ...] = ()
     cdi_version: str | None = None  # None: the minimum the content needs
 
 
@@ -112,8 +120,9 @@ def parse_name_strategies(text: str) -> tuple[str, ...]:
     return strategies
 
 
-def parse_capabilities(text: str) -> tuple[str, ...]:
-    """``"compute,utility"`` (or ``all``) -> capabilities; InputError on an unknown one."""
+def parse_capabilities(text: str, where: str = "--capabilities") -> tuple[str, ...]:
+    """``"compute,utility"`` (or ``all``) -> capabilities; InputError (at ``where``) on an
+    unknown one."""
     if text.strip() == "all":
         return CAPABILITIES
     caps = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
@@ -121,7 +130,7 @@ def parse_capabilities(text: str) -> tuple[str, ...]:
         if c not in CAPABILITIES:
             raise InputError(
                 f"unknown driver capability {c!r}",
-                where="--capabilities",
+                where=where,
                 hint=f"use a comma-separated list of {', '.join(CAPABILITIES)}, or all",
             )
     return caps
@@ -322,9 +331,105 @@ def _copies(nodes: Iterable[DeviceNodeDoc]) -> list[DeviceNodeDoc]:
     return [n.copy() for n in nodes]
 
 
+def _edits(
+    driver: DriverFiles,
+    capabilities: Iterable[str],
+    hook_path: str | None,
+    control: list[DeviceNodeDoc],
+) -> ContainerEditsDoc:
+    """The container edits of the driver files of ``capabilities``: the spec's common edits,
+    and (with one more capability) what a capability device is measured against."""
+    caps = tuple(capabilities)
+    driver = select(driver, caps)
+    use_hooks = hook_path is not None
+    edits: ContainerEditsDoc = {"env": _env(driver, use_hooks)}
+    if control:
+        edits["deviceNodes"] = _copies(control)
+    graphics = "graphics" in caps
+    mounts = _mounts(driver, use_hooks, graphics)
+    if mounts:
+        edits["mounts"] = mounts
+    hooks = _hooks(driver, hook_path, graphics) if hook_path else []
+    if hooks:
+        edits["hooks"] = hooks
+    return edits
+
+
+def _arg_items(args: list[str]) -> list[tuple[str, ...]]:
+    """Hook arguments as items: ``("--link", "a::b")``, ``("--host-driver-version=1",)``."""
+    items: list[tuple[str, ...]] = []
+    k = 0
+    while k < len(args):
+        arg = args[k]
+        paired = k + 1 < len(args) and not args[k + 1].startswith("--")
+        if arg.startswith("--") and "=" not in arg and paired:
+            items.append((arg, args[k + 1]))
+            k += 2
+            continue
+        items.append((arg,))
+        k += 1
+    return items
+
+
+def _hook_beyond(hook: HookDoc, common: list[HookDoc]) -> HookDoc | None:
+    """``hook`` less what a common hook of the same program and subcommand already does
+    (the links ``create-symlinks`` makes, the folders ``update-ldcache`` reads); None if
+    nothing is left."""
+    args = hook.get("args", [])
+    same = [h for h in common if h["path"] == hook["path"] and h.get("args", [])[:2] == args[:2]]
+    out = hook.copy()
+    if not same:
+        return out
+    done = {item for h in same for item in _arg_items(h.get("args", [])[2:])}
+    left = [item for item in _arg_items(args[2:]) if item not in done]
+    if not left:
+        return None
+    out["args"] = [*args[:2], *(a for item in left for a in item)]
+    return out
+
+
+def _edits_beyond(full: ContainerEditsDoc, common: ContainerEditsDoc) -> ContainerEditsDoc:
+    """What ``full`` adds to ``common`` (the spec's common edits, which every device gets):
+    env entries, device nodes and mounts (by container path) and hook work it lacks."""
+    out: ContainerEditsDoc = {}
+    env = [e for e in full.get("env", []) if e not in common.get("env", [])]
+    if env:
+        out["env"] = env
+    have_nodes = {n["path"] for n in common.get("deviceNodes", [])}
+    nodes = [n for n in full.get("deviceNodes", []) if n["path"] not in have_nodes]
+    if nodes:
+        out["deviceNodes"] = nodes
+    have_mounts = {m["containerPath"] for m in common.get("mounts", [])}
+    mounts = [m for m in full.get("mounts", []) if m["containerPath"] not in have_mounts]
+    if mounts:
+        out["mounts"] = mounts
+    common_hooks = common.get("hooks", [])
+    hooks = [h for h in (_hook_beyond(h, common_hooks) for h in full.get("hooks", [])) if h]
+    if hooks:
+        out["hooks"] = hooks
+    return out
+
+
+def extra_capabilities(options: SpecOptions) -> tuple[str, ...]:
+    """The capabilities asked for as devices that the common edits do not already have."""
+    return tuple(c for c in options.capability_devices if c not in options.capabilities)
+
+
+def missing_capability_devices(spec: SpecDoc, options: SpecOptions) -> tuple[str, ...]:
+    """The capabilities asked for as devices that got none: the driver root has no files
+    for them (say so: a container asking for one would not start)."""
+    names = {d["name"] for d in spec["devices"]}
+    return tuple(c for c in extra_capabilities(options) if capability_device_name(c) not in names)
+
+
 def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS) -> SpecDoc:
     """The spec for ``node`` on a host (seen through ``fs``) whose driver files are ``driver``;
-    InputError if empty or if a pinned ``cdi_version`` is too low for the content."""
+    InputError if empty or if a pinned ``cdi_version`` is too low for the content.
+
+    Beside the GPU devices and ``all``, each capability of ``options.capability_devices`` not
+    in ``options.capabilities`` gets a device (``capability-<name>``) holding what that
+    capability adds to the common edits; one whose files the driver root lacks gets none
+    (see :func:`missing_capability_devices`)."""
     kind = make_kind(options.vendor, options.cls)
     devices: list[DeviceDoc] = []
     all_nodes: dict[str, DeviceNodeDoc] = {}
@@ -342,19 +447,13 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS
         )
     devices.append({"name": "all", "containerEdits": {"deviceNodes": _copies(all_nodes.values())}})
 
-    driver = select(driver, options.capabilities)
-    use_hooks = options.hook_path is not None
-    edits: ContainerEditsDoc = {"env": _env(driver, use_hooks)}
     control = [node_doc(n) for n in hostmod.control_nodes(options.dev_root, fs)]
-    if control:
-        edits["deviceNodes"] = control
-    graphics = "graphics" in options.capabilities
-    mounts = _mounts(driver, use_hooks, graphics)
-    if mounts:
-        edits["mounts"] = mounts
-    hooks = _hooks(driver, options.hook_path, graphics) if options.hook_path else []
-    if hooks:
-        edits["hooks"] = hooks
+    edits = _edits(driver, options.capabilities, options.hook_path, control)
+    for cap in extra_capabilities(options):
+        full = _edits(driver, (*options.capabilities, cap), options.hook_path, control)
+        beyond = _edits_beyond(full, edits)
+        if beyond.get("mounts") or beyond.get("hooks") or beyond.get("deviceNodes"):
+            devices.append({"name": capability_device_name(cap), "containerEdits": beyond})
 
     spec: SpecDoc = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": edits}
     spec["cdiVersion"] = pin_version(spec, options.cdi_version)

@@ -13,6 +13,9 @@ host's libcuda and libnvidia-ml are real ELF stubs with the real SONAMEs, built 
   installed here) does what the real one does for ``create-symlinks`` and ``update-ldcache``
   (links in the container's root; ``ldconfig`` run chrooted into it) so ``ldconfig -p`` lists the
   libraries; ``enable-cuda-compat`` is accepted and does nothing (no compat libraries in the image).
+- Capability devices (``--capability-devices graphics``): a container given
+  ``<kind>=capability-graphics`` beside its GPU sees the Vulkan ICD JSON and the GLX libraries
+  (and the glvnd link, mounted or made by the hook); one given only the GPU sees none of them.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         smoke = podman.run("true")
         if smoke.returncode != 0:
             pytest.skip(f"this machine cannot run containers: {smoke.stderr.strip()[-300:]}")
-        host = build_host(base / "host", make_node(1), hook=True)
+        host = build_host(base / "host", make_node(1), hook=True, graphics=True)
         if not host.real_nodes:
             pytest.skip("mknod is not permitted here, so no real device nodes for podman")
         hook = host.driver_root / "usr/bin/nvidia-cdi-hook"
@@ -164,13 +167,18 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             host, node_file, podman.cdi / "plain.yaml", "--vendor", "plain.example", "--no-hooks"
         )
         _generate(host, node_file, podman.cdi / "hooked.yaml", "--vendor", "hooked.example")
+        for vendor, extra in (("capsplain.example", ["--no-hooks"]), ("capshooked.example", [])):
+            _generate(
+                host, node_file, podman.cdi / f"{vendor}.yaml", "--vendor", vendor,
+                "--capability-devices", "graphics", *extra,
+            )  # fmt: skip
         yield Setup(podman, host, program)
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
 
-def _run(setup: Setup, script: str, device: str) -> subprocess.CompletedProcess[str]:
-    result = setup.podman.run(script, device, extra=f"-v {setup.program}:/work:ro")
+def _run(setup: Setup, script: str, *devices: str) -> subprocess.CompletedProcess[str]:
+    result = setup.podman.run(script, *devices, extra=f"-v {setup.program}:/work:ro")
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -209,3 +217,33 @@ def test_hooks_put_the_libraries_in_ldconfig(setup: Setup) -> None:
 def test_without_hooks_ldconfig_knows_nothing(setup: Setup) -> None:
     out = _run(setup, "ldconfig -p", "plain.example/gpu=0").stdout
     assert "libcuda.so.1" not in out  # why the hook-free spec mounts in every family dir
+
+
+GRAPHICS_CHECK = (
+    "/work/cudaprog; for f in /usr/share/vulkan/icd.d/nvidia_icd.json "
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json /usr/lib64/libGLX_nvidia.so.0 "
+    f"{LIB_DIR}/libGLX_nvidia.so.0 {LIB_DIR}/libGLX_indirect.so.0; do "
+    "test -e $f && echo HAVE $f && cat $f; test -L $f && echo LINK $f $(readlink $f); done; true"
+)
+
+
+@pytest.mark.parametrize("vendor", ["capsplain.example", "capshooked.example"])
+def test_only_a_container_given_the_capability_device_sees_the_graphics_files(
+    setup: Setup, vendor: str
+) -> None:
+    gpu = f"{vendor}/gpu={setup.host.node.gpus[0].uuid}"
+    given = _run(setup, GRAPHICS_CHECK, gpu, f"{vendor}/gpu=capability-graphics").stdout
+    assert "cuInit=101 nvmlInit=7" in given  # the GPU's common edits still work
+    for path in (
+        "/usr/share/vulkan/icd.d/nvidia_icd.json",
+        "/usr/lib64/libGLX_nvidia.so.0",
+        f"{LIB_DIR}/libGLX_indirect.so.0",
+    ):
+        assert f"HAVE {path}" in given, given
+    assert '{"file": "/usr/share/vulkan/icd.d/nvidia_icd.json"}' in given  # the host's file
+    # the glvnd link: made by the capability device's create-symlinks hook, else mounted
+    link = f"LINK {LIB_DIR}/libGLX_indirect.so.0 libGLX_nvidia.so.0"
+    assert (link in given) == (vendor == "capshooked.example"), given
+    alone = _run(setup, GRAPHICS_CHECK, gpu).stdout
+    assert "cuInit=101 nvmlInit=7" in alone
+    assert "HAVE" not in alone and "libGLX_nvidia" not in alone, alone

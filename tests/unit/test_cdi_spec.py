@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,7 @@ from cdigen.errors import InputError
 from cdigen.model import Node
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, FakeHost, build_host, make_node
 from tests.cdihost import spec_options as options
-from tests.helpers.shared import require_shared, shared_path
-
-UPSTREAM_SCHEMA = shared_path("reference/cdi-schema")
+from tests.helpers.specs import upstream_schema_errors, upstream_validator
 
 
 def device(spec: Any, name: str) -> dict[str, Any]:
@@ -185,17 +182,6 @@ def _builtin_nodes() -> list[str]:
     return list(builtin.names())
 
 
-def _upstream_validator() -> Any:
-    import jsonschema
-    from referencing import Registry, Resource
-    from referencing.jsonschema import DRAFT7
-
-    schema = json.loads((UPSTREAM_SCHEMA / "schema.json").read_text())
-    defs = json.loads((UPSTREAM_SCHEMA / "defs.json").read_text())
-    registry = Registry().with_resource("defs.json", Resource.from_contents(defs, DRAFT7))
-    return jsonschema.Draft7Validator(schema, registry=registry)
-
-
 @pytest.mark.parametrize("name", _builtin_nodes() or ["<none>"])
 def test_every_builtin_node_gives_a_valid_spec(name: str, tmp_path: Path) -> None:
     if name == "<none>":
@@ -208,17 +194,14 @@ def test_every_builtin_node_gives_a_valid_spec(name: str, tmp_path: Path) -> Non
     assert spec_problems(spec) == []
     assert spec["cdiVersion"] == "0.5.0"
     assert sum(d["name"] == "all" for d in spec["devices"]) == 1
-    require_shared("reference/cdi-schema")
-    errors = [e.message for e in _upstream_validator().iter_errors(json.loads(json.dumps(spec)))]
-    assert errors == []
+    assert upstream_schema_errors(spec) == []
 
 
 def test_upstream_schema_is_weaker_than_ours() -> None:
-    require_shared("reference/cdi-schema")
     bad = {
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",
         "devices": [{"name": "0", "containerEdits": {"env": ["NOEQUALS"], "x": 1}}],
     }
-    assert list(_upstream_validator().iter_errors(bad)) == []  # the reason ours exists
+    assert list(upstream_validator().iter_errors(bad)) == []  # the reason ours exists
     assert len(spec_problems(bad)) == 2

@@ -1,0 +1,402 @@
+"""Issue 17 point 2, per device and per resource: capability devices in the spec
+(``--capability-devices``) and the plugin resources that ask for more than the node-wide
+capabilities (Allocate over real gRPC on unix sockets; the CDI library's own injection)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdigen.cdi.names import (
+    capability_device_name,
+    capability_of,
+    device_name_problem,
+    parse_qualified_name,
+)
+from cdigen.cdi.spec import CAPABILITIES, generate
+from cdigen.cdi.validate import spec_problems
+from cdigen.cdi.write import render_spec
+from cdigen.errors import InputError
+from cdigen.fileio import parse_document
+from cdigen.nodefile import dump_node
+from plugin.config import load_config
+from plugin.serve import Plugin
+from tests.cdihost import LIB_DIR, FakeHost, build_host, make_node
+from tests.cdihost import spec_options as options
+from tests.helpers.shared import require_shared_tool
+from tests.helpers.specs import upstream_schema_errors
+from tests.kubelet_sim import KubeletSimulator
+
+RHEL_DIR = "/usr/lib64"
+GPU = "nvidia.com/gpu"
+SHARED = "nvidia.com/gpu.shared"
+GRAPHICS = "nvidia.com/gpu=capability-graphics"
+VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+GRAPHICS_FILES = (
+    VULKAN_ICD,
+    "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+    f"{LIB_DIR}/libGLX_nvidia.so.0",
+    f"{RHEL_DIR}/libGLX_nvidia.so.0",
+    f"{LIB_DIR}/libEGL_nvidia.so.0",
+    f"{RHEL_DIR}/libEGL_nvidia.so.0",
+    f"{LIB_DIR}/libnvidia-egl-gbm.so.1",
+)
+GRAPHICS_LINKS = (f"{LIB_DIR}/libGLX_indirect.so.0", f"{LIB_DIR}/gbm/nvidia-drm_gbm.so")
+VIDEO_FILES = (
+    f"{LIB_DIR}/vdpau/libvdpau_nvidia.so.1",
+    f"{RHEL_DIR}/vdpau/libvdpau_nvidia.so.1",
+    f"{LIB_DIR}/libnvidia-encode.so.1",
+    f"{RHEL_DIR}/libnvcuvid.so.1",
+)
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeHost:
+    return build_host(tmp_path / "host", make_node(2), graphics=True)
+
+
+def device(spec: Any, name: str) -> dict[str, Any]:
+    found = [d for d in spec["devices"] if d["name"] == name]
+    assert len(found) == 1, f"{name} appears {len(found)} times"
+    return found[0]["containerEdits"]  # type: ignore[no-any-return]
+
+
+def mount_paths(edits: Any) -> dict[str, str]:
+    return {m["containerPath"]: m["hostPath"] for m in edits.get("mounts", [])}
+
+
+def links(edits: Any) -> set[str]:
+    """The ``--link`` arguments of the edits' create-symlinks hooks."""
+    out: set[str] = set()
+    for hook in edits.get("hooks", []):
+        if hook["args"][1] == "create-symlinks":
+            out |= {a for a in hook["args"][2:] if a != "--link"}
+    return out
+
+
+# --- the spec ---------------------------------------------------------------------------------
+
+
+def test_capability_device_names_follow_the_cdi_name_rules() -> None:
+    for cap in CAPABILITIES:
+        name = capability_device_name(cap)
+        assert device_name_problem(name) is None
+        assert parse_qualified_name(f"{GPU}={name}") == ("nvidia.com", "gpu", name)
+        assert capability_of(f"{GPU}={name}") == capability_of(name) == cap
+    assert capability_of(f"{GPU}=GPU-0000") is None and capability_of("0") is None
+
+
+def test_capability_devices_hold_what_each_adds_and_nothing_else_changes(fake: FakeHost) -> None:
+    default = generate(fake.node, options(fake))
+    spec = generate(fake.node, options(fake, capability_devices=("graphics", "video")))
+    # the GPU devices, all and the common edits are the default spec's, unchanged
+    assert spec["containerEdits"] == default["containerEdits"]
+    assert spec["devices"][: len(default["devices"])] == default["devices"]
+    added = [d["name"] for d in spec["devices"][len(default["devices"]) :]]
+    assert added == ["capability-graphics", "capability-video"]
+    graphics = mount_paths(device(spec, "capability-graphics"))
+    video = mount_paths(device(spec, "capability-video"))
+    for path in (*GRAPHICS_FILES, *GRAPHICS_LINKS):
+        assert path in graphics and path not in video, path
+    for path in VIDEO_FILES:
+        assert path in video and path not in graphics, path
+    # together they are exactly what --capabilities adds, file for file
+    common = mount_paths(default["containerEdits"])
+    asked = options(fake, capabilities=("compute", "utility", "graphics", "video"))
+    whole = mount_paths(generate(fake.node, asked)["containerEdits"])
+    assert {**common, **graphics, **video} == whole
+    assert not (set(graphics) | set(video)) & set(common)
+    for name in ("capability-graphics", "capability-video"):
+        assert set(device(spec, name)) == {"mounts"}  # no device nodes, env or hooks
+    assert spec["cdiVersion"] == default["cdiVersion"] == "0.5.0"  # the lowest the content needs
+    assert spec_problems(spec) == []
+    assert upstream_schema_errors(spec) == []
+
+
+def test_with_hooks_a_capability_device_adds_only_its_own_links(fake: FakeHost) -> None:
+    hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook")
+    default = generate(fake.node, options(fake, hook_path=hook))
+    spec = generate(fake.node, options(fake, hook_path=hook, capability_devices=("graphics",)))
+    graphics = device(spec, "capability-graphics")
+    assert [(h["path"], h["args"][:2]) for h in graphics["hooks"]] == [
+        (hook, ["nvidia-cdi-hook", "create-symlinks"])
+    ]  # update-ldcache and enable-cuda-compat run once, from the common edits
+    asked = options(fake, hook_path=hook, capabilities=("compute", "utility", "graphics"))
+    whole = generate(fake.node, asked)["containerEdits"]
+    assert links(graphics) == links(whole) - links(default["containerEdits"])
+    assert f"libGLX_nvidia.so.0::{LIB_DIR}/libGLX_indirect.so.0" in links(graphics)
+    assert f"{LIB_DIR}/libGLX_indirect.so.0" not in mount_paths(graphics)  # the hook makes it
+    assert f"{LIB_DIR}/libGLX_nvidia.so.0" in mount_paths(graphics)
+    assert spec["containerEdits"] == default["containerEdits"]
+    assert spec_problems(spec) == []
+
+
+def cdigen(fake: FakeHost, *extra: str) -> subprocess.CompletedProcess[str]:
+    node_file = fake.base / "node.yaml"
+    node_file.write_text(dump_node(fake.node, "yaml"))
+    return subprocess.run(
+        [
+            sys.executable, "-m", "cdigen.cli", "generate", "--node", str(node_file),
+            "--driver-root", str(fake.driver_root), "--dev-root", str(fake.dev_root),
+            "--sysfs-root", str(fake.sysfs_root), *extra,
+        ],
+        capture_output=True, text=True,
+    )  # fmt: skip
+
+
+def test_cli_all_skips_the_common_ones_and_warns_once_for_a_capability_without_files(
+    fake: FakeHost,
+) -> None:
+    plain = cdigen(fake, "--dry-run")
+    run = cdigen(fake, "--dry-run", "--capability-devices", "all")
+    assert run.returncode == 0, run.stderr
+    names = [d["name"] for d in parse_document(run.stdout, where="stdout")["devices"]]
+    assert [n for n in names if n.startswith("capability-")] == [
+        "capability-video", "capability-graphics",
+    ]  # fmt: skip  # compute and utility are common edits; the fake host has no X11 files
+    warnings = run.stderr.strip().splitlines()
+    assert len(warnings) == 1 and "capability-display" in warnings[0], run.stderr
+    assert warnings[0].startswith("cdigen: warning: --capability-devices: no display files")
+    # asking only for what the common edits have changes nothing, byte for byte
+    same = cdigen(fake, "--dry-run", "--capability-devices", "compute,utility")
+    assert same.returncode == 0 and same.stderr == plain.stderr
+    assert same.stdout == plain.stdout
+    more = cdigen(fake, "--dry-run", "--capabilities", "graphics", "--capability-devices", "video")
+    names = [d["name"] for d in parse_document(more.stdout, where="stdout")["devices"]]
+    assert "capability-video" in names and "capability-graphics" not in names
+
+
+def test_cli_writes_a_spec_that_validates_and_refuses_an_unknown_capability(
+    fake: FakeHost, tmp_path: Path
+) -> None:
+    out = tmp_path / "cdi"
+    run = cdigen(fake, "--output-dir", str(out), "--capability-devices", "graphics,video")
+    assert run.returncode == 0, run.stderr
+    assert "(7 devices, cdiVersion 0.5.0)" in run.stdout  # 2 GPUs by index and UUID, all, 2
+    check = subprocess.run(
+        [sys.executable, "-m", "cdigen.cli", "validate", str(out)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    bad = cdigen(fake, "--dry-run", "--capability-devices", "graphics,vulkan")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert "unknown driver capability 'vulkan'" in bad.stderr
+    assert "--capability-devices" in bad.stderr
+
+
+def inject(spec_dir: Path, *names: str) -> dict[str, Any]:
+    cdicheck = require_shared_tool("cdicheck")
+    run = subprocess.run(
+        [str(cdicheck), "inject", str(spec_dir), *names], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    return json.loads(out[out.index("{") : out.rindex("}") + 1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_the_cdi_library_injects_a_gpu_with_its_capability_device(
+    fake: FakeHost, tmp_path: Path, hooks: bool
+) -> None:
+    if not fake.real_nodes:
+        pytest.skip("mknod is not permitted here, so the device nodes are plain files")
+    hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook") if hooks else None
+    spec = generate(fake.node, options(fake, hook_path=hook, capability_devices=("graphics",)))
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.com-gpu.yaml").write_text(render_spec(spec, "yaml"))
+    cdicheck = require_shared_tool("cdicheck")
+    listed = subprocess.run([str(cdicheck), "list", str(spec_dir)], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stdout
+    assert f"DEVICE {GRAPHICS} (spec" in listed.stdout
+    uuid = fake.node.gpus[0].uuid
+    with_graphics = inject(spec_dir, f"{GPU}={uuid}", GRAPHICS)
+    without = inject(spec_dir, f"{GPU}={uuid}")
+    sources = {m["destination"]: m["source"] for m in with_graphics["mounts"]}
+    assert sources[VULKAN_ICD] == str(fake.driver_root / VULKAN_ICD.lstrip("/"))
+    assert f"{RHEL_DIR}/libGLX_nvidia.so.0" in sources
+    assert VULKAN_ICD not in {m["destination"] for m in without["mounts"]}
+    assert [d["path"] for d in with_graphics["linux.devices"]] == [
+        d["path"] for d in without["linux.devices"]
+    ]  # the capability device adds files, not devices
+    if hooks:
+        args = [a for h in with_graphics["hooks"]["createContainer"] for a in h["args"]]
+        assert f"libGLX_nvidia.so.0::{LIB_DIR}/libGLX_indirect.so.0" in args
+
+
+# --- the plugin: resources that ask for more --------------------------------------------------
+
+
+def plugin_config(tmp_path: Path, fake: FakeHost, *, generate_specs: bool = True) -> Path:
+    path = tmp_path / "plugin.yaml"
+    path.write_text(
+        f"driverRoot: {fake.driver_root}\n"
+        f"devRoot: {fake.dev_root}\n"
+        f"specDir: {tmp_path / 'cdi'}\n"
+        f"generateSpecs: {str(generate_specs).lower()}\n"
+        "resources:\n"
+        f"  - name: {GPU}\n"
+        "    capabilities: [compute, utility, graphics]\n"
+        f"  - name: {SHARED}\n"
+        "    sharing: {replicas: 2}\n"
+        "    capabilities: [compute, utility]\n"  # the node-wide ones: nothing extra
+    )
+    return path
+
+
+def serve(tmp_path: Path, fake: FakeHost, strategy: str) -> Iterator[KubeletSimulator]:
+    config = load_config(
+        plugin_config(tmp_path, fake),
+        env={},
+        flags={"plugin_dir": tmp_path / "plugins", "device_list_strategy": strategy},
+    )
+    plugin = Plugin(config, node=fake.node)
+    with KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            kubelet.wait_registered(GPU)
+            kubelet.wait_registered(SHARED)
+            yield kubelet
+        finally:
+            plugin.stop()
+
+
+def names(response: Any) -> list[list[str]]:
+    return [[d.name for d in c.cdi_devices] for c in response.container_responses]
+
+
+def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
+    tmp_path: Path, fake: FakeHost
+) -> None:
+    u0, u1 = (g.uuid for g in fake.node.gpus)
+    for kubelet in serve(tmp_path, fake, "cdi-cri"):
+        # generateSpecs wrote the capability devices the resources ask for, and only those
+        spec = parse_document((tmp_path / "cdi/nvidia.com-gpu.yaml").read_text(), where="spec")
+        capability = [d["name"] for d in spec["devices"] if d["name"].startswith("capability")]
+        assert capability == ["capability-graphics"]
+        assert all(d.health == "Healthy" for d in kubelet.wait_devices(GPU))
+        whole = kubelet.allocate(GPU, [[u0], [u1, u0]])
+        assert names(whole) == [
+            [f"{GPU}={u0}", GRAPHICS],
+            [f"{GPU}={u1}", f"{GPU}={u0}", GRAPHICS],
+        ]
+        shared = kubelet.allocate(SHARED, [[f"{u1}::0"]])
+        assert names(shared) == [[f"{GPU}={u1}"]]
+        # what a runtime makes of the names Allocate returned
+        if not fake.real_nodes:
+            return
+        got = inject(tmp_path / "cdi", *names(whole)[0])
+        assert VULKAN_ICD in {m["destination"] for m in got["mounts"]}
+        got = inject(tmp_path / "cdi", *names(shared)[0])
+        assert VULKAN_ICD not in {m["destination"] for m in got["mounts"]}
+
+
+def test_native_strategy_mounts_the_capability_files_for_that_resource_only(
+    tmp_path: Path, fake: FakeHost
+) -> None:
+    u0 = fake.node.gpus[0].uuid
+    for kubelet in serve(tmp_path, fake, "native"):
+        whole = kubelet.allocate(GPU, [[u0]]).container_responses[0]
+        shared = kubelet.allocate(SHARED, [[f"{u0}::1"]]).container_responses[0]
+        whole_mounts = {m.container_path: m.host_path for m in whole.mounts}
+        assert whole_mounts[VULKAN_ICD] == str(fake.driver_root / VULKAN_ICD.lstrip("/"))
+        assert f"{RHEL_DIR}/libEGL_nvidia.so.0" in whole_mounts
+        assert VULKAN_ICD not in {m.container_path for m in shared.mounts}
+        # both get the GPU's device node and the common libraries
+        for response in (whole, shared):
+            assert f"/dev/nvidia{fake.node.gpus[0].minor}" in {
+                d.container_path for d in response.devices
+            }
+            assert f"{LIB_DIR}/libcuda.so.1" in {m.container_path for m in response.mounts}
+
+
+def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
+    tmp_path: Path, fake: FakeHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the spec written without --capability-devices: no capability-graphics to hand out
+    run = cdigen(fake, "--output-dir", str(tmp_path / "cdi"))
+    assert run.returncode == 0, run.stderr
+    config = load_config(
+        plugin_config(tmp_path, fake, generate_specs=False),
+        env={},
+        flags={"plugin_dir": tmp_path / "plugins"},
+    )
+    plugin = Plugin(config, node=fake.node)
+    with KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            kubelet.wait_registered(GPU)
+            kubelet.wait_registered(SHARED)
+            gpus = kubelet.wait_devices(GPU, lambda ds: all(d.health == "Unhealthy" for d in ds))
+            assert len(gpus) == 2
+            shares = kubelet.wait_devices(SHARED)
+            assert shares and all(d.health == "Healthy" for d in shares)
+            fix = f"--output-dir {tmp_path / 'cdi'} --capability-devices graphics')"
+            assert fix in caplog.text  # the command that fixes it
+        finally:
+            plugin.stop()
+
+
+# --- the plugin config ------------------------------------------------------------------------
+
+
+def test_config_names_what_each_resource_asks_beyond_the_node_wide_capabilities(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "plugin.yaml"
+    path.write_text(
+        "capabilities: [compute, utility, video]\n"
+        "resources:\n"
+        f"  - name: {GPU}\n"
+        "    capabilities: [video, graphics, compute]\n"
+        f"  - name: {SHARED}\n"
+        "    sharing: {replicas: 2}\n"
+        "    capabilities: [all]\n"
+        "  - name: example.com/plain\n"
+        "    sharing: {replicas: 3}\n"
+    )
+    config = load_config(path, env={})
+    assert config.extra_capabilities(GPU) == ("graphics",)
+    assert config.extra_capabilities(SHARED) == ("graphics", "display")
+    assert config.extra_capabilities("example.com/plain") == ()
+    assert config.capability_devices == ("graphics", "display")
+    # --resource renames the one resource and keeps what it asks for
+    one = tmp_path / "one.yaml"
+    one.write_text(f"resources:\n  - name: {GPU}\n    capabilities: [compute, video]\n")
+    renamed = load_config(one, env={}, flags={"resource": "example.com/gpu"})
+    assert renamed.extra_capabilities("example.com/gpu") == ("video",)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("capabilities: [compute, vulkan]", "resources[0].capabilities[1]"),
+        ("capabilities: graphics", "resources[0].capabilities"),
+        ("capabilities: []", "resources[0].capabilities"),
+    ],
+)
+def test_bad_resource_capabilities_are_one_line_errors(
+    tmp_path: Path, entry: str, message: str
+) -> None:
+    path = tmp_path / "plugin.yaml"
+    path.write_text(f"resources:\n  - name: {GPU}\n    {entry}\n")
+    with pytest.raises(InputError, match=re.escape(message)) as caught:
+        load_config(path, env={})
+    assert "\n" not in str(caught.value)
+    run = subprocess.run(
+        [sys.executable, "-m", "cdigen.cli", "plugin", "serve", "--config", str(path),
+         "--node", "builtin:rtx4090", "--plugin-dir", str(tmp_path / "plugins")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], run.stderr
