@@ -76,17 +76,19 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
     if not config.spec_dirs:
         raise InputError("generateSpecs needs a spec dir", where="specDir")
     vendor, cls = split_kind(config.cdi_kind)
+    fs = HostFS(config.host_root)
     options = SpecOptions(
         vendor=vendor,
         cls=cls,
         driver_root=config.driver_root,
         dev_root=config.dev_root,
+        sysfs_root=config.sysfs_root,
         host_root=config.host_root,
-        hook_path=find_hook(config.driver_root, HostFS(config.host_root)),
+        hook_path=find_hook(config.driver_root, fs),
         capabilities=config.capabilities,
         capability_devices=config.capability_devices,
     )
-    spec, result = generate_spec_file(node, options, config.spec_dirs[0])
+    spec, result = generate_spec_file(node, options, config.spec_dirs[0], fs=fs)
     for cap in missing_capability_devices(spec, options):
         log.warning(
             "no %s files under the driver root %s: the CDI spec has no %s device, and "

@@ -27,7 +27,7 @@ from cdigen.errors import InputError
 from cdigen.fileio import parse_document
 from cdigen.nodefile import dump_node
 from plugin.config import load_config
-from plugin.serve import Plugin
+from plugin.serve import Plugin, write_specs
 from tests.cdihost import LIB_DIR, FakeHost, build_host, make_node
 from tests.cdihost import spec_options as options
 from tests.helpers.shared import require_shared_tool
@@ -400,3 +400,15 @@ def test_bad_resource_capabilities_are_one_line_errors(
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], run.stderr
+
+
+def test_generate_specs_reads_the_configured_sysfs_root(tmp_path: Path, fake: FakeHost) -> None:
+    """The plugin's spec has each GPU's DRM nodes, found under ``sysfsRoot`` as ``generate
+    --sysfs-root`` finds them (it used to read the machine's /sys whatever the config said)."""
+    config = plugin_config(tmp_path, fake)
+    config.write_text(config.read_text() + f"sysfsRoot: {fake.sysfs_root}\n")
+    loaded = load_config(config, env={}, flags={"plugin_dir": tmp_path / "plugins"})
+    spec = parse_document(write_specs(fake.node, loaded).read_text(), where="spec")
+    for gpu in fake.node.gpus:
+        nodes = [n["path"] for n in device(spec, gpu.uuid)["deviceNodes"]]
+        assert [p for p in nodes if p.startswith("/dev/dri/card")], nodes
