@@ -162,26 +162,43 @@ def _share(
 
 class AllocatorCache:
     """Engines already built, by (node, policy): an allocator is a pure function of the two, so
-    a GPU whose health flaps back to a state seen before gets its engine back at once instead of
-    a rebuild (tens of ms on 16 GPUs). Policies are told apart by name and source, which is
-    exact within one loaded policy set: a policy reload must start a new cache. Bounded."""
+    a GPU whose health flaps back to a state seen before gets its engine back at once. A health
+    state not seen before derives its engine from the last one of the same node and policy
+    (:meth:`~policies.allocator.Allocator.for_health`: the subset tables are reused, not rebuilt,
+    which takes up to hundreds of ms on 16 GPUs). Policies are told apart by name and source,
+    which is exact within one loaded policy set: a policy reload must start a new cache.
+    Bounded."""
 
     def __init__(self, size: int = 8) -> None:
         self._size = size
         self._built: dict[tuple[Node, str, str], Allocator] = {}
+        self._last: dict[tuple[Node, str, str], Allocator] = {}  # by node without health
 
     def get(self, node: Node, policy: Policy) -> Allocator:
-        """The allocator of ``node`` under ``policy``, built on first use."""
+        """The allocator of ``node`` under ``policy``, built (or derived) on first use."""
         from policies.allocator import Allocator as AllocatorClass
+        from policies.allocator import without_health
 
         key = (node, policy.name, policy.source)
         allocator = self._built.pop(key, None)
         if allocator is None:
-            allocator = AllocatorClass(node, policy)
-        self._built[key] = allocator  # most recent last
-        while len(self._built) > self._size:
-            del self._built[next(iter(self._built))]
+            shape = (without_health(node), policy.name, policy.source)
+            last = self._last.pop(shape, None)
+            allocator = last.for_health(node) if last is not None else AllocatorClass(node, policy)
+            _put(self._last, shape, allocator, self._size)
+        _put(self._built, key, allocator, self._size)
         return allocator
+
+
+def _put(
+    cache: dict[tuple[Node, str, str], Allocator],
+    key: tuple[Node, str, str],
+    value: Allocator,
+    size: int,
+) -> None:
+    cache[key] = value  # most recent last
+    while len(cache) > size:
+        del cache[next(iter(cache))]
 
 
 def plan_layout(
