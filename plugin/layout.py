@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,8 @@ log = logging.getLogger("cdigen.plugin")
 
 def engine_request(
     allocator: Allocator,
-    devices: Mapping[str, AdvertisedDevice],
+    positions: Mapping[str, int],
+    slice_ids: AbstractSet[str],
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
@@ -40,15 +42,17 @@ def engine_request(
     """Ask ``allocator`` for ``size`` of ``available`` with ``must_include`` among them.
 
     The one place the plugin talks to the engine. It hands the engine device handles (each
-    device's GPU position, from the layout), never ID strings to parse: IDs the layout does not
-    advertise are left out, as the kubelet may list devices of an older layout.
+    device's GPU position, ``positions``, from the layout), never ID strings to parse: IDs the
+    layout does not advertise are left out, as the kubelet may list devices of an older layout.
+    ``slice_ids``: the memory slices among the devices (always packed).
     """
-    known = [d for d in available if d in devices and devices[d].gpu_position is not None]
-    index = {d: n for n, d in enumerate(known)}
-    positions = [p for d in known if (p := devices[d].gpu_position) is not None]
-    must = [index[d] for d in must_include if d in index]
-    slices = any(devices[d].kind == "slice" for d in known)
-    placed = allocator.prefer_positions(positions, must, size, slices=slices)
+    known = [d for d in available if d in positions]
+    must: list[int] = []
+    if must_include:
+        index = {d: n for n, d in enumerate(known)}
+        must = [index[d] for d in must_include if d in index]
+    slices = bool(slice_ids) and any(d in slice_ids for d in known)
+    placed = allocator.prefer_positions([positions[d] for d in known], must, size, slices=slices)
     chosen = tuple(known[k] for k in placed.devices)
     score, fallback = int(placed.link_score), placed.fallback_reason
     if fallback:
@@ -59,16 +63,25 @@ def engine_request(
 @dataclass(frozen=True)
 class Engine:
     """What decides for one resource: its policy's allocator, and for a sharing resource what
-    Allocate hands out for a set of shares."""
+    Allocate hands out for a set of shares. ``devices``: the resource's devices by ID."""
 
     policy: Policy
     allocator: Allocator
     share: Callable[[Sequence[str]], ShareAllocation] | None = None
     devices: Mapping[str, AdvertisedDevice] = dataclasses.field(default_factory=dict)
+    # what a request needs of the devices, looked up once here rather than on every call
+    positions: Mapping[str, int] = field(init=False, repr=False, compare=False)
+    slice_ids: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        devices = self.devices.values()
+        positions = {d.id: d.gpu_position for d in devices if d.gpu_position is not None}
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "slice_ids", frozenset(d.id for d in devices if d.kind == "slice"))
 
     def prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
         """The policy's preferred devices (see :func:`engine_request`)."""
-        return engine_request(self.allocator, self.devices, available, must, size)
+        return engine_request(self.allocator, self.positions, self.slice_ids, available, must, size)
 
 
 @dataclass(frozen=True)
