@@ -219,19 +219,26 @@ def plan_layout(
     config: PluginConfig,
     policies: PolicySet | None,
     allocators: AllocatorCache | None = None,
+    resources: tuple[Resource, ...] | None = None,
 ) -> Layout:
     """The layout of ``node`` under ``config`` with ``policies`` (None: advertise only, no
-    engines yet), taking engines from ``allocators`` where given. Raises InputError for a
-    layout the MIG strategy cannot hold or a resource naming an unknown policy."""
-    resources = plan_resources_for(node, config)
+    engines yet), taking engines from ``allocators`` where given. ``resources``: what
+    :func:`plan_resources_for` gives for ``node``, when the caller has it (health does not
+    change it). Raises InputError for a layout the MIG strategy cannot hold or a resource
+    naming an unknown policy."""
+    if resources is None:
+        resources = plan_resources_for(node, config)
     if policies is None:
         return Layout(node, resources)
     defaults = default_policies(resources)
     engines = {}
     cache = allocators if allocators is not None else AllocatorCache()  # one per policy at least
+    taken: dict[tuple[str, str], Allocator] = {}  # resources of one policy share its engine
     for resource, wanted in zip(resources, resource_configs(resources, config), strict=True):
         policy = policies.for_resource(wanted, defaults.get(resource.name, "default"))
-        allocator = cache.get(node, policy)
+        allocator = taken.get((policy.name, policy.source))
+        if allocator is None:
+            allocator = taken[policy.name, policy.source] = cache.get(node, policy)
         share = _share(node, resource, config.cdi_kind)
         by_id = {d.id: d for d in resource.devices}
         engines[resource.name] = Engine(policy, allocator, share, by_id)
