@@ -203,11 +203,8 @@ class Plugin:
             layout = self.layout  # of self.node's devices: both change under the lock
             node = self._effective(self.node, layout.devices)
             if node != layout.node:
-                self._swap(
-                    plan_layout(
-                        node, self.config, self._policies, self._allocators, layout.resources
-                    )
-                )
+                policies, cache = self._policies, self._allocators
+                self._swap(plan_layout(node, self.config, policies, cache, layout.resources))
 
     def _share(self, resource: str) -> Callable[[Sequence[str]], ShareAllocation] | None:
         """Allocate's hand-out for a sharing resource, from the layout in force; None else."""
@@ -397,10 +394,9 @@ class Plugin:
             policies = load_policy_set(self.config.policy_dir)
             with self._layout_lock:  # not racing a layout change: the newer node wins
                 allocators = AllocatorCache()
-                effective = self._effective(self.node, self.layout.devices)
-                layout = plan_layout(
-                    effective, self.config, policies, allocators, self.layout.resources
-                )
+                old, config = self.layout, self.config  # of self.node's devices
+                effective = self._effective(self.node, old.devices)
+                layout = plan_layout(effective, config, policies, allocators, old.resources)
                 self._policies, self._allocators = policies, allocators
                 if self.metrics is not None:
                     self.metrics.observe_policy_reload(ok=True)
