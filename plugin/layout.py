@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,8 @@ log = logging.getLogger("cdigen.plugin")
 
 def engine_request(
     allocator: Allocator,
-    devices: Mapping[str, AdvertisedDevice],
+    positions: Mapping[str, int],
+    slice_ids: AbstractSet[str],
     available: Sequence[str],
     must_include: Sequence[str],
     size: int,
@@ -47,15 +49,17 @@ def engine_request(
     """Ask ``allocator`` for ``size`` of ``available`` with ``must_include`` among them.
 
     The one place the plugin talks to the engine. It hands the engine device handles (each
-    device's GPU position, from the layout), never ID strings to parse: IDs the layout does not
-    advertise are left out, as the kubelet may list devices of an older layout.
+    device's GPU position, ``positions``, from the layout), never ID strings to parse: IDs the
+    layout does not advertise are left out, as the kubelet may list devices of an older layout.
+    ``slice_ids``: the memory slices among the devices (always packed).
     """
-    known = [d for d in available if d in devices and devices[d].gpu_position is not None]
-    index = {d: n for n, d in enumerate(known)}
-    positions = [p for d in known if (p := devices[d].gpu_position) is not None]
-    must = [index[d] for d in must_include if d in index]
-    slices = any(devices[d].kind == "slice" for d in known)
-    placed = allocator.prefer_positions(positions, must, size, slices=slices)
+    known = [d for d in available if d in positions]
+    must: list[int] = []
+    if must_include:
+        index = {d: n for n, d in enumerate(known)}
+        must = [index[d] for d in must_include if d in index]
+    slices = bool(slice_ids) and any(d in slice_ids for d in known)
+    placed = allocator.prefer_positions([positions[d] for d in known], must, size, slices=slices)
     chosen = tuple(known[k] for k in placed.devices)
     score, fallback = int(placed.link_score), placed.fallback_reason
     if fallback:
@@ -66,16 +70,25 @@ def engine_request(
 @dataclass(frozen=True)
 class Engine:
     """What decides for one resource: its policy's allocator, and for a sharing resource what
-    Allocate hands out for a set of shares."""
+    Allocate hands out for a set of shares. ``devices``: the resource's devices by ID."""
 
     policy: Policy
     allocator: Allocator
     share: Callable[[Sequence[str]], ShareAllocation] | None = None
     devices: Mapping[str, AdvertisedDevice] = dataclasses.field(default_factory=dict)
+    # what a request needs of the devices, looked up once here rather than on every call
+    positions: Mapping[str, int] = field(init=False, repr=False, compare=False)
+    slice_ids: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        devices = self.devices.values()
+        positions = {d.id: d.gpu_position for d in devices if d.gpu_position is not None}
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "slice_ids", frozenset(d.id for d in devices if d.kind == "slice"))
 
     def prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
         """The policy's preferred devices (see :func:`engine_request`)."""
-        return engine_request(self.allocator, self.devices, available, must, size)
+        return engine_request(self.allocator, self.positions, self.slice_ids, available, must, size)
 
 
 @dataclass(frozen=True)
@@ -174,26 +187,43 @@ def _share(
 
 class AllocatorCache:
     """Engines already built, by (node, policy): an allocator is a pure function of the two, so
-    a GPU whose health flaps back to a state seen before gets its engine back at once instead of
-    a rebuild (tens of ms on 16 GPUs). Policies are told apart by name and source, which is
-    exact within one loaded policy set: a policy reload must start a new cache. Bounded."""
+    a GPU whose health flaps back to a state seen before gets its engine back at once. A health
+    state not seen before derives its engine from the last one of the same node and policy
+    (:meth:`~policies.allocator.Allocator.for_health`: the subset tables are reused, not rebuilt,
+    which takes up to hundreds of ms on 16 GPUs). Policies are told apart by name and source,
+    which is exact within one loaded policy set: a policy reload must start a new cache.
+    Bounded."""
 
     def __init__(self, size: int = 8) -> None:
         self._size = size
         self._built: dict[tuple[Node, str, str], Allocator] = {}
+        self._last: dict[tuple[Node, str, str], Allocator] = {}  # by node without health
 
     def get(self, node: Node, policy: Policy) -> Allocator:
-        """The allocator of ``node`` under ``policy``, built on first use."""
+        """The allocator of ``node`` under ``policy``, built (or derived) on first use."""
         from policies.allocator import Allocator as AllocatorClass
+        from policies.allocator import without_health
 
         key = (node, policy.name, policy.source)
         allocator = self._built.pop(key, None)
         if allocator is None:
-            allocator = AllocatorClass(node, policy)
-        self._built[key] = allocator  # most recent last
-        while len(self._built) > self._size:
-            del self._built[next(iter(self._built))]
+            shape = (without_health(node), policy.name, policy.source)
+            last = self._last.pop(shape, None)
+            allocator = last.for_health(node) if last is not None else AllocatorClass(node, policy)
+            _put(self._last, shape, allocator, self._size)
+        _put(self._built, key, allocator, self._size)
         return allocator
+
+
+def _put(
+    cache: dict[tuple[Node, str, str], Allocator],
+    key: tuple[Node, str, str],
+    value: Allocator,
+    size: int,
+) -> None:
+    cache[key] = value  # most recent last
+    while len(cache) > size:
+        del cache[next(iter(cache))]
 
 
 def plan_layout(
@@ -201,19 +231,26 @@ def plan_layout(
     config: PluginConfig,
     policies: PolicySet | None,
     allocators: AllocatorCache | None = None,
+    resources: tuple[Resource, ...] | None = None,
 ) -> Layout:
     """The layout of ``node`` under ``config`` with ``policies`` (None: advertise only, no
-    engines yet), taking engines from ``allocators`` where given. Raises InputError for a
-    layout the MIG strategy cannot hold or a resource naming an unknown policy."""
-    resources = plan_resources_for(node, config)
+    engines yet), taking engines from ``allocators`` where given. ``resources``: what
+    :func:`plan_resources_for` gives for ``node``, when the caller has it (health does not
+    change it). Raises InputError for a layout the MIG strategy cannot hold or a resource
+    naming an unknown policy."""
+    if resources is None:
+        resources = plan_resources_for(node, config)
     if policies is None:
         return Layout(node, resources)
     defaults = default_policies(resources)
     engines = {}
     cache = allocators if allocators is not None else AllocatorCache()  # one per policy at least
+    taken: dict[tuple[str, str], Allocator] = {}  # resources of one policy share its engine
     for resource, wanted in zip(resources, resource_configs(resources, config), strict=True):
         policy = policies.for_resource(wanted, defaults.get(resource.name, "default"))
-        allocator = cache.get(node, policy)
+        allocator = taken.get((policy.name, policy.source))
+        if allocator is None:
+            allocator = taken[policy.name, policy.source] = cache.get(node, policy)
         share = _share(node, resource, config.cdi_kind)
         by_id = {d.id: d for d in resource.devices}
         engines[resource.name] = Engine(policy, allocator, share, by_id)

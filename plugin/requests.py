@@ -57,6 +57,14 @@ class FifoGate:
         self._waiting: deque[threading.Event] = deque()
         self._busy = False
 
+    def try_acquire(self) -> bool:
+        """Take the gate if it is open and nobody waits (True); never waits."""
+        with self._lock:
+            if self._busy:
+                return False
+            self._busy = True
+            return True
+
     def acquire(self, turn: threading.Event) -> bool:
         """Wait until ``turn`` is set: by :meth:`release` handing the gate over (True), or by
         the caller when its call ended while it waited (False, not holding the gate)."""

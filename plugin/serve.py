@@ -191,10 +191,10 @@ class Plugin:
         engine = self.layout.engines.get(resource)
         return engine.policy.name if engine is not None else None
 
-    def _effective(self, node: Node) -> Node:
-        """``node`` with the health the board holds (the board owns health)."""
-        bare = plan_layout(node, self.config, None)
-        return with_board_health(node, gpus_down(self.board.snapshot()[1], bare.devices))
+    def _effective(self, node: Node, devices: Sequence[AdvertisedDevice]) -> Node:
+        """``node`` with the health the board holds (the board owns health); ``devices``: what
+        ``node`` advertises."""
+        return with_board_health(node, gpus_down(self.board.snapshot()[1], devices))
 
     def _swap(self, layout: Layout, *, announce: bool = False) -> None:
         """Put ``layout`` in force: one assignment, so gRPC threads see old or new, whole.
@@ -212,9 +212,11 @@ class Plugin:
         with self._layout_lock:
             if self._policies is None:
                 return
-            node = self._effective(self.node)
-            if node != self.layout.node:
-                self._swap(plan_layout(node, self.config, self._policies, self._allocators))
+            layout = self.layout  # of self.node's devices: both change under the lock
+            node = self._effective(self.node, layout.devices)
+            if node != layout.node:
+                policies, cache = self._policies, self._allocators
+                self._swap(plan_layout(node, self.config, policies, cache, layout.resources))
 
     def _share(self, resource: str) -> Callable[[Sequence[str]], ShareAllocation] | None:
         """Allocate's hand-out for a sharing resource, from the layout in force; None else."""
@@ -333,19 +335,21 @@ class Plugin:
                     log.error("regenerating the CDI spec failed: %s", exc)
             old = self.layout
             with self.board.hold():  # published once the new layout is in force
+                devices = [d for r in resources for d in r.devices]
                 if changed:
-                    devices = [d for r in resources for d in r.devices]
                     self.board.reset_devices(
                         (d.id for d in devices), {d.id: d.parents for d in devices}
                     )
                 self.node = node
                 self.board.set_reasons(SOURCE_NODE, node_reasons(node))
-                effective = self._effective(node)
+                effective = self._effective(node, devices)
                 try:
-                    layout = plan_layout(effective, self.config, self._policies, self._allocators)
+                    layout = plan_layout(
+                        effective, self.config, self._policies, self._allocators, resources
+                    )
                 except Exception as exc:  # a new resource naming an unknown policy
                     log.error("policies for the new layout failed to load: %s", exc)
-                    layout = plan_layout(effective, self.config, None)
+                    layout = plan_layout(effective, self.config, None, resources=resources)
                 self._swap(layout, announce=changed)
                 if changed:
                     self._react(old, layout)
@@ -403,7 +407,9 @@ class Plugin:
             policies = load_policy_set(self.config.policy_dir)
             with self._layout_lock:  # not racing a layout change: the newer node wins
                 allocators = AllocatorCache()
-                layout = plan_layout(self._effective(self.node), self.config, policies, allocators)
+                old, config = self.layout, self.config  # of self.node's devices
+                effective = self._effective(self.node, old.devices)
+                layout = plan_layout(effective, config, policies, allocators, old.resources)
                 self._policies, self._allocators = policies, allocators
                 if self.metrics is not None:
                     self.metrics.observe_policy_reload(ok=True)

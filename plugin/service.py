@@ -198,7 +198,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                         tuple(creq.available_deviceIDs),
                         tuple(creq.must_include_deviceIDs),
                         int(creq.allocation_size),
-                        ended=call_ended(context),
+                        ended=lambda: call_ended(context),
                     )
                 except PreferenceFailed as exc:
                     context.abort(
@@ -215,11 +215,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         available: tuple[str, ...],
         must_include: tuple[str, ...],
         size: int,
-        ended: threading.Event | None = None,
+        ended: Callable[[], threading.Event] | None = None,
     ) -> tuple[str, ...] | None:
         """The preferred devices; unknown available IDs are left out, never an error. Raises
-        PreferenceFailed for a malformed request; None when ``ended`` was set (the call was
-        cancelled or the server stops) while the request waited for its turn at the policy."""
+        PreferenceFailed for a malformed request; None when the event ``ended`` makes was set
+        (the call was cancelled or the server stops) while the request waited for its turn at
+        the policy (it is made only when the request must wait)."""
         if size < 1:
             raise PreferenceFailed(f"allocation size {size}: must be at least 1")
         problem = id_list_problem(available, "available")
@@ -251,7 +252,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         pool = set(candidates) | set(must_include)
         if size > len(pool):
             raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
-        if not self._policy_gate.acquire(ended or threading.Event()):
+        gate = self._policy_gate
+        if not gate.try_acquire() and not gate.acquire(ended() if ended else threading.Event()):
             return None
         try:
             answer = self._prefer()(candidates, must_include, size)

@@ -20,6 +20,7 @@ best fit). Answers are memoized per request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = [
     "Candidate",
     "PositionAnswer",
     "why_lost",
+    "without_health",
 ]
 
 log = logging.getLogger("cdigen.allocator")
@@ -95,7 +97,11 @@ class PositionAnswer:
 class Allocator:
     """The engine for one (node, policy): built once, then ``prefer`` is cheap and memoized."""
 
-    def __init__(self, node: Node, policy: Policy | None = None) -> None:
+    def __init__(
+        self, node: Node, policy: Policy | None = None, *, tables_of: Allocator | None = None
+    ) -> None:
+        """The engine of ``node`` under ``policy`` (default: the built-in ``default``).
+        ``tables_of``: reuse that engine's subset tables; only :meth:`for_health` passes it."""
         self.node = node
         self.policy = policy if policy is not None else builtin_policy("default")
         self.topology = build_topology(node, self.policy.link_weights)
@@ -107,12 +113,23 @@ class Allocator:
         self.unusable = self.objective.unusable
         self.selector_failures = self.objective.selector_failures
         self.good = tuple(p for p in range(topo.size) if p not in self.unusable)
-        self.exact = ExactSearch(self.objective, self.good)
+        self.exact: ExactSearch = ExactSearch(
+            self.objective, self.good, tables_of.exact if tables_of is not None else None
+        )
         self.greedy = GreedySearch(self.objective)
         self._memo: dict[tuple[tuple[str, ...], tuple[str, ...], int], AllocationAnswer] = {}
         self._position_memo: dict[
             tuple[tuple[int, ...], tuple[int, ...], int, bool], PositionAnswer
         ] = {}
+
+    def for_health(self, node: Node) -> Allocator:
+        """The engine of ``node`` under this policy, where ``node`` is this engine's node with
+        other GPUs marked healthy or unhealthy (ValueError if anything else differs). It
+        answers as ``Allocator(node, policy)`` does, but takes this engine's subset tables
+        instead of building them (up to hundreds of ms on 16 GPUs): health does not enter them."""
+        if without_health(node) != without_health(self.node):
+            raise ValueError("Allocator.for_health: the nodes differ in more than GPU health")
+        return Allocator(node, self.policy, tables_of=self)
 
     # ------------------------------------------------------------------ the entry points
 
@@ -315,6 +332,15 @@ class Allocator:
         ]
         found.sort(key=Candidate.key)
         return found
+
+
+def without_health(node: Node) -> Node:
+    """``node`` with every GPU marked healthy: what stays when only health changes."""
+    if all(g.healthy for g in node.gpus):
+        return node
+    return dataclasses.replace(
+        node, gpus=tuple(dataclasses.replace(g, healthy=True) for g in node.gpus)
+    )
 
 
 def _check_size(size: int, available: int) -> None:

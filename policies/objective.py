@@ -158,13 +158,17 @@ class Objective:
                 self.unusable[p] = f"discovery error: {gpu.error}"
             elif not gpu.healthy:
                 self.unusable[p] = "unhealthy"
-        self.selector_failures: dict[int, str] = {}
-        for p, gpu in enumerate(topology.gpus):
-            if p in self.unusable:
-                continue
-            passed, reason = policy.selector_result(gpu, node)
+        # Health does not reach the selector, so it is asked of every GPU without a discovery
+        # error: the subset tables sort by its results (table_fails) and so serve every health
+        # state of the node (see Allocator.for_health).
+        self.error_free = tuple(p for p, gpu in enumerate(topology.gpus) if not gpu.error)
+        failures: dict[int, str] = {}
+        for p in self.error_free:
+            passed, reason = policy.selector_result(topology.gpus[p], node)
             if not passed:
-                self.selector_failures[p] = reason or "selector is false"
+                failures[p] = reason or "selector is false"
+        self.table_fails = frozenset(failures)
+        self.selector_failures = {p: r for p, r in failures.items() if p not in self.unusable}
         self.fail_positions = set(self.selector_failures)
         self.constrained = bool(policy.constraints)
         self._constraint_cache: dict[tuple[Any, ...], tuple[bool, str | None]] = {}

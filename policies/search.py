@@ -53,14 +53,30 @@ class Search(Protocol):
 class ExactSearch:
     """The exact search over subset tables (see the module docstring)."""
 
-    def __init__(self, objective: Objective, good: Sequence[int]) -> None:
+    def __init__(
+        self, objective: Objective, good: Sequence[int], tables_of: ExactSearch | None = None
+    ) -> None:
+        """The search over ``good`` (the usable GPU positions). Its tables hold every GPU
+        without a discovery error when they fit in one, so that they serve every health state
+        (a search walks only available GPUs: a larger universe gives the same answers);
+        ``tables_of``: a search of the same node and policy in another health state, whose
+        tables are reused instead of built."""
         self.objective = objective
         topo = objective.topology
-        self.full_table = (
-            Table(topo, good, objective.fail_positions) if len(good) <= EXACT_LIMIT else None
-        )
-        self._tables: OrderedDict[tuple[int, ...], Table] = OrderedDict()
-        self._tables_lock = threading.Lock()
+        universe = objective.error_free if len(objective.error_free) <= EXACT_LIMIT else good
+        shared = tables_of.full_table if tables_of is not None else None
+        if shared is not None and set(good) <= set(shared.universe):
+            self.full_table: Table | None = shared
+        elif len(universe) <= EXACT_LIMIT:
+            self.full_table = Table(topo, universe, objective.table_fails)
+        else:
+            self.full_table = None
+        self._tables: OrderedDict[tuple[int, ...], Table]
+        self._tables_lock: threading.Lock
+        if tables_of is not None:  # by available GPUs, health-blind too: shared, with its lock
+            self._tables, self._tables_lock = tables_of._tables, tables_of._tables_lock
+        else:
+            self._tables, self._tables_lock = OrderedDict(), threading.Lock()
         fields = objective.fact_fields
         if self.full_table is not None and fields and "minPairNVLinks" in fields:
             self.full_table.min_pair_nvlinks(0)  # build its table now, not on a kubelet call
@@ -75,7 +91,7 @@ class ExactSearch:
         with self._tables_lock:  # the plugin calls prefer() from several gRPC threads
             table = self._tables.get(key)
             if table is None:
-                table = Table(self.objective.topology, key, self.objective.fail_positions)
+                table = Table(self.objective.topology, key, self.objective.table_fails)
                 self._tables[key] = table
                 if len(self._tables) > TABLE_CACHE:
                     self._tables.popitem(last=False)

@@ -8,6 +8,7 @@ the objective), and the subsets of each size sorted by the static part of the ob
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 from policies.graph import Topology
 from policies.objective import NEXT_SET_SIZE, StaticTerms, static_terms
@@ -34,7 +35,7 @@ class Table:
     """Every subset of ``universe`` (GPU positions) scored, and sorted per size by static key."""
 
     def __init__(
-        self, topology: Topology, universe: Sequence[int], fail_positions: set[int]
+        self, topology: Topology, universe: Sequence[int], fail_positions: AbstractSet[int]
     ) -> None:
         self.universe = tuple(universe)
         self.bit_of = {p: b for b, p in enumerate(self.universe)}

@@ -105,7 +105,8 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
 
 def test_a_health_state_seen_before_gets_its_engine_back_without_a_rebuild() -> None:
     """Allocators are a pure function of (node, policy): a GPU that flaps back to a state seen
-    before reuses the engine built for it; a new policy set starts afresh."""
+    before reuses the engine built for it, a new health state derives its engine from the last
+    one (the subset tables shared); a new policy set starts afresh."""
     import dataclasses
 
     from cdigen.discover import load_node
@@ -121,7 +122,8 @@ def test_a_health_state_seen_before_gets_its_engine_back_without_a_rebuild() -> 
     healthy = plan_layout(node, config, PolicySet(), cache).engine(RESOURCE).allocator
     unhealthy = plan_layout(sick, config, PolicySet(), cache).engine(RESOURCE).allocator
     assert unhealthy is not healthy and 3 in {g.index for g in unhealthy.node.gpus if not g.healthy}
+    assert unhealthy.exact.full_table is healthy.exact.full_table  # derived, not rebuilt
     again = plan_layout(node, config, PolicySet(), cache).engine(RESOURCE).allocator
     assert again is healthy
     fresh = plan_layout(node, config, PolicySet(), AllocatorCache()).engine(RESOURCE).allocator
-    assert fresh is not healthy
+    assert fresh is not healthy and fresh.exact.full_table is not healthy.exact.full_table
