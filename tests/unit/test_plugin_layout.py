@@ -64,8 +64,8 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     from cdigen.cdi.cache import load_state
     from plugin.config import ResourceConfig
     from plugin.layout import plan_layout
-    from plugin.serve import write_specs
     from plugin.sharing import Sharing
+    from plugin.specs import write_specs
     from policies.policy_set import PolicySet
     from tests.cdihost import build_host, make_node
 
