@@ -254,9 +254,12 @@ def plugin_config(tmp_path: Path, fake: FakeHost, *, generate_specs: bool = True
     return path
 
 
-def serve(tmp_path: Path, fake: FakeHost, strategy: str) -> Iterator[KubeletSimulator]:
+def serve(
+    tmp_path: Path, fake: FakeHost, strategy: str, *, generate_specs: bool = True
+) -> Iterator[KubeletSimulator]:
+    """The plugin serving both resources to the kubelet simulator, until the loop ends."""
     config = load_config(
-        plugin_config(tmp_path, fake),
+        plugin_config(tmp_path, fake, generate_specs=generate_specs),
         env={},
         flags={"plugin_dir": tmp_path / "plugins", "device_list_strategy": strategy},
     )
@@ -326,25 +329,13 @@ def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
     # the spec written without --capability-devices: no capability-graphics to hand out
     run = cdigen(fake, "--output-dir", str(tmp_path / "cdi"))
     assert run.returncode == 0, run.stderr
-    config = load_config(
-        plugin_config(tmp_path, fake, generate_specs=False),
-        env={},
-        flags={"plugin_dir": tmp_path / "plugins"},
-    )
-    plugin = Plugin(config, node=fake.node)
-    with KubeletSimulator(config.plugin_dir) as kubelet:
-        plugin.start()
-        try:
-            kubelet.wait_registered(GPU)
-            kubelet.wait_registered(SHARED)
-            gpus = kubelet.wait_devices(GPU, lambda ds: all(d.health == "Unhealthy" for d in ds))
-            assert len(gpus) == 2
-            shares = kubelet.wait_devices(SHARED)
-            assert shares and all(d.health == "Healthy" for d in shares)
-            fix = f"--output-dir {tmp_path / 'cdi'} --capability-devices graphics')"
-            assert fix in caplog.text  # the command that fixes it
-        finally:
-            plugin.stop()
+    for kubelet in serve(tmp_path, fake, "cdi-cri", generate_specs=False):
+        gpus = kubelet.wait_devices(GPU, lambda ds: all(d.health == "Unhealthy" for d in ds))
+        assert len(gpus) == 2
+        shares = kubelet.wait_devices(SHARED)
+        assert shares and all(d.health == "Healthy" for d in shares)
+        fix = f"--output-dir {tmp_path / 'cdi'} --capability-devices graphics')"
+        assert fix in caplog.text  # the command that fixes it
 
 
 # --- the plugin config ------------------------------------------------------------------------
