@@ -196,6 +196,9 @@ class Plugin:
 
             edits = SpecEdits(self.spec_cache)
 
+        extra = config.extra_capabilities(resource)
+        driver_capabilities = (*config.capabilities, *extra) if extra else ()
+
         def make(stop: threading.Event) -> DevicePluginService:
             return DevicePluginService(
                 resource=resource,
@@ -209,6 +212,7 @@ class Plugin:
                 metrics=self.metrics,
                 share=self._share(resource),
                 capability_names=self.resource(resource).capability_names,
+                driver_capabilities=driver_capabilities,
             )
 
         return make

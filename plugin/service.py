@@ -38,6 +38,7 @@ UNHEALTHY = "Unhealthy"
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 PLUGIN_NAME = "cdigen"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # read by nvidia-container-runtime
 LOGGED_IDS = 3  # at most this many unknown IDs are named in one warning
 
 
@@ -122,11 +123,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         metrics: PluginMetrics | None = None,
         share: ShareAllocator | None = None,
         capability_names: Sequence[str] = (),
+        driver_capabilities: Sequence[str] = (),
     ) -> None:
         self.resource = resource
         self._share = share
         # capability devices every container gets after its GPUs (CDI strategies and native)
         self._capability_names = tuple(capability_names)
+        # the same for the envvar strategy, as nvidia-container-runtime reads them ("" = its own)
+        self._driver_capabilities = ",".join(driver_capabilities)
         self.cdi_kind = cdi_kind
         self._advertised = Advertised.of(devices, cdi_kind)
         self._board = board
@@ -359,6 +363,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             response.annotations[key] = ",".join(names)
         elif self.strategy == "envvar":
             response.envs[VISIBLE_DEVICES_ENV] = visible
+            if self._driver_capabilities:
+                response.envs[DRIVER_CAPABILITIES_ENV] = self._driver_capabilities
         elif self.strategy == "native":
             if self._edits is None:
                 raise KeyError("the native strategy needs CDI specs; none were loaded")

@@ -323,6 +323,22 @@ def test_native_strategy_mounts_the_capability_files_for_that_resource_only(
             assert f"{LIB_DIR}/libcuda.so.1" in {m.container_path for m in response.mounts}
 
 
+def test_envvar_strategy_tells_the_nvidia_runtime_the_capabilities(
+    tmp_path: Path, fake: FakeHost
+) -> None:
+    """No CDI names under envvar: nvidia-container-runtime reads NVIDIA_DRIVER_CAPABILITIES."""
+    u0 = fake.node.gpus[0].uuid
+    for kubelet in serve(tmp_path, fake, "envvar"):
+        whole = kubelet.allocate(GPU, [[u0]]).container_responses[0]
+        shared = kubelet.allocate(SHARED, [[f"{u0}::1"]]).container_responses[0]
+        assert dict(whole.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": u0,
+            "NVIDIA_DRIVER_CAPABILITIES": "compute,utility,graphics",
+        }
+        assert "NVIDIA_DRIVER_CAPABILITIES" not in shared.envs  # the runtime's own default
+        assert shared.envs["NVIDIA_VISIBLE_DEVICES"] == u0
+
+
 def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
     tmp_path: Path, fake: FakeHost, caplog: pytest.LogCaptureFixture
 ) -> None:
