@@ -86,3 +86,13 @@ def test_dra_check_holds_config_to_the_gpu_config_schema(
     text = out.out + out.err
     assert "spec.config[0].opaque.parameters.capabilities[0]: expected one of" in text
     assert "spec.devices.config[0].opaque.parameters.kind" in text
+
+
+def test_an_unknown_capability_device_flag_is_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["dra", "serve", "--node", "builtin:rtx4090", "--node-name", "n"]
+    assert main([*argv, "--capability-devices", "graphics,graphix"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--capability-devices: unknown driver capability 'graphix'" in err
