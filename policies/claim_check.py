@@ -178,12 +178,33 @@ def _check_attribute(name: Any, source: str, field: str, published: Published) -
     return [Problem(source, field, f"no attribute {text!r}" + _suggest(text, qualified))]
 
 
+def _check_config(entries: Any, source: str, field: str, published: Published) -> list[Problem]:
+    """Problems of the opaque config entries for the driver: their parameters against the
+    GpuConfig schema (schemas/dra-gpu-config.schema.json), as NodePrepareResources reads them."""
+    from cdigen.schemas import schema_errors
+
+    problems: list[Problem] = []
+    for n, entry in enumerate(entries if isinstance(entries, list) else ()):
+        opaque = (entry or {}).get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != published.driver:
+            continue
+        for problem in schema_errors(opaque.get("parameters"), "dra-gpu-config"):
+            path, _, why = problem.partition(": ")
+            where = f"{field}[{n}].opaque.parameters"
+            if path != "<root>":
+                where += path if path.startswith("[") else f".{path}"
+            problems.append(Problem(source, where, why))
+    return problems
+
+
 def check_document(doc: Mapping[str, Any], source: str, published: Published) -> list[Problem]:
     """Problems of one ResourceClaim, ResourceClaimTemplate or DeviceClass (others: none)."""
     kind = doc.get("kind")
     spec = doc.get("spec") or {}
     if kind == "DeviceClass":
-        return _check_selectors(spec.get("selectors"), source, "spec.selectors", published)
+        return _check_selectors(
+            spec.get("selectors"), source, "spec.selectors", published
+        ) + _check_config(spec.get("config"), source, "spec.config", published)
     base = "spec"
     if kind == "ResourceClaimTemplate":
         spec, base = spec.get("spec") or {}, "spec.spec"
@@ -213,6 +234,7 @@ def check_document(doc: Mapping[str, Any], source: str, published: Published) ->
                             f"no capacity {cap!r}" + _suggest(short, published.capacity),
                         )
                     )
+    problems += _check_config(devices.get("config"), source, f"{base}.devices.config", published)
     for n, constraint in enumerate(devices.get("constraints") or ()):
         for key in ("matchAttribute", "distinctAttribute"):
             if (constraint or {}).get(key):

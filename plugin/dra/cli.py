@@ -63,6 +63,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where the device nodes are, as a host path (default: /)",
     )
     serve.add_argument(
+        "--capability-devices",
+        metavar="CAPS",
+        help="driver capabilities (video, graphics, display; or all) that claims may ask for "
+        "beyond compute and utility through a GpuConfig (docs/dra.md); default: none",
+    )
+    serve.add_argument(
         "--delete-slices-on-exit",
         action="store_true",
         help="delete this node's ResourceSlices on SIGTERM (an uninstall, not an upgrade)",
@@ -293,6 +299,7 @@ def _check(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from cdigen.cdi.spec import parse_capabilities
     from cdigen.discover import from_hardware, load_node
     from cdigen.discover.nvml import start_nvml
     from cdigen.errors import InputError
@@ -319,6 +326,9 @@ def _serve(args: argparse.Namespace) -> int:
         sysfs_root=args.sysfs_root,
         host_root=args.host_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
+        capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")
+        if args.capability_devices
+        else (),
         **_sharing_options(args),  # type: ignore[arg-type]
     )
     nvml = None

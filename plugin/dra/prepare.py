@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from cdigen.cdi.host import DriverFiles, HostFS
-from cdigen.cdi.names import qualified_name
-from cdigen.cdi.spec import SpecOptions, build_spec
+from cdigen.cdi.names import capability_device_name, qualified_name
+from cdigen.cdi.spec import CAPABILITIES, SpecOptions, build_spec, missing_capability_devices
 from cdigen.cdi.types import MountDoc, SpecDoc
 from cdigen.errors import CdigenError, InputError
 from cdigen.fileio import atomic_write
 from cdigen.model import Gpu, Node
 from plugin.dra.claims import AllocatedDevice, ClaimReader, ClaimRef, allocated_devices
+from plugin.dra.config import claim_configs, config_for
 from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
 from policies.cel import parse_quantity
 from policies.device_view import DeviceView
@@ -166,6 +167,10 @@ class Preparer:
         self._reader = reader
         self._spec_dir = spec_dir
         self._checkpoint = checkpoint
+        # the capabilities claims may ask for beyond the node-wide ones (--capability-devices)
+        self._offered = tuple(
+            c for c in options.capability_devices if c not in options.capabilities
+        )
         self._options = replace(
             options,
             vendor=f"k8s.{driver}",
@@ -173,6 +178,7 @@ class Preparer:
             name_strategies=("uuid",),
             hook_path=None,
             cdi_version=None,
+            capability_devices=(),
         )
         self._driver_files = driver_files
         self._fs = fs
@@ -210,11 +216,12 @@ class Preparer:
             try:
                 return PrepareResult(tuple(self._prepare_locked(ref, claim)))
             except CdigenError as exc:
-                log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, exc.message)
-                return PrepareResult(error=exc.message)
+                log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, exc)
+                return PrepareResult(error=str(exc))
 
     def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[DeviceDoc]:
         allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
+        extra, explicit = self._extra_capabilities(ref, claim, allocated)
         views: list[DeviceView] = []
         for result in allocated:
             view = self._views.get(result.device)
@@ -229,7 +236,12 @@ class Preparer:
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
         devices: list[DeviceDoc] = []
         if views:
-            spec = self._claim_spec(ref.uid, views)
+            spec = self._claim_spec(ref, views, sorted_caps(extra), explicit)
+            made = {d["name"] for d in spec["devices"]}
+            extra = {
+                request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in made)
+                for request, caps in extra.items()
+            }
             env, mounts = claim_limits(allocated, self._views, self._mps)
             if env:
                 edits = spec.setdefault("containerEdits", {})
@@ -246,7 +258,13 @@ class Preparer:
                     "requestNames": [result.request] if result.request else [],
                     "poolName": self.pool,
                     "deviceName": result.device,
-                    "cdiDeviceIds": [qualified_name(kind, claim_device_name(ref.uid, result))],
+                    "cdiDeviceIds": [
+                        qualified_name(kind, claim_device_name(ref.uid, result)),
+                        *(
+                            qualified_name(kind, claim_capability_name(ref.uid, cap))
+                            for cap in extra.get(result.request, ())
+                        ),
+                    ],
                     "shareId": result.share_id,
                 }
             )
@@ -280,9 +298,57 @@ class Preparer:
                 hint="a device is shared only when both claims were allocated it for sharing",
             )
 
-    def _claim_spec(self, uid: str, views: Sequence[DeviceView]) -> SpecDoc:
+    def _extra_capabilities(
+        self, ref: ClaimRef, claim: Mapping[str, Any], allocated: Sequence[AllocatedDevice]
+    ) -> tuple[dict[str, tuple[str, ...]], frozenset[str]]:
+        """The capabilities beyond the node-wide ones that each request's config (GpuConfig,
+        plugin.dra.config) asks for, and those asked by name (not through ``all``, which means
+        every one offered); InputError on a bad config or a capability named that this driver
+        does not offer (--capability-devices)."""
+        configs = claim_configs(claim, ref, driver=self.driver)
+        out: dict[str, tuple[str, ...]] = {}
+        explicit: set[str] = set()
+        if not configs:
+            return out, frozenset()
+        for result in allocated:
+            entry = config_for(configs, result.request)
+            if entry is None or result.request in out:
+                continue
+            asked = tuple(
+                c
+                for c in entry.config.capabilities
+                if c not in self._options.capabilities
+                and (c in self._offered or not entry.config.every)
+            )
+            if not entry.config.every:
+                explicit.update(asked)
+            missing = [c for c in asked if c not in self._offered]
+            if missing:
+                raise InputError(
+                    f"request {result.request!r} asks for driver capabilities "
+                    f"{', '.join(missing)}, which this driver does not offer "
+                    f"(offered: {', '.join(self._offered) or 'none'})",
+                    where=f"ResourceClaim {ref.namespace}/{ref.name} "
+                    f"status.allocation.devices.config[{entry.index}] ({entry.source})",
+                    hint=f"start cdigen dra serve with --capability-devices "
+                    f"{','.join(sorted_caps({'': (*self._offered, *missing)}))}, "
+                    "or drop them from the config",
+                )
+            out[result.request] = asked
+        return out, frozenset(explicit)
+
+    def _claim_spec(
+        self,
+        ref: ClaimRef,
+        views: Sequence[DeviceView],
+        capabilities: tuple[str, ...] = (),
+        explicit: frozenset[str] = frozenset(),
+    ) -> SpecDoc:
         """The transient spec of one claim: cdigen's generator on a node holding only the
-        claim's devices, each renamed to a name unique to the claim."""
+        claim's devices, each renamed to a name unique to the claim, and a device per asked
+        capability (what it adds to the common edits), renamed alike. InputError when the
+        driver root has no files for a capability in ``explicit`` (asked for by name)."""
+        uid = ref.uid
         gpus: dict[int, Gpu] = {}
         for view in views:
             gpu = gpus.get(view.gpu.index)
@@ -293,8 +359,20 @@ class Preparer:
             else:
                 gpus[view.gpu.index] = replace(gpu, mig_devices=(*gpu.mig_devices, view.mig))
         sub_node = replace(self._node, gpus=tuple(gpus.values()), links=())
-        spec = build_spec(sub_node, self._options, self._driver_files, self._fs)
+        options = replace(self._options, capability_devices=capabilities)
+        spec = build_spec(sub_node, options, self._driver_files, self._fs)
+        missing = [c for c in missing_capability_devices(spec, options) if c in explicit]
+        if missing:
+            raise InputError(
+                f"the driver root {options.driver_root} has no files for driver capabilities "
+                f"{', '.join(missing)}",
+                where=f"ResourceClaim {ref.namespace}/{ref.name}",
+                hint="install the driver's libraries for them on this node, or drop them from "
+                "the claim's config",
+            )
         by_uuid = {v.uuid: f"{uid}-{v.name}" for v in views}
+        for cap in capabilities:
+            by_uuid[capability_device_name(cap)] = claim_capability_name(uid, cap)
         spec["devices"] = [
             {**d, "name": by_uuid[d["name"]]} for d in spec["devices"] if d["name"] in by_uuid
         ]
@@ -334,6 +412,18 @@ class Preparer:
 def claim_device_name(uid: str, result: AllocatedDevice) -> str:
     """The CDI device name of one allocated device in its claim's transient spec."""
     return f"{uid}-{result.device}"
+
+
+def claim_capability_name(uid: str, capability: str) -> str:
+    """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
+    the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
+    return f"{uid}-{capability_device_name(capability)}"
+
+
+def sorted_caps(by_request: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The capabilities named anywhere in ``by_request``, once each, in NVIDIA's order."""
+    named = {c for caps in by_request.values() for c in caps}
+    return tuple(c for c in CAPABILITIES if c in named)
 
 
 def load_checkpoint(path: Path) -> dict[str, ClaimDoc]:

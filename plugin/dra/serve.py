@@ -79,6 +79,8 @@ class DraOptions:
     memory_shares: MemoryShares | None = None  # publish whole GPUs as consumable capacity
     mps: MpsSettings = field(default_factory=MpsSettings)
     taint_xids: Mapping[int, str] = field(default_factory=lambda: dict(DEFAULT_TAINT_XIDS))
+    # driver capabilities claims may ask for beyond the node-wide ones (GpuConfig, docs/dra.md)
+    capability_devices: tuple[str, ...] = ()
 
     @property
     def checkpoint(self) -> Path:
@@ -114,6 +116,7 @@ class DraPlugin:
             dev_root=options.dev_root,
             sysfs_root=options.sysfs_root,
             host_root=options.host_root,
+            capability_devices=options.capability_devices,
         )
         self.preparer = Preparer(
             driver=options.driver,
