@@ -180,7 +180,7 @@ def _quantity_bytes(text: str, flag: str) -> int:
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
-    from plugin.dra.prepare import MpsSettings
+    from plugin.dra.mps import MpsSettings
     from plugin.dra.slices import MemoryShares
 
     threads: int | None = None

@@ -24,7 +24,8 @@ from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
 from plugin.dra.kube import SliceApi, SlicePublisher
-from plugin.dra.prepare import MpsSettings, Preparer
+from plugin.dra.mps import MpsSettings
+from plugin.dra.prepare import Preparer
 from plugin.dra.service import (
     HealthService,
     RegistrationService,

@@ -16,7 +16,8 @@ import yaml
 
 from cdigen.discover import load_node
 from plugin.dra.kube import KubeApi, api_client
-from plugin.dra.prepare import MpsSettings, claim_spec_path
+from plugin.dra.mps import MpsSettings
+from plugin.dra.prepare import claim_spec_path
 from plugin.dra.serve import DraPlugin
 from plugin.dra.slices import MemoryShares
 from policies.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices

@@ -1,0 +1,82 @@
+"""MPS limits of a claim on a shared GPU: the environment and the pipe-directory mount that go
+into the claim's CDI spec (see docs/dra-sharing.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cdigen.cdi.types import MountDoc
+from cdigen.model import Gpu
+from plugin.dra.claims import AllocatedDevice
+from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
+from policies.cel import parse_quantity
+from policies.device_view import DeviceView
+
+LIMIT_KEYS = ("index", "uuid")
+DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """How a shared GPU's claims are limited (see docs/dra-sharing.md).
+
+    A claim that consumed ``memory`` of a GPU (consumable capacity) gets that much as its MPS
+    pinned-memory limit; with ``replicas`` a whole-GPU claim (a claim shared by several pods)
+    gets 1/replicas of the memory. ``thread_percentage``: None sets no SM limit, 0 a share
+    proportional to the memory share, 1-100 that fixed percentage. ``limit_key``: ``index``
+    (the GPU's CUDA ordinal in the container, with CUDA_DEVICE_ORDER=PCI_BUS_ID) or ``uuid``.
+    ``pipe_dir``: the MPS control daemon's pipe directory, mounted into the container; without
+    it nothing enforces the limits.
+    """
+
+    pipe_dir: str | None = None
+    thread_percentage: int | None = None
+    replicas: int | None = None
+    limit_key: str = "index"
+
+
+def claim_limits(
+    allocated: Sequence[AllocatedDevice], views: Mapping[str, DeviceView], mps: MpsSettings
+) -> tuple[list[str], list[MountDoc]]:
+    """The MPS environment and mounts of one claim (nothing for exclusive whole GPUs)."""
+    gpus: dict[str, tuple[Gpu, int]] = {}  # uuid -> (GPU, limit in bytes)
+    for result in allocated:
+        view = views[result.device]
+        if view.mig is not None:
+            continue
+        total = view.gpu.memory_bytes
+        if result.consumed and "memory" in result.consumed:
+            limit = int(parse_quantity(result.consumed["memory"]))
+        elif mps.replicas:
+            limit = total // mps.replicas
+        else:
+            continue
+        gpus[view.gpu.uuid] = (view.gpu, min(limit, total))
+    if not gpus:
+        return [], []
+    # the CUDA ordinal in the container: the claim's GPUs in PCI bus order (CUDA_DEVICE_ORDER)
+    in_claim = sorted({views[r.device].gpu.pci_bus_id.lower() for r in allocated})
+    limits = []
+    fractions = []
+    for uuid, (gpu, limit) in gpus.items():
+        key = uuid if mps.limit_key == "uuid" else str(in_claim.index(gpu.pci_bus_id.lower()))
+        limits.append(f"{key}={limit >> 20}M")
+        fractions.append(limit / gpu.memory_bytes if gpu.memory_bytes else 1.0)
+    env = [f"{MPS_MEMORY_ENV}={','.join(limits)}"]
+    if mps.limit_key == "index":
+        env.append(f"{DEVICE_ORDER_ENV}=PCI_BUS_ID")
+    if mps.thread_percentage is not None:
+        percent = mps.thread_percentage or max(1, min(100, int(100 * min(fractions))))
+        env.append(f"{MPS_THREADS_ENV}={percent}")
+    mounts: list[MountDoc] = []
+    if mps.pipe_dir:
+        env.append(f"{MPS_PIPE_ENV}={mps.pipe_dir}")
+        mounts.append(
+            {
+                "hostPath": mps.pipe_dir,
+                "containerPath": mps.pipe_dir,
+                "options": ["rbind", "rw"],
+            }
+        )
+    return env, mounts
