@@ -525,14 +525,13 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
 # -- the MPS component (deploy/dra/components/mps) --------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """deploy/dra with the MPS component, from an overlay of the kind docs/dra-sharing.md shows
+def render_with_component(tmp_path_factory: pytest.TempPathFactory, component: str) -> str:
+    """deploy/dra with one of its components, from an overlay of the kind the docs show
     (kustomize wants relative paths, and no overlay inside deploy/dra: that is a cycle)."""
     kubectl = shutil.which("kubectl")
     if not kubectl:
         pytest.skip("kubectl is not installed: cannot render a kustomize component")
-    overlay = tmp_path_factory.mktemp("mps-overlay")
+    overlay = tmp_path_factory.mktemp(f"{component}-overlay")
     base = Path(os.path.relpath(DRA_DIR, overlay))
     (overlay / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -540,7 +539,7 @@ def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [str(base)],
-                "components": [str(base / "components" / "mps")],
+                "components": [str(base / "components" / component)],
             }
         ),
         encoding="utf-8",
@@ -550,6 +549,12 @@ def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+@pytest.fixture(scope="module")
+def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """deploy/dra with the MPS component (docs/dra-sharing.md)."""
+    return render_with_component(tmp_path_factory, "mps")
 
 
 @pytest.fixture(scope="module")
@@ -603,3 +608,28 @@ def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
         assert defined[mount["name"]]["hostPath"]["path"] == env[variable]
     assert env["CUDA_MPS_LOG_DIRECTORY"] != pipe_dir, "claims would see the daemon's logs"
     assert daemon["image"] == plugin_container["image"]  # the tag the base's images: set
+
+
+# -- the capabilities component (deploy/dra/components/capabilities) ----------------------------
+
+
+def test_capabilities_component_offers_what_the_graphics_example_asks_for(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    rendered = render_with_component(tmp_path_factory, "capabilities")
+    objects = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    (plugin_container,) = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(plugin_container["command"][1:])
+    offered = set(args.capability_devices.split(","))
+    example = [
+        doc
+        for doc in yaml.safe_load_all((DRA_DIR / "examples" / "graphics-gpu.yaml").read_text())
+        if doc and doc["kind"] == "DeviceClass"
+    ]
+    asked = {
+        cap
+        for doc in example
+        for entry in doc["spec"]["config"]
+        for cap in entry["opaque"]["parameters"]["capabilities"]
+    }
+    assert asked and asked <= offered
