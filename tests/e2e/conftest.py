@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fake_apiserver import FakeApiServer
+from tests.helpers.dra import NODE_NAME
+
 
 @pytest.fixture
 def kubelet_dir() -> Iterator[Path]:
@@ -17,3 +20,12 @@ def kubelet_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    """The fake API server, knowing the node the DRA tests run on."""
+    server = FakeApiServer().start()
+    server.nodes[NODE_NAME] = {"metadata": {"name": NODE_NAME, "uid": "node-uid-1"}}
+    yield server
+    server.stop()

@@ -23,14 +23,6 @@ from tests.helpers.shared import require_shared_tool
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.nodes[NODE_NAME] = {"metadata": {"name": NODE_NAME, "uid": "node-uid-1"}}
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3, mig_gpu=2))
 

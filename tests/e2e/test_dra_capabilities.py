@@ -28,14 +28,6 @@ VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
 
 
 @pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.nodes[NODE_NAME] = {"metadata": {"name": NODE_NAME, "uid": "node-uid-1"}}
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3), graphics=True)
 
