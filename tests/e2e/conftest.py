@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cdihost import FakeHost
 from tests.fake_apiserver import FakeApiServer
-from tests.helpers.dra import NODE_NAME
+from tests.helpers.dra import NODE_NAME, Harness
 
 
 @pytest.fixture
@@ -29,3 +30,13 @@ def api() -> Iterator[FakeApiServer]:
     server.nodes[NODE_NAME] = {"metadata": {"name": NODE_NAME, "uid": "node-uid-1"}}
     yield server
     server.stop()
+
+
+@pytest.fixture
+def harness(
+    api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
+) -> Iterator[Harness]:
+    """A DRA plugin for the test module's ``host``, against the fake API server."""
+    h = Harness(api, host, kubelet_dir, tmp_path)
+    yield h
+    h.stop()

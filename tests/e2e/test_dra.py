@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
-from tests.fake_apiserver import FakeApiServer
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
 from tests.helpers.shared import require_shared_tool
 
@@ -25,15 +23,6 @@ from tests.helpers.shared import require_shared_tool
 @pytest.fixture
 def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3, mig_gpu=2))
-
-
-@pytest.fixture
-def harness(
-    api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
-) -> Iterator[Harness]:
-    h = Harness(api, host, kubelet_dir, tmp_path)
-    yield h
-    h.stop()
 
 
 def _cdicheck(*args: str) -> subprocess.CompletedProcess[str]:

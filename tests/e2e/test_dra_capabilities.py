@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from plugin.dra.cli import DEFAULT_DRIVER
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
-from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.fake_apiserver import allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
 from tests.helpers.shared import require_shared_tool
 
@@ -30,15 +29,6 @@ VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
 @pytest.fixture
 def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3), graphics=True)
-
-
-@pytest.fixture
-def harness(
-    api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
-) -> Iterator[Harness]:
-    h = Harness(api, host, kubelet_dir, tmp_path)
-    yield h
-    h.stop()
 
 
 def gpu_config(*capabilities: str, **extra: Any) -> dict[str, Any]:
