@@ -93,19 +93,20 @@ class PluginConfig:
     def extra_capabilities(self, resource: str) -> tuple[str, ...]:
         """The capabilities ``resource`` asks for beyond the node-wide ones, in NVIDIA's
         order: Allocate hands each out as a capability device after the GPUs."""
-        from cdigen.cdi.spec import CAPABILITIES
+        from cdigen.cdi.spec import ordered_capabilities
 
-        asked = {c for r in self.resources if r.name == resource for c in r.capabilities or ()}
-        return tuple(c for c in CAPABILITIES if c in asked and c not in self.capabilities)
+        asked = (c for r in self.resources if r.name == resource for c in r.capabilities or ())
+        return ordered_capabilities(c for c in asked if c not in self.capabilities)
 
     @property
     def capability_devices(self) -> tuple[str, ...]:
         """Every capability some resource asks for beyond the node-wide ones: generateSpecs
         writes a capability device for each."""
-        from cdigen.cdi.spec import CAPABILITIES
+        from cdigen.cdi.spec import ordered_capabilities
 
-        asked = {c for r in self.resources for c in self.extra_capabilities(r.name)}
-        return tuple(c for c in CAPABILITIES if c in asked)
+        return ordered_capabilities(
+            c for r in self.resources for c in self.extra_capabilities(r.name)
+        )
 
     @property
     def sharing_resources(self) -> tuple[ResourceConfig, ...]:

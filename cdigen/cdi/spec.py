@@ -120,6 +120,12 @@ def parse_name_strategies(text: str) -> tuple[str, ...]:
     return strategies
 
 
+def ordered_capabilities(caps: Iterable[str]) -> tuple[str, ...]:
+    """The known capabilities among ``caps``, once each, in NVIDIA's order."""
+    named = set(caps)
+    return tuple(c for c in CAPABILITIES if c in named)
+
+
 def parse_capabilities(text: str, where: str = "--capabilities") -> tuple[str, ...]:
     """``"compute,utility"`` (or ``all``) -> capabilities; InputError (at ``where``) on an
     unknown one."""

@@ -18,7 +18,13 @@ from typing import Any, TypedDict
 
 from cdigen.cdi.host import DriverFiles, HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
-from cdigen.cdi.spec import CAPABILITIES, SpecOptions, build_spec, missing_capability_devices
+from cdigen.cdi.spec import (
+    SpecOptions,
+    build_spec,
+    extra_capabilities,
+    missing_capability_devices,
+    ordered_capabilities,
+)
 from cdigen.cdi.types import SpecDoc
 from cdigen.errors import CdigenError, InputError
 from cdigen.fileio import atomic_write
@@ -98,9 +104,7 @@ class Preparer:
         self._spec_dir = spec_dir
         self._checkpoint = checkpoint
         # the capabilities claims may ask for beyond the node-wide ones (--capability-devices)
-        self._offered = tuple(
-            c for c in options.capability_devices if c not in options.capabilities
-        )
+        self._offered = extra_capabilities(options)
         self._options = replace(
             options,
             vendor=f"k8s.{driver}",
@@ -166,7 +170,8 @@ class Preparer:
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
         devices: list[DeviceDoc] = []
         if views:
-            spec = self._claim_spec(ref, views, sorted_caps(extra), explicit)
+            asked = ordered_capabilities(c for caps in extra.values() for c in caps)
+            spec = self._claim_spec(ref, views, asked, explicit)
             made = {d["name"] for d in spec["devices"]}
             extra = {
                 request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in made)
@@ -261,7 +266,7 @@ class Preparer:
                     where=f"ResourceClaim {ref.namespace}/{ref.name} "
                     f"status.allocation.devices.config[{entry.index}] ({entry.source})",
                     hint=f"start cdigen dra serve with --capability-devices "
-                    f"{','.join(sorted_caps({'': (*self._offered, *missing)}))}, "
+                    f"{','.join(ordered_capabilities((*self._offered, *missing)))}, "
                     "or drop them from the config",
                 )
             out[result.request] = asked
@@ -348,12 +353,6 @@ def claim_capability_name(uid: str, capability: str) -> str:
     """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
     the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
     return f"{uid}-{capability_device_name(capability)}"
-
-
-def sorted_caps(by_request: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
-    """The capabilities named anywhere in ``by_request``, once each, in NVIDIA's order."""
-    named = {c for caps in by_request.values() for c in caps}
-    return tuple(c for c in CAPABILITIES if c in named)
 
 
 def load_checkpoint(path: Path) -> dict[str, ClaimDoc]:
