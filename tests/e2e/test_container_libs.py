@@ -35,7 +35,7 @@ import pytest
 from cdigen.nodefile import dump_node
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, FakeHost, build_host, make_node
 from tests.debian_root import cached_debian_root, missing_tools
-from tests.helpers.podman import Podman
+from tests.helpers.podman import GRAPHICS_FILES, Podman, file_check
 
 PACKAGES = ("gcc", "libc6-dev")
 STUB_CUDA = "int cuInit(unsigned int flags) { return (int)flags + 100; }\n"
@@ -219,12 +219,7 @@ def test_without_hooks_ldconfig_knows_nothing(setup: Setup) -> None:
     assert "libcuda.so.1" not in out  # why the hook-free spec mounts in every family dir
 
 
-GRAPHICS_CHECK = (
-    "/work/cudaprog; for f in /usr/share/vulkan/icd.d/nvidia_icd.json "
-    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json /usr/lib64/libGLX_nvidia.so.0 "
-    f"{LIB_DIR}/libGLX_nvidia.so.0 {LIB_DIR}/libGLX_indirect.so.0; do "
-    "test -e $f && echo HAVE $f && cat $f; test -L $f && echo LINK $f $(readlink $f); done; true"
-)
+GRAPHICS_CHECK = f"/work/cudaprog; {file_check(GRAPHICS_FILES)}"
 
 
 @pytest.mark.parametrize("vendor", ["capsplain.example", "capshooked.example"])

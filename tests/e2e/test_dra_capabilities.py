@@ -18,8 +18,7 @@ from plugin.dra.cli import DEFAULT_DRIVER
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
-from tests.fake_apiserver import allocated_claim
-from tests.helpers.dra import DRIVER, NODE_NAME, Harness
+from tests.helpers.dra import DRIVER, Harness, add_claim, entry, gpu_config
 from tests.helpers.shared import require_shared_tool
 
 CLAIM_KIND = f"k8s.{DRIVER}/claim"
@@ -29,33 +28,6 @@ VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
 @pytest.fixture
 def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3), graphics=True)
-
-
-def gpu_config(*capabilities: str, **extra: Any) -> dict[str, Any]:
-    """Opaque parameters for our driver."""
-    return {"apiVersion": API_VERSION, "kind": KIND, "capabilities": list(capabilities), **extra}
-
-
-def entry(source: str, parameters: Any, *requests: str, driver: str = DRIVER) -> dict[str, Any]:
-    """One status.allocation.devices.config entry, as the scheduler copies it."""
-    doc: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
-    if requests:
-        doc["requests"] = list(requests)
-    return doc
-
-
-def add_claim(
-    harness: Harness, name: str, uid: str, devices: dict[str, str], config: list[dict[str, Any]]
-) -> tuple[str, str, str]:
-    """An allocated claim with ``devices`` (device -> request) and ``config`` entries."""
-    results = [
-        {"request": request, "driver": DRIVER, "pool": NODE_NAME, "device": device}
-        for device, request in devices.items()
-    ]
-    claim = allocated_claim(name, uid, results)
-    claim["status"]["allocation"]["devices"]["config"] = config
-    harness.api.add_claim(claim)
-    return ("default", uid, name)
 
 
 def ids_of(response: Any, uid: str) -> list[list[str]]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.model import Node
+from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.kube import KubeApi, api_client
 from plugin.dra.serve import DraOptions, DraPlugin
 from tests.cdihost import FakeHost
@@ -70,3 +71,30 @@ class Harness:
         ]
         self.api.add_claim(allocated_claim(name, uid, results))
         return ("default", uid, name)
+
+
+def gpu_config(*capabilities: str, **extra: Any) -> dict[str, Any]:
+    """Opaque parameters for our driver."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "capabilities": list(capabilities), **extra}
+
+
+def entry(source: str, parameters: Any, *requests: str, driver: str = DRIVER) -> dict[str, Any]:
+    """One status.allocation.devices.config entry, as the scheduler copies it."""
+    doc: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
+    if requests:
+        doc["requests"] = list(requests)
+    return doc
+
+
+def add_claim(
+    harness: Harness, name: str, uid: str, devices: dict[str, str], config: list[dict[str, Any]]
+) -> tuple[str, str, str]:
+    """An allocated claim with ``devices`` (device -> request) and ``config`` entries."""
+    results = [
+        {"request": request, "driver": DRIVER, "pool": NODE_NAME, "device": device}
+        for device, request in devices.items()
+    ]
+    claim = allocated_claim(name, uid, results)
+    claim["status"]["allocation"]["devices"]["config"] = config
+    harness.api.add_claim(claim)
+    return ("default", uid, name)

@@ -7,11 +7,34 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.cdihost import LIB_DIR
+
 BUSYBOX = "/bin/busybox"
 CONTAINERS_CONF = (
     '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
     '[engine]\nruntime = "runc"\n'
 )
+
+
+# What a container given the graphics capability sees of a ``build_host(graphics=True)`` host:
+# the Vulkan ICD and glvnd EGL vendor JSON, the GLX library (also in the RHEL-family dir) and
+# glvnd's libGLX_indirect link. Checked from inside the container with :func:`file_check`.
+GRAPHICS_FILES = (
+    "/usr/share/vulkan/icd.d/nvidia_icd.json",
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+    "/usr/lib64/libGLX_nvidia.so.0",
+    f"{LIB_DIR}/libGLX_nvidia.so.0",
+    f"{LIB_DIR}/libGLX_indirect.so.0",
+)
+
+
+def file_check(paths: tuple[str, ...]) -> str:
+    """A shell script (busybox is enough) printing ``HAVE <path>`` and its content for each of
+    ``paths`` that exists in the container, ``LINK <path> <target>`` for each link; exits 0."""
+    return (
+        f"for f in {' '.join(paths)}; do test -e $f && echo HAVE $f && cat $f; "
+        "test -L $f && echo LINK $f $(readlink $f); done; true"
+    )
 
 
 def missing_tools() -> str | None:
