@@ -229,11 +229,7 @@ def test_only_a_container_given_the_capability_device_sees_the_graphics_files(
     gpu = f"{vendor}/gpu={setup.host.node.gpus[0].uuid}"
     given = _run(setup, GRAPHICS_CHECK, gpu, f"{vendor}/gpu=capability-graphics").stdout
     assert "cuInit=101 nvmlInit=7" in given  # the GPU's common edits still work
-    for path in (
-        "/usr/share/vulkan/icd.d/nvidia_icd.json",
-        "/usr/lib64/libGLX_nvidia.so.0",
-        f"{LIB_DIR}/libGLX_indirect.so.0",
-    ):
+    for path in GRAPHICS_FILES:
         assert f"HAVE {path}" in given, given
     assert '{"file": "/usr/share/vulkan/icd.d/nvidia_icd.json"}' in given  # the host's file
     # the glvnd link: made by the capability device's create-symlinks hook, else mounted
