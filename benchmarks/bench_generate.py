@@ -4,7 +4,8 @@ and ``cdigen --help``.
 An 8-GPU node on a fake host with 60 driver libraries (tests/cdihost.py). Each command runs as a
 fresh process, interleaved with two baselines measured in the same run: ``python -c pass`` (the
 interpreter start every command pays) and a python importing only the libraries generate needs
-(the floor under it). Prints median, p99 and the ratio to the first baseline, and whether cdigen
+(the floor under it), and a python importing only pynvml (what a real node's default
+``--node nvml`` adds). Prints median, p99 and the ratio to the first baseline, and whether cdigen
 is an editable install (whose import hook raises the baseline). Goals: generate under 300 ms,
 --help under 150 ms, both including interpreter start (issue 3); generate within 4x the
 baseline (issue 17; figures before and after in docs/cdi.md, "Performance").
@@ -104,6 +105,11 @@ def main() -> None:
             "python -c pass (baseline)": [sys.executable, "-c", "pass"],
             "python importing the libraries generate needs": [
                 sys.executable, "-c", f"import {', '.join(FLOOR_MODULES)}"
+            ],
+            # A real node's boot runs 'generate' with the default '--node nvml', which also
+            # imports pynvml: this row shows what that costs on its own.
+            "python importing pynvml (what --node nvml adds)": [
+                sys.executable, "-c", "import pynvml"
             ],
             "cdigen --help": [*cdigen, "--help"],
             f"cdigen generate --dry-run ({GPUS} GPUs, {len(host.libraries)} libs)": [
