@@ -4,7 +4,8 @@ Pure functions and frozen records, no gRPC. A resource with ``sharing: {replicas
 each GPU as N devices ``<uuid>::<k>`` (time-slicing); one with ``sharing: {memorySliceMiB: M}``
 advertises floor(memory / M) devices ``<uuid>::slice-<k>`` (see :mod:`policies.shares`).
 :func:`allocate_shares` turns the IDs the kubelet allocated into the GPU's CDI name (once per
-GPU), the MPS limits in the environment and the MPS pipe-directory mount, or refuses with
+GPU), the MPS limits in the environment and the MPS pipe-directory and shared-memory mounts, or
+refuses with
 :class:`ShareRefused` (the service answers it with ``FAILED_PRECONDITION``).
 
 Without an MPS control daemon the limits are advisory: nothing stops a pod from using the
@@ -14,6 +15,7 @@ whole GPU's memory and compute (see docs/sharing.md).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +29,8 @@ MAX_REPLICAS = 1024
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+# where an MPS client looks for the daemon's shared memory: the node's shm directory goes there
+MPS_SHM_PATH = "/dev/shm"
 
 
 class ShareRefused(CdigenError):
@@ -41,6 +45,7 @@ class Sharing:
     memory_slice_mib: int | None = None
     fail_requests_greater_than_one: bool = False
     mps_pipe_directory: str | None = None
+    mps_shm_directory: str | None = None
 
     @property
     def kind(self) -> str:
@@ -118,8 +123,10 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
             hint="a memory-slice request is always for one GPU",
         )
     mps = doc.get("mps") or {}
-    if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory"}:
-        raise InputError("mps must be a mapping with pipeDirectory only", where=f"{where}.mps")
+    if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory", "shmDirectory"}:
+        raise InputError(
+            "mps must be a mapping with pipeDirectory and shmDirectory only", where=f"{where}.mps"
+        )
     pipe = mps.get("pipeDirectory")
     if pipe is not None and (not isinstance(pipe, str) or not pipe.startswith("/")):
         raise InputError(
@@ -127,6 +134,11 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
             where=where,
             hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
         )
+    shm = mps.get("shmDirectory")
+    if shm is not None:
+        problem = shm_directory_problem(shm, pipe)
+        if problem:
+            raise InputError(f"mps.shmDirectory {problem}", where=where, hint=SHM_HINT)
     return Sharing(
         replicas=_positive_int(doc, "replicas", where, MAX_REPLICAS) if "replicas" in doc else None,
         memory_slice_mib=(
@@ -134,7 +146,33 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
         ),
         fail_requests_greater_than_one=fail,
         mps_pipe_directory=pipe,
+        mps_shm_directory=shm,
     )
+
+
+SHM_HINT = (
+    "a node directory (a tmpfs) that the MPS control daemon has at /dev/shm, "
+    "e.g. /run/nvidia/mps-shm"
+)
+
+
+def shm_directory_problem(shm: object, pipe: str | None) -> str | None:
+    """Why ``shm`` cannot be the MPS daemon's shared-memory directory, or None: it must be an
+    absolute path, not the host's own /dev/shm (every pod would share the node's), not the
+    pipe directory, and it needs a pipe directory (without MPS nobody uses it).
+
+    The text follows the name of the setting (``mps.shmDirectory``, ``--mps-shm-dir``).
+    """
+    if not isinstance(shm, str) or not shm.startswith("/"):
+        return f"must be an absolute path, got {shm!r}"
+    normal = os.path.normpath(shm)
+    if normal == MPS_SHM_PATH:
+        return f"must not be the node's own {MPS_SHM_PATH}, got {shm!r}"
+    if pipe is None:
+        return f"{shm!r} needs an MPS pipe directory as well (clients reach the daemon there)"
+    if normal == os.path.normpath(pipe):
+        return f"must not be the pipe directory {pipe!r}"
+    return None
 
 
 def shares_of_gpu(gpu: Gpu, sharing: Sharing) -> tuple[str, ...]:
@@ -223,6 +261,8 @@ def allocate_shares(
     mounts: tuple[Mount, ...] = ()
     if sharing.mps_pipe_directory is not None:
         mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
+    if sharing.mps_shm_directory is not None:
+        mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
     return ShareAllocation(
         gpu_uuids=uuids,
         cdi_names=tuple(
@@ -249,6 +289,42 @@ def _mps_mount(pipe: str, resource: str) -> Mount:
             hint="point sharing.mps.pipeDirectory at the directory nvidia-cuda-mps-control made",
         )
     return Mount(pipe, pipe, read_only=True)
+
+
+def _mps_shm_mount(shm: str, resource: str) -> Mount:
+    """The MPS daemon's shared memory at /dev/shm, writable: clients make their segments there.
+
+    As for the pipe directory, a directory that is not there yet is mounted anyway (the runtime
+    makes it; the daemon's own mount of the same path then shares it), and one that exists but
+    is a symlink, no directory, owned by another user or in a world-writable directory is
+    refused with ShareRefused. It may itself be world-writable, as /dev/shm is.
+    """
+    problem = _shm_problem(shm) if os.path.lexists(shm) else None
+    if problem:
+        raise ShareRefused(
+            f"will not mount the MPS shared-memory directory at {MPS_SHM_PATH}: {problem}",
+            where=resource,
+            hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at /dev/shm",
+        )
+    return Mount(shm, MPS_SHM_PATH)
+
+
+def _shm_problem(path: str) -> str | None:
+    """Why the host directory ``path`` must not become containers' /dev/shm, or None."""
+    try:
+        st = os.lstat(path)
+        parent = os.stat(os.path.dirname(path.rstrip("/")) or "/")
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"{path} is owned by uid {st.st_uid}, not root"
+    if parent.st_mode & 0o002:
+        return f"{path} is in a world-writable directory"
+    return None
 
 
 def _mps_env(

@@ -94,6 +94,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "it the limits are advisory",
     )
     sharing.add_argument(
+        "--mps-shm-dir",
+        metavar="DIR",
+        help="the node directory the MPS control daemon has at /dev/shm, mounted at /dev/shm "
+        "in limited claims (with --mps-pipe-dir), so that pods need no hostIPC",
+    )
+    sharing.add_argument(
         "--mps-thread-percentage",
         metavar="N|proportional",
         help="also set CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: a fixed 1-100, or proportional to "
@@ -182,6 +188,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
     from plugin.dra.mps import MpsSettings
     from plugin.dra.slices import MemoryShares
+    from plugin.sharing import SHM_HINT, shm_directory_problem
 
     threads: int | None = None
     text = args.mps_thread_percentage
@@ -204,10 +211,15 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
             where="--mps-pipe-dir",
             hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
         )
+    if args.mps_shm_dir is not None:
+        problem = shm_directory_problem(args.mps_shm_dir, args.mps_pipe_dir)
+        if problem:
+            raise InputError(problem, where="--mps-shm-dir", hint=SHM_HINT)
     taints = _taint_xids(args.taint_xid)
     out: dict[str, object] = {
         "mps": MpsSettings(
             pipe_dir=args.mps_pipe_dir,
+            shm_dir=args.mps_shm_dir,
             thread_percentage=threads,
             replicas=args.replicas,
             limit_key=args.mps_limit_key,

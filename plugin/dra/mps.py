@@ -1,5 +1,5 @@
-"""MPS limits of a claim on a shared GPU: the environment and the pipe-directory mount that go
-into the claim's CDI spec (see docs/dra-sharing.md)."""
+"""MPS limits of a claim on a shared GPU: the environment and the pipe-directory and
+shared-memory mounts that go into the claim's CDI spec (see docs/dra-sharing.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from cdigen.cdi.types import MountDoc
 from cdigen.model import Gpu
 from plugin.dra.claims import AllocatedDevice
-from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
+from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_SHM_PATH, MPS_THREADS_ENV
 from policies.cel import parse_quantity
 from policies.device_view import DeviceView
 
@@ -27,10 +27,13 @@ class MpsSettings:
     proportional to the memory share, 1-100 that fixed percentage. ``limit_key``: ``index``
     (the GPU's CUDA ordinal in the container, with CUDA_DEVICE_ORDER=PCI_BUS_ID) or ``uuid``.
     ``pipe_dir``: the MPS control daemon's pipe directory, mounted into the container; without
-    it nothing enforces the limits.
+    it nothing enforces the limits. ``shm_dir``: the node directory the daemon has at /dev/shm,
+    mounted at /dev/shm in the container (with ``pipe_dir`` only), so that clients reach the
+    daemon's shared memory without the host's IPC namespace.
     """
 
     pipe_dir: str | None = None
+    shm_dir: str | None = None
     thread_percentage: int | None = None
     replicas: int | None = None
     limit_key: str = "index"
@@ -79,4 +82,8 @@ def claim_limits(
                 "options": ["rbind", "rw"],
             }
         )
+        if mps.shm_dir:
+            mounts.append(
+                {"hostPath": mps.shm_dir, "containerPath": MPS_SHM_PATH, "options": ["rbind", "rw"]}
+            )
     return env, mounts

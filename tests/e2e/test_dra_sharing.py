@@ -7,6 +7,9 @@ plugin actually published."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,9 @@ from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, dra_options
+from tests.helpers.podman import Podman
+from tests.helpers.podman import missing_tools as podman_missing_tools
+from tests.helpers.shared import require_shared_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
@@ -283,3 +289,128 @@ def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
     (cleared,) = plugin.slices()
     assert not any("taints" in d for d in cleared["spec"]["devices"])
     assert cleared["spec"]["pool"]["generation"] == generation + 2
+
+
+# --------------------------------------------------------------------------- MPS shared memory
+
+
+def _mps_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """A pipe directory and a shared-memory directory on the "node", as the MPS component makes
+    them (the shm directory world-writable, as /dev/shm is), with a segment of the daemon's."""
+    pipe, shm = tmp_path / "node-run" / "mps", tmp_path / "node-run" / "mps-shm"
+    pipe.mkdir(parents=True, mode=0o755)
+    shm.mkdir(mode=0o755)
+    shm.chmod(0o1777)
+    (shm / "cuda.shm.daemon").write_text("the MPS daemon's segment\n")
+    return pipe, shm
+
+
+def _share(device: str, memory: str, n: int) -> dict[str, Any]:
+    return {
+        "request": "share",
+        "driver": DRIVER,
+        "pool": NODE_NAME,
+        "device": device,
+        "shareID": f"{n}1111111-1111-1111-1111-111111111111",
+        "consumedCapacity": {"memory": memory},
+    }
+
+
+def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_does_not(
+    plugin: Plugin, tmp_path: Path
+) -> None:
+    """--mps-shm-dir: the claim's CDI spec mounts the node's shm directory at /dev/shm, and the
+    CDI library that runtimes use injects it; an exclusive whole GPU gets neither MPS mount."""
+    pipe, shm = _mps_dirs(tmp_path)
+    plugin.start(
+        "builtin:dgx1-v100",
+        memory_shares=MemoryShares(step=GIB),
+        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
+    )
+    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
+    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
+    response = plugin.kubelet.prepare(
+        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
+    )
+    assert response.claims["uid-l"].error == "" and response.claims["uid-w"].error == ""
+
+    limited = plugin.spec("uid-l")["containerEdits"]["mounts"]
+    assert {"hostPath": str(shm), "containerPath": "/dev/shm", "options": ["rbind", "rw"]} in (
+        limited
+    )
+    plain = plugin.spec("uid-w").get("containerEdits", {}).get("mounts", [])
+    assert not [m for m in plain if m["hostPath"] in (str(pipe), str(shm))]
+    assert "/dev/shm" not in [m["containerPath"] for m in plain]
+
+    assert plugin.host is not None
+    if not plugin.host.real_nodes:
+        pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
+    edits = _inject(plugin, "uid-l")
+    assert {"source": str(shm), "destination": "/dev/shm", "options": ["rbind", "rw"]} in [
+        {k: m.get(k) for k in ("source", "destination", "options")} for m in edits["mounts"]
+    ]
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["process.env"]
+    assert "/dev/shm" not in [m["destination"] for m in _inject(plugin, "uid-w")["mounts"]]
+
+
+def _inject(plugin: Plugin, uid: str) -> dict[str, Any]:
+    """The OCI edits the CDI library makes for the claim's devices (cdicheck inject)."""
+    tool = require_shared_tool("cdicheck")
+    names = [f"k8s.{DRIVER}/claim={d['name']}" for d in plugin.spec(uid)["devices"]]
+    result = subprocess.run(
+        [str(tool), "inject", str(plugin.cdi_dir), *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    edits: dict[str, Any] = json.JSONDecoder().raw_decode(result.stdout)[0]
+    return edits
+
+
+def test_a_container_of_a_limited_claim_sees_the_daemons_segment_in_dev_shm(
+    plugin: Plugin, tmp_path: Path
+) -> None:
+    """podman + runc with the claim's CDI device: /dev/shm is the node directory (the daemon's
+    file is there, and what the container writes lands on the node); a whole GPU's container
+    keeps a /dev/shm of its own."""
+    reason = podman_missing_tools()
+    if reason:
+        pytest.skip(reason)
+    pipe, shm = _mps_dirs(tmp_path)
+    plugin.start(
+        "builtin:dgx1-v100",
+        memory_shares=MemoryShares(step=GIB),
+        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
+    )
+    assert plugin.host is not None
+    if not plugin.host.real_nodes:
+        pytest.skip("mknod is not permitted here, so no real device nodes for podman to use")
+    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
+    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
+    answer = plugin.kubelet.prepare(
+        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
+    )
+    (limited,) = answer.claims["uid-l"].devices
+    (exclusive,) = answer.claims["uid-w"].devices
+    store = Path(tempfile.mkdtemp(prefix="cdigen-podman-", dir="/tmp"))
+    try:
+        podman = Podman(tmp_path / "work", store)
+        podman.etc_cdi, podman.var_run_cdi = tmp_path / "work" / "empty", plugin.cdi_dir
+        script = "cat /dev/shm/cuda.shm.daemon && echo client > /dev/shm/cuda.shm.client"
+        seen = podman.run(script, *limited.cdi_device_ids)
+        if seen.returncode != 0 and "cuda.shm" not in seen.stderr:
+            smoke = podman.run("true")
+            if smoke.returncode != 0:
+                pytest.skip(f"this machine cannot run containers: {smoke.stderr.strip()[-300:]}")
+        assert seen.returncode == 0, seen.stderr + seen.stdout
+        assert seen.stdout.splitlines() == ["the MPS daemon's segment"]
+        assert (shm / "cuda.shm.client").read_text() == "client\n"
+        other = podman.run("ls -A /dev/shm; echo done", *exclusive.cdi_device_ids)
+        assert other.returncode == 0, other.stderr + other.stdout
+        assert other.stdout.splitlines() == ["done"]  # its own, empty /dev/shm
+    finally:
+        shutil.rmtree(store, ignore_errors=True)

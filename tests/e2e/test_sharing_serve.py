@@ -112,13 +112,16 @@ def test_rtx4090_story_runs_as_the_doc_writes_it(tmp_path: Path) -> None:
         limit = backticked("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=").partition("=")[2]
         threads = backticked("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=").partition("=")[2]
         pipe = backticked("CUDA_MPS_PIPE_DIRECTORY=").partition("=")[2]
+        shm = yaml.safe_load(doc_config())["resources"][0]["sharing"]["mps"]["shmDirectory"]
         assert (cdi_name, limit) == (f"nvidia.com/gpu={uuid}", f"{uuid}=3072M")
         for pod in pods:
             assert [d.name for d in pod.cdi_devices] == [cdi_name]
             assert pod.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit
             assert pod.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == threads
             assert pod.envs["CUDA_MPS_PIPE_DIRECTORY"] == pipe
-            assert [(m.host_path, m.container_path) for m in pod.mounts] == [(pipe, pipe)]
+            mounts = [(m.host_path, m.container_path, m.read_only) for m in pod.mounts]
+            # the pipe directory read-only, the daemon's shared memory writable at /dev/shm
+            assert mounts == [(pipe, pipe, True), (shm, "/dev/shm", False)]
         assert len(free) == 17
 
         # a pod asking for 30 slices: the GPU has 23
@@ -130,6 +133,7 @@ def test_rtx4090_story_runs_as_the_doc_writes_it(tmp_path: Path) -> None:
         # replicas: one is fine, two are refused (failRequestsGreaterThanOne)
         one = kubelet.allocate(REPLICAS, [[replicas[0].ID]]).container_responses[0]
         assert [d.name for d in one.cdi_devices] == [cdi_name] and not one.envs
+        assert not one.mounts  # plain time-slicing: no MPS, its own /dev/shm
         with pytest.raises(grpc.RpcError) as two:
             kubelet.allocate(REPLICAS, [[replicas[0].ID, replicas[1].ID]])
         assert two.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -597,7 +597,8 @@ def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
     pipe_dir = _sharing_options(args)["mps"].pipe_dir  # type: ignore[attr-defined]
     assert pipe_dir == "/run/nvidia/mps"
     # the daemon runs the host's driver tools in the host's /, pipes at that same host path
-    assert daemon["command"] == ["chroot", "/host", "nvidia-cuda-mps-control", "-f"]
+    assert daemon["command"][:2] == ["chroot", "/host"]
+    assert daemon["command"][-1].endswith("&& exec nvidia-cuda-mps-control -f")
     env = {e["name"]: e["value"] for e in daemon["env"]}
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe_dir
     defined = volumes(mps_pod)
@@ -608,6 +609,36 @@ def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
         assert defined[mount["name"]]["hostPath"]["path"] == env[variable]
     assert env["CUDA_MPS_LOG_DIRECTORY"] != pipe_dir, "claims would see the daemon's logs"
     assert daemon["image"] == plugin_container["image"]  # the tag the base's images: set
+
+
+def test_mps_daemon_has_at_dev_shm_the_directory_the_plugin_mounts_there_in_claims(
+    mps_pod: dict[str, Any],
+) -> None:
+    """MPS clients reach the daemon's shared memory: the claims' /dev/shm is the daemon's."""
+    from cdigen.discover import load_node
+    from plugin.dra.claims import AllocatedDevice
+    from plugin.dra.cli import _sharing_options
+    from plugin.dra.mps import claim_limits
+    from policies.device_view import device_views
+
+    plugin_container, daemon = mps_pod["containers"]
+    args = build_parser().parse_args(plugin_container["command"][1:])
+    settings = _sharing_options(args)["mps"]
+    shm_dir = settings.shm_dir  # type: ignore[attr-defined]
+    assert shm_dir and shm_dir != settings.pipe_dir  # type: ignore[attr-defined]
+    # the daemon, chrooted into /host, has the hostPath at /dev/shm, writable
+    mount = mounts(daemon)["/host/dev/shm"]
+    assert not mount.get("readOnly", False)
+    assert volumes(mps_pod)[mount["name"]]["hostPath"]["path"] == shm_dir
+    assert "chmod 1777 /dev/shm" in daemon["command"][-1]
+    # the plugin mounts that same host directory at /dev/shm in a limited claim
+    node = load_node("builtin:rtx4090")
+    views = {v.name: v for v in device_views(node)}
+    device = AllocatedDevice(request="r", device="gpu-0", consumed={"memory": "3Gi"})
+    _, claim_mounts = claim_limits([device], views, settings)  # type: ignore[arg-type]
+    assert {"hostPath": shm_dir, "containerPath": "/dev/shm", "options": ["rbind", "rw"]} in (
+        claim_mounts
+    )
 
 
 # -- the capabilities component (deploy/dra/components/capabilities) ----------------------------

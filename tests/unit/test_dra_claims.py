@@ -278,6 +278,9 @@ def test_what_check_accepts_covers_what_the_views_publish(source: str) -> None:
         (["--memory-step", "0"], "--memory-step: '0' is not a positive whole quantity"),
         (["--mps-thread-percentage", "150"], "--mps-thread-percentage: '150' is not a percent"),
         (["--mps-pipe-dir", "run/mps"], "--mps-pipe-dir: 'run/mps' is not an absolute path"),
+        (["--mps-shm-dir", "/run/shm"], "--mps-shm-dir: '/run/shm' needs an MPS pipe directory"),
+        (["--mps-pipe-dir", "/p", "--mps-shm-dir", "s"], "--mps-shm-dir: must be an absolute"),
+        (["--mps-pipe-dir", "/p", "--mps-shm-dir", "/dev/shm"], "must not be the node's own"),
         (["--replicas", "0"], "--replicas: 0 is not in 1-1024"),
     ],
 )

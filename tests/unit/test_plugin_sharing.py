@@ -19,12 +19,13 @@ from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig, load_config
 from plugin.serve import Plugin
-from plugin.sharing import Sharing
+from plugin.sharing import ShareRefused, Sharing, allocate_shares
 from tests.kubelet_sim import KubeletSimulator
 
 SLICES = "nvidia.com/gpu-memory"
 REPLICAS = "nvidia.com/gpu.shared"
 RTX = "builtin:rtx4090"
+SHM = "/dev/shm"
 
 SHARING_YAML = f"""\
 resources:
@@ -35,7 +36,7 @@ resources:
   - name: {SLICES}
     sharing:
       memorySliceMiB: 1024
-      mps: {{pipeDirectory: /run/nvidia/mps}}
+      mps: {{pipeDirectory: /run/nvidia/mps, shmDirectory: /run/nvidia/mps-shm}}
 """
 
 
@@ -54,7 +55,13 @@ def test_whole_gpus_replicas_and_slices_may_be_served_together(tmp_path: Path) -
         ResourceConfig("nvidia.com/gpu"),
         ResourceConfig(REPLICAS, "pack", Sharing(replicas=4, fail_requests_greater_than_one=True)),
         ResourceConfig(
-            SLICES, None, Sharing(memory_slice_mib=1024, mps_pipe_directory="/run/nvidia/mps")
+            SLICES,
+            None,
+            Sharing(
+                memory_slice_mib=1024,
+                mps_pipe_directory="/run/nvidia/mps",
+                mps_shm_directory="/run/nvidia/mps-shm",
+            ),
         ),
     )
     assert config.gpu_resource == "nvidia.com/gpu" and config.advertises_whole_gpus
@@ -97,6 +104,29 @@ def test_resource_flag_keeps_a_single_resource_sharing(tmp_path: Path) -> None:
         (
             "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {pipeDirectory: r}}}\n",
             "pipeDirectory",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {pipeDirectory: /p, "
+            "shmDirectory: shm}}}\n",
+            "resources[0].sharing.mps.shmDirectory: 'shm' does not match '^/'",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {pipeDirectory: /p, "
+            "shmDirectory: /dev//shm/}}}\n",
+            "resources[0].sharing: mps.shmDirectory must not be the node's own /dev/shm",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {shmDirectory: /s}}}\n",
+            "resources[0].sharing.mps: 'pipeDirectory' is a dependency of 'shmDirectory'",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {pipeDirectory: /p, "
+            "shmDirectory: /p/}}}\n",
+            "mps.shmDirectory must not be the pipe directory '/p'",
+        ),
+        (
+            "resources:\n  - {name: a.com/x, sharing: {replicas: 2, mps: {shm: /s}}}\n",
+            "'shm' was unexpected",
         ),
     ],
 )
@@ -190,6 +220,12 @@ def test_pods_on_each_resource_get_the_same_card(cdi_cri: KubeletSimulator) -> N
     limits = [c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for c in sliced.container_responses]
     assert limits == [f"{uuid}=4096M", f"{uuid}=1024M"]
     assert not whole.container_responses[0].envs and not whole.container_responses[0].mounts
+    # MPS clients (the slices) get the daemon's shared memory at /dev/shm, writable; the plain
+    # time-sliced replica (no MPS) and the whole GPU get no mounts at all
+    for container in sliced.container_responses:
+        shm = [(m.host_path, m.read_only) for m in container.mounts if m.container_path == SHM]
+        assert shm == [("/run/nvidia/mps-shm", False)]
+    assert not replica.container_responses[0].mounts
 
 
 def test_a_refused_container_names_its_index(cdi_cri: KubeletSimulator) -> None:
@@ -221,3 +257,34 @@ def test_shares_under_other_strategies(tmp_path: Path, spec_dir: Path, strategy:
             assert [d.container_path for d in response.devices] == ["/dev/nvidia0"]
         else:
             assert list(response.annotations.values()) == [f"nvidia.com/gpu={uuid}"]
+
+
+def test_the_shm_directory_is_checked_like_the_pipe_directory(tmp_path: Path) -> None:
+    """A missing directory is mounted (the runtime makes it, as for the pipe directory), a real
+    one (world-writable, as /dev/shm is) too; a symlink or a file is refused, saying why."""
+    node = load_node(RTX)
+    share = [f"{node.gpus[0].uuid}::slice-0"]
+    shm = tmp_path / "node" / "mps-shm"
+    sharing = Sharing(
+        memory_slice_mib=1024, mps_pipe_directory=str(tmp_path / "pipe"), mps_shm_directory=str(shm)
+    )
+
+    def mounts() -> list[tuple[str, str, bool]]:
+        got = allocate_shares(share, node, sharing, cdi_kind="nvidia.com/gpu", resource=SLICES)
+        return [(m.host_path, m.container_path, m.read_only) for m in got.mounts]
+
+    pipe_mount = (str(tmp_path / "pipe"), str(tmp_path / "pipe"), True)
+    assert mounts() == [pipe_mount, (str(shm), SHM, False)]  # not there yet
+    shm.parent.mkdir(mode=0o755)
+    shm.mkdir()
+    shm.chmod(0o1777)
+    assert mounts() == [pipe_mount, (str(shm), SHM, False)]
+    shm.rmdir()
+    shm.symlink_to("/dev/shm")
+    with pytest.raises(ShareRefused, match=re.escape(f"{shm} is a symlink")) as refused:
+        mounts()
+    assert "sharing.mps.shmDirectory" in str(refused.value) and "\n" not in str(refused.value)
+    shm.unlink()
+    shm.write_text("")
+    with pytest.raises(ShareRefused, match="is not a directory"):
+        mounts()
