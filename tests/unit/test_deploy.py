@@ -24,11 +24,13 @@ COMPONENTS = sorted(p.name for p in (KUSTOMIZE_DIR / "components").iterdir() if 
 # recent one and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.28", "1.31", "1.35")
 # Each shipped kustomization and the one driver-layout component it uses.
-SHIPPED = {"": "host-driver", "containerized-driver": "containerized-driver"}
+SHIPPED = {"": "host-driver", "containerized-driver": "containerized-driver", "mps": "host-driver"}
 LAYOUT_ROOTS = {
     "host-driver": {"--host-root=/host", "--driver-root=/", "--dev-root=/"},
     "containerized-driver": {"--driver-root=/run/nvidia/driver", "--dev-root=/"},
 }
+# Components that are no driver layout, and the one layout each works with (listed before it).
+FEATURES = {"mps": "host-driver"}
 
 
 def _tool(name: str) -> str:
@@ -169,6 +171,11 @@ def test_every_combination_of_components(combination: tuple[str, ...], tmp_path:
         assert result.returncode != 0
         assert "test" in result.stderr, result.stderr
         return
+    if any(layouts != [FEATURES[c]] for c in combination if c in FEATURES):
+        # e.g. MPS without the host driver: no /host to run the daemon in, refused by a test
+        assert result.returncode != 0
+        assert "test" in result.stderr, result.stderr
+        return
     assert result.returncode == 0, result.stderr
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
     assert check_objects(objects) == []
@@ -184,7 +191,8 @@ def test_every_combination_of_components(combination: tuple[str, ...], tmp_path:
 
 
 def test_components_cover_every_driver_layout() -> None:
-    assert set(COMPONENTS) == set(LAYOUT_ROOTS)
+    assert set(COMPONENTS) == set(LAYOUT_ROOTS) | set(FEATURES)
+    assert set(FEATURES.values()) <= set(LAYOUT_ROOTS)
     assert set(SHIPPED.values()) == set(LAYOUT_ROOTS)
 
 
@@ -421,6 +429,110 @@ def test_resources_name_loaded_policies(objects: list[dict[str, Any]]) -> None:
         pytest.skip("the policy files are still empty")
     for resource in config["resources"]:
         assert resource.get("policy", "default") in names
+
+
+# -- MPS (components/mps, shipped as deploy/kubernetes/mps) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mps_objects() -> list[dict[str, Any]]:
+    """``kubectl apply -k deploy/kubernetes/mps``: the host driver with the MPS component."""
+    return render(KUSTOMIZE_DIR / "mps")
+
+
+def loaded_config(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
+    """The rendered plugin config, read by the plugin's own loader (schema included)."""
+    plugin_config = pytest.importorskip("plugin.config")
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"], "utf-8")
+    return plugin_config.load_config(path, env={})
+
+
+def test_mps_config_loads_with_a_memory_slice_resource_under_mps(
+    mps_objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from plugin.sharing import advisory_warning
+
+    config = loaded_config(mps_objects, tmp_path)
+    (resource,) = config.resources  # no nvidia.com/gpu beside it: that would be the same GPUs
+    assert resource.name == "nvidia.com/gpu-memory"  # the name docs/sharing.md uses
+    sharing = resource.sharing
+    assert (sharing.kind, sharing.memory_slice_mib) == ("slice", 1024)
+    assert sharing.mps_pipe_directory == "/run/nvidia/mps"
+    assert sharing.mps_shm_directory == "/run/nvidia/mps-shm"
+    assert advisory_warning(sharing, resource.name) is None  # the limits are enforced
+
+
+def test_mps_config_is_the_bases_but_for_its_resources(
+    objects: list[dict[str, Any]], mps_objects: list[dict[str, Any]]
+) -> None:
+    def settings(objs: list[dict[str, Any]]) -> dict[str, Any]:
+        text = configmap(objs, "cdigen-plugin-config")["data"]["config.yaml"]
+        doc: dict[str, Any] = yaml.safe_load(text)
+        doc.pop("resources")
+        return doc
+
+    assert settings(mps_objects) == settings(objects), "copy base/plugin-config.yaml's change"
+    # a new config rolls the pods: the DaemonSet names the replacement ConfigMap
+    name = configmap(mps_objects, "cdigen-plugin-config")["metadata"]["name"]
+    assert {"name": "config", "configMap": {"name": name}} in pod_of(mps_objects)["volumes"]
+    assert name != configmap(objects, "cdigen-plugin-config")["metadata"]["name"]
+
+
+def test_mps_daemon_serves_what_allocate_mounts_into_the_pods(
+    mps_objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Each directory Allocate mounts into a pod is the hostPath the daemon has at the same path
+    in its chroot: the pipe directory, and the plugin's shmDirectory as the daemon's /dev/shm."""
+    from cdigen.discover import load_node
+    from plugin.sharing import allocate_shares, shares_of_gpu
+
+    (resource,) = loaded_config(mps_objects, tmp_path).resources
+    sharing = resource.sharing
+    pod = pod_of(mps_objects)
+    assert list(containers(pod)) == ["plugin", "mps-control"]
+    plugin, daemon = containers(pod).values()
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # the host driver's own daemon, in the host's / (the host-driver layout's read-only mount)
+    assert daemon["command"][:2] == ["chroot", "/host"]
+    assert volumes[mounts(daemon)["/host"]["name"]]["hostPath"]["path"] == "/"
+    assert daemon["command"][-1] == "chmod 1777 /dev/shm && exec nvidia-cuda-mps-control -f"
+    env = {e["name"]: e["value"] for e in daemon["env"]}
+    assert daemon["image"] == plugin["image"]
+
+    node = load_node("builtin:rtx4090")
+    ids = shares_of_gpu(node.gpus[0], sharing)[:3]
+    allocation = allocate_shares(
+        ids, node, sharing, cdi_kind="nvidia.com/gpu", resource=resource.name
+    )
+    assert dict(allocation.env)["CUDA_MPS_PIPE_DIRECTORY"] == env["CUDA_MPS_PIPE_DIRECTORY"]
+    by_container = {m.container_path: m for m in allocation.mounts}
+    assert set(by_container) == {sharing.mps_pipe_directory, "/dev/shm"}
+    for path, mount in by_container.items():
+        seen = mounts(daemon)["/host" + path]  # what the daemon sees at that path
+        assert not seen.get("readOnly", False), path
+        assert volumes[seen["name"]]["hostPath"]["path"] == mount.host_path, path
+    assert by_container["/dev/shm"].host_path == sharing.mps_shm_directory
+    # the logs stay on the node, out of the pods
+    log_mount = mounts(daemon)["/host" + env["CUDA_MPS_LOG_DIRECTORY"]]
+    assert volumes[log_mount["name"]]["hostPath"]["path"] not in {
+        m.host_path for m in allocation.mounts
+    }
+
+
+@pytest.mark.parametrize("directory", ["", "containerized-driver"], ids=["default", "gpu-operator"])
+def test_without_the_component_no_daemon_and_no_mps(directory: str, tmp_path: Path) -> None:
+    objects = render(KUSTOMIZE_DIR / directory)
+    assert list(containers(pod_of(objects))) == ["plugin"]
+    assert "mps" not in yaml.safe_dump(pod_of(objects)["volumes"])
+    config = loaded_config(objects, tmp_path)
+    assert [r.sharing for r in config.resources] == [None]
+
+
+def test_mps_component_listed_before_the_host_driver_is_refused(tmp_path: Path) -> None:
+    result = kustomize(overlay(tmp_path, ["mps", "host-driver"]))
+    assert result.returncode != 0
+    assert "containers/0/args/0" in result.stderr, result.stderr
 
 
 # -- the Dockerfile ---------------------------------------------------------------------------
