@@ -594,3 +594,21 @@ def test_dockerfile_copies_every_package_pyproject_builds() -> None:
     ignore = (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
     for top in needed | {"pyproject.toml"}:
         assert f"!{top}/" in ignore or f"!{top}" in ignore, f".dockerignore excludes {top}"
+
+
+def _mps_daemon(component: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``mps-control`` container and the volumes a component's DaemonSet patch adds."""
+    doc = yaml.safe_load((component / "kustomization.yaml").read_text())
+    ops = [op for patch in doc["patches"] for op in yaml.safe_load(patch["patch"])]
+    added = [op["value"] for op in ops if op["op"] == "add"]
+    containers = [v for v in added if isinstance(v, dict) and v.get("name") == "mps-control"]
+    volumes = [v for v in added if isinstance(v, dict) and "hostPath" in v]
+    assert len(containers) == 1, f"{component}: one mps-control container expected"
+    return containers[0], volumes
+
+
+def test_device_plugin_and_dra_mps_daemons_are_the_same() -> None:
+    """The two MPS components run one daemon the same way; a change to one goes into both."""
+    plugin = _mps_daemon(KUSTOMIZE_DIR / "components" / "mps")
+    dra = _mps_daemon(REPO / "deploy" / "dra" / "components" / "mps")
+    assert plugin == dra
