@@ -15,7 +15,6 @@ whole GPU's memory and compute (see docs/sharing.md).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,7 +298,9 @@ def _mps_shm_mount(shm: str, resource: str) -> Mount:
     is a symlink, no directory, owned by another user or in a world-writable directory is
     refused with ShareRefused. It may itself be world-writable, as /dev/shm is.
     """
-    problem = _shm_problem(shm) if os.path.lexists(shm) else None
+    from cdigen.cdi.host import ipc_problem
+
+    problem = ipc_problem(shm, directory=True, shared=True) if os.path.lexists(shm) else None
     if problem:
         raise ShareRefused(
             f"will not mount the MPS shared-memory directory at {MPS_SHM_PATH}: {problem}",
@@ -307,24 +308,6 @@ def _mps_shm_mount(shm: str, resource: str) -> Mount:
             hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at /dev/shm",
         )
     return Mount(shm, MPS_SHM_PATH)
-
-
-def _shm_problem(path: str) -> str | None:
-    """Why the host directory ``path`` must not become containers' /dev/shm, or None."""
-    try:
-        st = os.lstat(path)
-        parent = os.stat(os.path.dirname(path.rstrip("/")) or "/")
-    except OSError as exc:
-        return f"{path}: {exc.strerror}"
-    if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symlink"
-    if not stat.S_ISDIR(st.st_mode):
-        return f"{path} is not a directory"
-    if st.st_uid not in (0, os.geteuid()):
-        return f"{path} is owned by uid {st.st_uid}, not root"
-    if parent.st_mode & 0o002:
-        return f"{path} is in a world-writable directory"
-    return None
 
 
 def _mps_env(
