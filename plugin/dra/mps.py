@@ -1,12 +1,16 @@
-"""MPS limits of a claim on a shared GPU: the environment and the pipe-directory and
-shared-memory mounts that go into the claim's CDI spec (see docs/dra-sharing.md)."""
+"""MPS limits of a claim on a shared GPU: the environment and the pipe-directory (read-only)
+and shared-memory mounts that go into the claim's CDI spec (see docs/dra-sharing.md)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cdigen.cdi.host import ipc_problem
+from cdigen.cdi.spec import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
+from cdigen.errors import InputError
 from cdigen.model import Gpu
 from plugin.dra.claims import AllocatedDevice
 from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_SHM_PATH, MPS_THREADS_ENV
@@ -15,6 +19,9 @@ from policies.device_view import DeviceView
 
 LIMIT_KEYS = ("index", "uuid")
 DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
+# The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
+# devices, no set-uid programs, nothing to execute.
+SHM_MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
 
 
 @dataclass(frozen=True)
@@ -75,15 +82,40 @@ def claim_limits(
     mounts: list[MountDoc] = []
     if mps.pipe_dir:
         env.append(f"{MPS_PIPE_ENV}={mps.pipe_dir}")
+        _refuse_unsafe(mps.pipe_dir, "--mps-pipe-dir", shared=False)
+        # read-only, as the device plugin mounts it: a client only connects to the sockets
         mounts.append(
             {
                 "hostPath": mps.pipe_dir,
                 "containerPath": mps.pipe_dir,
-                "options": ["rbind", "rw"],
+                "options": list(IPC_MOUNT_OPTIONS),
             }
         )
         if mps.shm_dir:
+            _refuse_unsafe(mps.shm_dir, "--mps-shm-dir", shared=True)
             mounts.append(
-                {"hostPath": mps.shm_dir, "containerPath": MPS_SHM_PATH, "options": ["rbind", "rw"]}
+                {
+                    "hostPath": mps.shm_dir,
+                    "containerPath": MPS_SHM_PATH,
+                    "options": list(SHM_MOUNT_OPTIONS),
+                }
             )
     return env, mounts
+
+
+def _refuse_unsafe(directory: str, flag: str, *, shared: bool) -> None:
+    """InputError (the claim fails, saying why) if the MPS directory exists but is no place to
+    mount into a container: a symlink, not a directory, owned by another user, world-writable
+    (the shared-memory directory may be) or in a world-writable directory. A directory that is
+    not there yet is mounted anyway: the runtime makes it, and the daemon's mount shares it."""
+    problem = (
+        ipc_problem(directory, directory=True, shared=shared)
+        if os.path.lexists(directory)
+        else None
+    )
+    if problem:
+        raise InputError(
+            f"will not mount the MPS directory into the claim's containers: {problem}",
+            where=flag,
+            hint="fix the node directory, or point the flag at the one the MPS daemon uses",
+        )

@@ -171,6 +171,7 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
         assert {"hostPath": "/run/nvidia/mps", "containerPath": "/run/nvidia/mps"}.items() <= (
             mounts[-1].items()
         )
+        assert "ro" in mounts[-1]["options"]  # clients connect to the sockets, nothing more
     assert response.claims["uid-1"].devices[0].share_id == results[1]["shareID"]
 
 
@@ -336,9 +337,9 @@ def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_d
     assert response.claims["uid-l"].error == "" and response.claims["uid-w"].error == ""
 
     limited = plugin.spec("uid-l")["containerEdits"]["mounts"]
-    assert {"hostPath": str(shm), "containerPath": "/dev/shm", "options": ["rbind", "rw"]} in (
-        limited
-    )
+    # as a runtime mounts a container's own /dev/shm: writable, nosuid, nodev, noexec
+    shm_options = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
+    assert {"hostPath": str(shm), "containerPath": "/dev/shm", "options": shm_options} in limited
     plain = plugin.spec("uid-w").get("containerEdits", {}).get("mounts", [])
     assert not [m for m in plain if m["hostPath"] in (str(pipe), str(shm))]
     assert "/dev/shm" not in [m["containerPath"] for m in plain]
@@ -347,7 +348,7 @@ def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_d
     if not plugin.host.real_nodes:
         pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
     edits = _inject(plugin, "uid-l")
-    assert {"source": str(shm), "destination": "/dev/shm", "options": ["rbind", "rw"]} in [
+    assert {"source": str(shm), "destination": "/dev/shm", "options": shm_options} in [
         {k: m.get(k) for k in ("source", "destination", "options")} for m in edits["mounts"]
     ]
     assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["process.env"]
@@ -400,17 +401,51 @@ def test_a_container_of_a_limited_claim_sees_the_daemons_segment_in_dev_shm(
     try:
         podman = Podman(tmp_path / "work", store)
         podman.etc_cdi, podman.var_run_cdi = tmp_path / "work" / "empty", plugin.cdi_dir
-        script = "cat /dev/shm/cuda.shm.daemon && echo client > /dev/shm/cuda.shm.client"
+        script = (
+            "cat /dev/shm/cuda.shm.daemon && echo client > /dev/shm/cuda.shm.client && "
+            f"(touch {pipe}/planted 2>&1; true)"
+        )
         seen = podman.run(script, *limited.cdi_device_ids)
         if seen.returncode != 0 and "cuda.shm" not in seen.stderr:
             smoke = podman.run("true")
             if smoke.returncode != 0:
                 pytest.skip(f"this machine cannot run containers: {smoke.stderr.strip()[-300:]}")
         assert seen.returncode == 0, seen.stderr + seen.stdout
-        assert seen.stdout.splitlines() == ["the MPS daemon's segment"]
+        assert seen.stdout.splitlines()[0] == "the MPS daemon's segment"
         assert (shm / "cuda.shm.client").read_text() == "client\n"
+        # the pipe directory is read-only in the container: nothing planted beside the sockets
+        assert "Read-only file system" in seen.stdout and not (pipe / "planted").exists()
         other = podman.run("ls -A /dev/shm; echo done", *exclusive.cdi_device_ids)
         assert other.returncode == 0, other.stderr + other.stdout
         assert other.stdout.splitlines() == ["done"]  # its own, empty /dev/shm
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+@pytest.mark.parametrize("which", ["pipe", "shm"])
+def test_a_limited_claim_is_refused_when_an_mps_directory_is_a_symlink(
+    plugin: Plugin, tmp_path: Path, which: str
+) -> None:
+    """A pipe or shm directory replaced by a symlink is not mounted: the limited claim fails,
+    naming the flag and the path; an exclusive whole-GPU claim, which mounts neither, is fine."""
+    pipe, shm = _mps_dirs(tmp_path)
+    bad = pipe if which == "pipe" else shm
+    elsewhere = tmp_path / "elsewhere"
+    bad.rename(elsewhere)
+    bad.symlink_to(elsewhere)
+    plugin.start(
+        "builtin:dgx1-v100",
+        memory_shares=MemoryShares(step=GIB),
+        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
+    )
+    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
+    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
+    response = plugin.kubelet.prepare(
+        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
+    )
+    error = response.claims["uid-l"].error
+    assert f"--mps-{which}-dir" in error and f"{bad} is a symlink" in error, error
+    assert not response.claims["uid-l"].devices
+    assert not claim_spec_path(plugin.cdi_dir, DRIVER, "uid-l").exists()
+    assert response.claims["uid-w"].error == "" and response.claims["uid-w"].devices
