@@ -306,6 +306,21 @@ def _mps_dirs(tmp_path: Path) -> tuple[Path, Path]:
     return pipe, shm
 
 
+def _prepare_limited_and_whole(plugin: Plugin, pipe: Path, shm: Path) -> Any:
+    """The plugin on dgx1-v100 with MPS pipe and shm directories, and the kubelet's answer to
+    preparing two claims at once: ``uid-l``, a 4Gi memory share of gpu-0 (limited), and
+    ``uid-w``, the whole gpu-1 (exclusive)."""
+    plugin.start(
+        "builtin:dgx1-v100",
+        memory_shares=MemoryShares(step=GIB),
+        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
+    )
+    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
+    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
+    return plugin.kubelet.prepare([("default", "uid-l", "limited"), ("default", "uid-w", "whole")])
+
+
 def _share(device: str, memory: str, n: int) -> dict[str, Any]:
     return {
         "request": "share",
@@ -323,17 +338,7 @@ def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_d
     """--mps-shm-dir: the claim's CDI spec mounts the node's shm directory at /dev/shm, and the
     CDI library that runtimes use injects it; an exclusive whole GPU gets neither MPS mount."""
     pipe, shm = _mps_dirs(tmp_path)
-    plugin.start(
-        "builtin:dgx1-v100",
-        memory_shares=MemoryShares(step=GIB),
-        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
-    )
-    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
-    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
-    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
-    response = plugin.kubelet.prepare(
-        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
-    )
+    response = _prepare_limited_and_whole(plugin, pipe, shm)
     assert response.claims["uid-l"].error == "" and response.claims["uid-w"].error == ""
 
     limited = plugin.spec("uid-l")["containerEdits"]["mounts"]
@@ -381,20 +386,10 @@ def test_a_container_of_a_limited_claim_sees_the_daemons_segment_in_dev_shm(
     if reason:
         pytest.skip(reason)
     pipe, shm = _mps_dirs(tmp_path)
-    plugin.start(
-        "builtin:dgx1-v100",
-        memory_shares=MemoryShares(step=GIB),
-        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
-    )
+    answer = _prepare_limited_and_whole(plugin, pipe, shm)
     assert plugin.host is not None
     if not plugin.host.real_nodes:
         pytest.skip("mknod is not permitted here, so no real device nodes for podman to use")
-    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
-    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
-    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
-    answer = plugin.kubelet.prepare(
-        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
-    )
     (limited,) = answer.claims["uid-l"].devices
     (exclusive,) = answer.claims["uid-w"].devices
     store = Path(tempfile.mkdtemp(prefix="cdigen-podman-", dir="/tmp"))
@@ -433,17 +428,7 @@ def test_a_limited_claim_is_refused_when_an_mps_directory_is_a_symlink(
     elsewhere = tmp_path / "elsewhere"
     bad.rename(elsewhere)
     bad.symlink_to(elsewhere)
-    plugin.start(
-        "builtin:dgx1-v100",
-        memory_shares=MemoryShares(step=GIB),
-        mps=MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm)),
-    )
-    plugin.api.add_claim(allocated_claim("limited", "uid-l", [_share("gpu-0", "4Gi", 1)]))
-    whole = {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-1"}
-    plugin.api.add_claim(allocated_claim("whole", "uid-w", [whole]))
-    response = plugin.kubelet.prepare(
-        [("default", "uid-l", "limited"), ("default", "uid-w", "whole")]
-    )
+    response = _prepare_limited_and_whole(plugin, pipe, shm)
     error = response.claims["uid-l"].error
     assert f"--mps-{which}-dir" in error and f"{bad} is a symlink" in error, error
     assert not response.claims["uid-l"].devices
