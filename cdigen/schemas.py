@@ -72,7 +72,9 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
     import jsonschema
 
     if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
-        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+        shown = repr(instance)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        yield jsonschema.ValidationError(f"{shown} does not match {pattern!r}")
 
 
 def make_validator(schema: dict[str, Any]) -> Any:
@@ -133,6 +135,12 @@ def _describe(error: Any) -> str:
     if error.validator == "enum":
         choices = ", ".join("null" if c is None else str(c) for c in error.validator_value)
         return f"expected one of {choices}, got {describe_value(error.instance)}"
+    if error.validator in ("maxLength", "maxItems"):
+        unit = "characters" if error.validator == "maxLength" else "items"
+        return (
+            f"{describe_value(error.instance)} is too long: {len(error.instance):,} {unit}, "
+            f"at most {error.validator_value:,}"
+        )
     if error.validator == "additionalProperties":
         return f"{error.message} (check the spelling; unknown fields are not allowed)"
     return str(error.message)

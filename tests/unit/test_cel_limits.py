@@ -129,6 +129,19 @@ def test_policy_check_names_file_field_and_position_of_a_limit(
     assert "Traceback" not in err and "RecursionError" not in err
 
 
+def test_an_expression_over_the_size_limit_is_one_short_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/policies.md, Limits: the size limit's error names the limit, not 10 KiB of CEL
+    path = tmp_path / "long.yaml"
+    path.write_text(policy_text("long", selector="true && " * 1400 + "true"))
+    assert main(["policy", "check", str(path)]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"{path}: spec.selector: ")
+    assert "11,204 characters, at most 10,240" in first
+    assert len(first) < 300, first
+
+
 def test_plugin_serve_refuses_a_policy_past_a_limit_with_one_line(tmp_path: Path) -> None:
     policies = tmp_path / "policies"
     policies.mkdir()

@@ -199,6 +199,22 @@ def test_node_values_out_of_range_are_refused_at_load(
     assert f": {dotted(field)}: " in one_line(e.value)
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("gpus.0.name", "x" * 100_000, "is too long: 100,000 characters, at most 256"),
+        ("gpus.0.uuid", "GPU-" + "é" * 100_000, "does not match"),
+        ("gpus.0.migDevices.0.capMinors", list(range(100_000)), "100,000 items, at most 2"),
+    ],
+    ids=["maxLength", "pattern", "maxItems"],
+)
+def test_a_huge_value_is_quoted_short(tmp_path: Path, field: str, value: Any, why: str) -> None:
+    path = node_doc_with(tmp_path, field, value, sample="dgx-a100-mig-mixed")
+    with pytest.raises(SchemaError, match=why) as e:
+        load_node_file(path)
+    assert f": {dotted(field)}: " in one_line(e.value)
+
+
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "1.0e+400"])
 def test_nan_and_infinity_are_refused_at_load(value: str) -> None:
     with pytest.raises(InputError, match=r"t: line 1, column 4: .* is not a finite number"):
