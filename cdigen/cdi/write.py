@@ -205,7 +205,8 @@ def write_spec(spec: SpecDoc, target: Path, fmt: str) -> WriteResult:
 def _write_locked(spec: SpecDoc, target: Path, fmt: str, text: str) -> WriteResult:
     conflicts = find_conflicts(target, device_names(spec))
     if conflicts:
-        other = conflicts[0][0]
+        others = list(dict.fromkeys(str(path) for path, _ in conflicts))
+        other = " and ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
         raise SpecConflictError(
             first_of([f"{path} already defines {device}" for path, device in conflicts])
             + "; runtimes drop devices defined in two files of one directory",

@@ -122,6 +122,21 @@ def test_foreign_spec_defining_our_device_is_a_conflict(
     assert snapshot(out) == before
 
 
+def test_a_conflict_with_two_files_names_both_to_move(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # moving only the file the hint named used to leave the run refused by the other one
+    out = tmp_path / "cdi"
+    out.mkdir()
+    first, second = out / "a.yaml", out / "b.yaml"
+    first.write_text(dump_document(FOREIGN, "yaml"))
+    second.write_text(dump_document(FOREIGN, "yaml"))
+    assert generate(fake, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"remove or move {first} and {second} (" in err
+    assert "\n" not in err
+
+
 def test_foreign_spec_for_other_devices_is_fine(fake: FakeHost, tmp_path: Path) -> None:
     out = tmp_path / "cdi"
     out.mkdir()
