@@ -289,9 +289,16 @@ def load_node_file(path: str | Path) -> Node:
         )
     doc = read_document(path, what="node file")
     if not isinstance(doc, dict) or doc.get("kind") not in (None, NODE_KIND):
-        kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        if isinstance(doc, dict):
+            why = f"kind: {doc.get('kind')}"
+        elif doc is None:
+            why = "the file is empty"
+        else:
+            kinds = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
+            name = type(doc).__name__
+            why = f"its top level is a {kinds.get(name, name)}, not a mapping"
         raise InputError(
-            f"not a node file (kind: {kind})",
+            f"not a node file ({why})",
             where=str(path),
             hint="a node file has 'apiVersion: cdigen/v1alpha1' and 'kind: Node'",
         )

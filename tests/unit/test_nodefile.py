@@ -158,5 +158,8 @@ def test_other_documents_are_not_node_files(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"not a node file \(kind: nvidia.com/gpu\)"):
         load_node_file(path)
     path.write_text("- just\n- a list\n")
-    with pytest.raises(InputError, match="not a node file"):
+    with pytest.raises(InputError, match=r"not a node file \(its top level is a list"):
+        load_node_file(path)
+    path.write_text("# only a comment\n")  # said "(kind: NoneType)"
+    with pytest.raises(InputError, match=r"not a node file \(the file is empty\)"):
         load_node_file(path)
