@@ -48,18 +48,22 @@ def needs_shared(path: Path) -> bool:
     """Whether the test module reaches ``../shared``: it imports from ``tests.helpers.shared``,
     or the upstream CDI schema helpers of ``tests.helpers.specs``."""
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "tests.helpers.shared":
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.module == "tests.helpers.shared":
             return True
-        if isinstance(node, ast.ImportFrom) and node.module == "tests.helpers.specs":
-            if any(alias.name.startswith("upstream") for alias in node.names):
-                return True
+        if node.module == "tests.helpers.specs" and any(
+            alias.name.startswith("upstream") for alias in node.names
+        ):
+            return True
     return False
 
 
 def test_the_readme_lists_every_test_module_that_needs_shared() -> None:
     # README.md, "Tests that need ../shared": a clone without ../shared skips these, so the
     # table must name every one (two were missing once).
-    section = (REPO / "README.md").read_text(encoding="utf-8").split("### Tests that need ../shared")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Tests that need ../shared")
     assert len(section) == 2, "README.md lost its 'Tests that need ../shared' section"
     table = section[1].split("\n## ", 1)[0]
     modules = sorted((REPO / "tests").glob("*/test_*.py"))
