@@ -108,6 +108,14 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
                 f"line {line_no}: GPU{i} against itself should be X, found {row_labels[i]}",
                 where=where,
             )
+        others = [j for j, label in enumerate(row_labels[: len(gpu_columns)]) if label == "X"]
+        if others != [i]:
+            j = next(j for j in others if j != i)
+            raise InputError(
+                f"line {line_no}: GPU{i}/GPU{j} is X, which only a GPU against itself is",
+                where=where,
+                hint="give the link label nvidia-smi printed (NV#, PIX, PXB, PHB, NODE, SYS)",
+            )
         labels.append(tuple(row_labels[: len(gpu_columns)]))
         cpus.append(cpu)
         numas.append(numa)

@@ -99,6 +99,7 @@ def test_single_gpu() -> None:
         ),
         ("\tGPU0\tGPU1\nGPU0\t X \nGPU1\tSYS\t X \n", "line 2: the row has 1 cells"),
         ("\tGPU0\tGPU1\nGPU0\tSYS\tSYS\nGPU1\tSYS\t X \n", "GPU0 against itself should be X"),
+        ("\tGPU0\tGPU1\nGPU0\t X \t X \nGPU1\t X \t X \n", "line 2: GPU0/GPU1 is X"),  # a traceback
         ("\tGPU1\tGPU0\nGPU0\t X \tSYS\nGPU1\tSYS\t X \n", "GPU columns must come first"),
         ("\tGPU0\tGPU1\nGPU0\t X \tSYS\nGPU0\tSYS\t X \n", "a second row for GPU0"),
     ],
