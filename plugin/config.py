@@ -226,6 +226,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             out[name] = _parse_seconds(value, where=var)
         elif name == "generate_specs":
             out[name] = _parse_bool(value, where=var)
+        elif name == "capabilities":
+            from cdigen.cdi.spec import parse_capabilities
+
+            parse_capabilities(value, where=var)  # here, so that the error names the variable
+            out[name] = value
         elif name in _CHOICES:
             choices, what = _CHOICES[name]
             out[name] = _check_choice(value, choices, what=what, where=var)
@@ -302,7 +307,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "ignored_xids":
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":
-            health = replace(health, poll_interval_s=_parse_seconds(value, where="poll interval"))
+            health = replace(health, poll_interval_s=_parse_seconds(value, where="--health-poll-interval"))
         elif name == "rescan_interval_s":
             changes[name] = _parse_seconds(value, where="rescanIntervalSeconds")
         elif name == "health_recover_after":
@@ -385,7 +390,11 @@ def load_config(
         if doc is None:
             doc = {}
         validate(doc, "plugin-config", where=str(path))
-        config = _apply(config, _from_file(doc))
+        try:
+            config = _apply(config, _from_file(doc))
+        except InputError as exc:  # the checks beyond the schema (sharing): name the file too
+            where = f"{path}: {exc.where}" if exc.where else str(path)
+            raise InputError(exc.message, where=where, hint=exc.hint) from None
     config = _apply(config, _from_env(os.environ if env is None else env))
     config = _apply(config, dict(flags or {}))
     return _validate(config)

@@ -146,3 +146,22 @@ def test_generated_spec_follows_the_capabilities(tmp_path: Path) -> None:
     )
     assert "vulkan" not in default.lower()
     assert "vulkan" in graphics.read_text().lower()
+
+
+def test_a_sharing_mistake_names_the_file_and_the_field(tmp_path: Path) -> None:
+    # docs/plugin.md: "any mistake is one line naming the file and field"
+    path = write(tmp_path, "resources:\n  - name: example.com/gpu.shared\n    sharing: {}\n")
+    with pytest.raises(InputError) as info:
+        load_config(path, env={})
+    message = str(info.value)
+    assert message.startswith(f"{path}: resources[0].sharing: sharing needs exactly one of")
+    assert "\n" not in message
+
+
+def test_a_bad_value_names_the_variable_or_flag_it_came_from() -> None:
+    with pytest.raises(InputError) as info:
+        load_config(env={"CDIGEN_CAPABILITIES": "compute,vulkan"})
+    assert str(info.value).startswith("CDIGEN_CAPABILITIES: unknown driver capability 'vulkan'")
+    with pytest.raises(InputError) as info:
+        load_config(env={}, flags={"health_poll_interval": 0.0})
+    assert str(info.value).startswith("--health-poll-interval: expected seconds in (0, 3600]")
