@@ -307,7 +307,9 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "ignored_xids":
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":
-            health = replace(health, poll_interval_s=_parse_seconds(value, where="--health-poll-interval"))
+            health = replace(
+                health, poll_interval_s=_parse_seconds(value, where="--health-poll-interval")
+            )
         elif name == "rescan_interval_s":
             changes[name] = _parse_seconds(value, where="rescanIntervalSeconds")
         elif name == "health_recover_after":
