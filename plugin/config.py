@@ -296,8 +296,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "spec_dirs":
             changes[name] = tuple(Path(v) for v in value)
         elif name == "resource":
-            only = config.resources[0] if len(config.resources) == 1 else ResourceConfig()
-            changes["resources"] = (replace(only, name=str(value)),)
+            changes["resources"] = _renamed(changes.get("resources", config.resources), value)
         elif name == "resources":
             changes[name] = tuple(value)
         elif name == "capabilities":
@@ -317,6 +316,27 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         else:
             changes[name] = value
     return replace(config, health=health, **changes)
+
+
+def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[ResourceConfig, ...]:
+    """``resources`` with the whole-GPU one named ``name`` (``--resource``/``CDIGEN_RESOURCE``);
+    the sharing and MIG ones stay. A lone sharing resource is renamed itself; with only
+    per-profile MIG entries (which choose policies) the whole-GPU resource is added."""
+    whole = [i for i, r in enumerate(resources) if not is_mig_resource(r.name) and not r.sharing]
+    if whole:
+        return tuple(
+            replace(r, name=str(name)) if i == whole[0] else r for i, r in enumerate(resources)
+        )
+    if len(resources) == 1 and not is_mig_resource(resources[0].name):
+        return (replace(resources[0], name=str(name)),)
+    if all(is_mig_resource(r.name) for r in resources):
+        return (ResourceConfig(str(name)), *resources)
+    raise InputError(
+        f"the config lists {len(resources)} resources but no whole-GPU resource to rename "
+        f"to {name!r}",
+        where="--resource/CDIGEN_RESOURCE",
+        hint="rename the resource in the config file's resources instead",
+    )
 
 
 def _validate(config: PluginConfig) -> PluginConfig:
