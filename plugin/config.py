@@ -226,6 +226,11 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             out[name] = _parse_seconds(value, where=var)
         elif name == "generate_specs":
             out[name] = _parse_bool(value, where=var)
+        elif name == "capabilities":
+            from cdigen.cdi.spec import parse_capabilities
+
+            parse_capabilities(value, where=var)  # here, so that the error names the variable
+            out[name] = value
         elif name in _CHOICES:
             choices, what = _CHOICES[name]
             out[name] = _check_choice(value, choices, what=what, where=var)
@@ -291,8 +296,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "spec_dirs":
             changes[name] = tuple(Path(v) for v in value)
         elif name == "resource":
-            only = config.resources[0] if len(config.resources) == 1 else ResourceConfig()
-            changes["resources"] = (replace(only, name=str(value)),)
+            changes["resources"] = _renamed(changes.get("resources", config.resources), value)
         elif name == "resources":
             changes[name] = tuple(value)
         elif name == "capabilities":
@@ -302,7 +306,9 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "ignored_xids":
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":
-            health = replace(health, poll_interval_s=_parse_seconds(value, where="poll interval"))
+            health = replace(
+                health, poll_interval_s=_parse_seconds(value, where="--health-poll-interval")
+            )
         elif name == "rescan_interval_s":
             changes[name] = _parse_seconds(value, where="rescanIntervalSeconds")
         elif name == "health_recover_after":
@@ -310,6 +316,27 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         else:
             changes[name] = value
     return replace(config, health=health, **changes)
+
+
+def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[ResourceConfig, ...]:
+    """``resources`` with the whole-GPU one named ``name`` (``--resource``/``CDIGEN_RESOURCE``);
+    the sharing and MIG ones stay. A lone sharing resource is renamed itself; with only
+    per-profile MIG entries (which choose policies) the whole-GPU resource is added."""
+    whole = [i for i, r in enumerate(resources) if not is_mig_resource(r.name) and not r.sharing]
+    if whole:
+        return tuple(
+            replace(r, name=str(name)) if i == whole[0] else r for i, r in enumerate(resources)
+        )
+    if len(resources) == 1 and not is_mig_resource(resources[0].name):
+        return (replace(resources[0], name=str(name)),)
+    if all(is_mig_resource(r.name) for r in resources):
+        return (ResourceConfig(str(name)), *resources)
+    raise InputError(
+        f"the config lists {len(resources)} resources but no whole-GPU resource to rename "
+        f"to {name!r}",
+        where="--resource/CDIGEN_RESOURCE",
+        hint="rename the resource in the config file's resources instead",
+    )
 
 
 def _validate(config: PluginConfig) -> PluginConfig:
@@ -385,7 +412,11 @@ def load_config(
         if doc is None:
             doc = {}
         validate(doc, "plugin-config", where=str(path))
-        config = _apply(config, _from_file(doc))
+        try:
+            config = _apply(config, _from_file(doc))
+        except InputError as exc:  # the checks beyond the schema (sharing): name the file too
+            where = f"{path}: {exc.where}" if exc.where else str(path)
+            raise InputError(exc.message, where=where, hint=exc.hint) from None
     config = _apply(config, _from_env(os.environ if env is None else env))
     config = _apply(config, dict(flags or {}))
     return _validate(config)

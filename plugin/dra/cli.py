@@ -41,7 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=DEFAULT_DRIVER,
         help=f"the DRA driver name; attributes live under it (default {DEFAULT_DRIVER})",
     )
-    serve.add_argument("--kubelet-dir", default="/var/lib/kubelet", metavar="DIR")
+    serve.add_argument(
+        "--kubelet-dir",
+        default="/var/lib/kubelet",
+        metavar="DIR",
+        help="the kubelet's root, holding plugins/ and plugins_registry/ "
+        "(default /var/lib/kubelet)",
+    )
     serve.add_argument(
         "--cdi-dir",
         default="/var/run/cdi",
@@ -55,7 +61,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "<kubelet-dir>/plugins/<driver>)",
     )
     serve.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
-    serve.add_argument("--mig-strategy", choices=MIG_STRATEGIES, default="mixed")
+    serve.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        default="mixed",
+        help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
+        "whole GPUs only (default mixed)",
+    )
     serve.add_argument(
         "--dev-root",
         default="/",

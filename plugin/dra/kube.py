@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from cdigen.errors import InputError
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
 from policies.device_view import DeviceView
 
@@ -113,18 +114,33 @@ class KubeApi:
 
 
 def api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes ApiClient: from ``kubeconfig`` when given, else the in-cluster config."""
+    """A kubernetes ApiClient: from ``kubeconfig`` when given, else the in-cluster config;
+    InputError naming the file (or the in-cluster config) when it cannot be used."""
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
     configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    else:
-        config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
+    try:
+        if kubeconfig:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+    except (ConfigException, OSError, ValueError) as exc:
+        if kubeconfig:
+            raise InputError(
+                f"cannot use it: {str(exc).rstrip('.')}",
+                where=f"--kubeconfig: {kubeconfig}",
+                hint="pass a readable kubeconfig file, or leave --kubeconfig out in a pod",
+            ) from None
+        raise InputError(
+            f"no in-cluster config: {str(exc).rstrip('.')}",
+            where="--kubeconfig",
+            hint="outside a pod, pass --kubeconfig FILE",
+        ) from None
     return client.ApiClient(configuration)
 
 

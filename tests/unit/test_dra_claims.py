@@ -302,3 +302,28 @@ def test_the_examples_pass_strict_validation(version: str) -> None:
     for path in paths:
         for doc in yaml.safe_load_all(path.read_text()):
             kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", "empty"])
+def test_an_unusable_kubeconfig_is_one_line_exit_2(
+    kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "empty":
+        path.write_text("")
+    argv = ["dra", "serve", "--node", "builtin:rtx4090", "--node-name", "n"]
+    argv += ["--kubelet-dir", str(tmp_path / "kubelet"), "--cdi-dir", str(tmp_path / "cdi")]
+    assert main([*argv, "--kubeconfig", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--kubeconfig: {path}" in err, err
+
+
+def test_outside_a_cluster_without_kubeconfig_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    argv = ["dra", "serve", "--node", "builtin:rtx4090", "--node-name", "n"]
+    argv += ["--kubelet-dir", str(tmp_path / "kubelet"), "--cdi-dir", str(tmp_path / "cdi")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in-cluster config" in err and "--kubeconfig" in err, err

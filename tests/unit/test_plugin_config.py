@@ -146,3 +146,61 @@ def test_generated_spec_follows_the_capabilities(tmp_path: Path) -> None:
     )
     assert "vulkan" not in default.lower()
     assert "vulkan" in graphics.read_text().lower()
+
+
+def test_a_sharing_mistake_names_the_file_and_the_field(tmp_path: Path) -> None:
+    # docs/plugin.md: "any mistake is one line naming the file and field"
+    path = write(tmp_path, "resources:\n  - name: example.com/gpu.shared\n    sharing: {}\n")
+    with pytest.raises(InputError) as info:
+        load_config(path, env={})
+    message = str(info.value)
+    assert message.startswith(f"{path}: resources[0].sharing: sharing needs exactly one of")
+    assert "\n" not in message
+
+
+def test_a_bad_value_names_the_variable_or_flag_it_came_from() -> None:
+    with pytest.raises(InputError) as info:
+        load_config(env={"CDIGEN_CAPABILITIES": "compute,vulkan"})
+    assert str(info.value).startswith("CDIGEN_CAPABILITIES: unknown driver capability 'vulkan'")
+    with pytest.raises(InputError) as info:
+        load_config(env={}, flags={"health_poll_interval": 0.0})
+    assert str(info.value).startswith("--health-poll-interval: expected seconds in (0, 3600]")
+
+
+def test_resource_flag_renames_the_whole_gpu_resource_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    # docs/plugin.md: `- name: nvidia.com/gpu  # CDIGEN_RESOURCE, --resource` beside a sharing one
+    path = write(
+        tmp_path,
+        "resources:\n"
+        "  - {name: example.com/gpu.shared, sharing: {replicas: 4}}\n"
+        "  - {name: example.com/gpu, policy: single-numa}\n",
+    )
+    config = load_config(path, env={}, flags={"resource": "example.com/accel"})
+    assert [(r.name, r.policy) for r in config.resources] == [
+        ("example.com/gpu.shared", None),
+        ("example.com/accel", "single-numa"),
+    ]
+    assert config.resources[0].sharing is not None
+    from_env = load_config(path, env={"CDIGEN_RESOURCE": "example.com/accel"})
+    assert from_env.resources == config.resources
+
+
+def test_resource_flag_with_only_sharing_resources_is_an_error(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "resources:\n"
+        "  - {name: example.com/gpu.shared, sharing: {replicas: 4}}\n"
+        "  - {name: example.com/gpu-memory, sharing: {memorySliceMiB: 1024}}\n",
+    )
+    with pytest.raises(InputError, match="no whole-GPU resource to rename") as info:
+        load_config(path, env={}, flags={"resource": "example.com/accel"})
+    assert "\n" not in str(info.value)
+
+
+def test_resource_flag_beside_mig_policy_entries_names_the_whole_gpus(tmp_path: Path) -> None:
+    path = write(tmp_path, "migStrategy: mixed\nresources: [{name: nvidia.com/mig-1g.10gb}]\n")
+    config = load_config(path, env={}, flags={"resource": "example.com/accel"})
+    assert [r.name for r in config.resources] == ["example.com/accel", "nvidia.com/mig-1g.10gb"]
+    assert config.gpu_resource == "example.com/accel"
