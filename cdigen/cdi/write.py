@@ -4,7 +4,8 @@ cdigen owns exactly one file per kind, ``<vendor>-<class>.yaml`` (or ``.json``).
 ours when its first line is :data:`HEADER_MARK` (a comment, invisible to runtimes, so the spec
 stays at cdiVersion 0.5.0; an annotation would need 0.6.0). JSON has no comments: a JSON file is
 ours only when it is byte-for-byte in the canonical form cdigen writes (2-space indent, our key
-order), so a hand-edited or foreign JSON file is never overwritten.
+order), so a hand-edited or foreign JSON file is never overwritten. An empty (or blank) file
+holds nothing to keep: it is taken over.
 
 One run at a time per directory: :func:`write_spec` holds an ``flock`` on ``<dir>/.cdigen.lock``
 (a name runtimes never read) from the conflict check to the rename, so concurrent runs writing
@@ -216,7 +217,9 @@ def _write_locked(spec: SpecDoc, target: Path, fmt: str, text: str) -> WriteResu
     if os.path.lexists(target):
         refuse_dangling_link(target)
         existing = read_text(target, what="CDI spec")
-        if not is_ours(existing, fmt):
+        # an empty file (a crash of a writer that does not fsync, a `touch`) holds nothing to
+        # keep and defines nothing: taking it over loses no data and gets the node its spec
+        if existing.strip() and not is_ours(existing, fmt):
             raise SpecConflictError(
                 "the file exists and was not written by cdigen; refusing to overwrite it",
                 where=str(target),
