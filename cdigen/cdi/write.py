@@ -136,7 +136,9 @@ def spec_dir_lock(directory: Path) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
             raise WriteError(
-                f"cannot open the lock file: {exc.strerror}", where=str(path)
+                f"cannot open the lock file: {exc.strerror}",
+                where=str(path),
+                hint="it must be a regular file, which cdigen creates empty: remove what is there",
             ) from None
         try:
             fd = os.open(path, flags | os.O_RDONLY)  # flock works on a read-only descriptor

@@ -311,6 +311,28 @@ def test_read_only_spec_dir_unchanged_is_fine_and_a_change_is_one_line(
     assert err.count("\n") == 1 and "Read-only file system" in err
 
 
+@pytest.mark.parametrize("thing", ["directory", "symlink"])
+def test_something_in_the_way_of_the_lock_file_is_one_line_and_changes_nothing(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str], thing: str
+) -> None:
+    out = tmp_path / "cdi"
+    assert main(generate_args(fake, out)) == 0
+    before = (out / OURS).read_bytes()
+    lock = out / LOCK_NAME
+    lock.unlink()
+    if thing == "directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to(tmp_path / "elsewhere")  # never followed: it is not created there
+    capsys.readouterr()
+    assert main(generate_args(fake, out, "--device-name-strategy", "uuid")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{lock}: cannot open the lock file" in err
+    assert "remove what is there" in err
+    assert (out / OURS).read_bytes() == before and not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME, OURS]  # no temp file
+
+
 # --- point 11: concurrent generate ---------------------------------------------------------
 
 
