@@ -6,6 +6,8 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -55,17 +57,43 @@ def make_plugin_dir(plugin_dir: Path, flag: str = "--plugin-dir") -> None:
         ) from None
 
 
+def socket_in_use(path: Path) -> bool:
+    """Whether ``path`` is a unix socket that a live process accepts connections on (a stale
+    socket, left by a plugin that was killed, refuses them)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(os.fspath(path))
+        except OSError:
+            return False
+    return True
+
+
 def bind_socket(server: Any, path: Path, flag: str = "--plugin-dir") -> tuple[int, int]:
     """Bind the gRPC ``server`` to the unix socket ``path`` with mode 0600 whatever the umask.
 
     The socket is bound in a private 0700 directory beside ``path``, made 0600 there and renamed
-    into place, so it is never reachable with a looser mode. Returns its (device, inode).
+    into place, so it is never reachable with a looser mode. Returns its (device, inode). A
+    stale socket at ``path`` is replaced; one that a live process serves on is refused: two
+    plugins taking the path from each other would re-register with the kubelet for ever.
     """
     if len(os.fsencode(path)) > UNIX_PATH_MAX:
         raise CdigenError(
             f"cannot listen on {path}",
             where=str(path.parent),
             hint=f"the socket path is too long for a unix socket ({UNIX_PATH_MAX} bytes at most)",
+        )
+    if socket_in_use(path):
+        raise CdigenError(
+            f"cannot listen on {path}: another process serves on that socket (a second cdigen "
+            "plugin for the same resource?)",
+            where=str(path.parent),
+            hint=f"stop the other plugin (one per resource and node), or pass another {flag}",
         )
     if path.is_dir() and not path.is_symlink():
         raise InputError(

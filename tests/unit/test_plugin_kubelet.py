@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cdigen.errors import InputError
+from cdigen.errors import CdigenError, InputError
 from plugin.health import HealthBoard
 from plugin.kubelet import (
     Backoff,
@@ -29,6 +29,7 @@ from plugin.kubelet import (
     resource_name_problem,
 )
 from plugin.serve import ResourceServer, make_plugin_dir
+from plugin.server import socket_in_use
 from plugin.service import AdvertisedDevice, DevicePluginService, Preference
 from tests.helpers.clock import FakeClock
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem
@@ -477,6 +478,39 @@ def test_serve_with_a_directory_at_the_socket_path_exits_2_with_one_line(tmp_pat
     assert "Traceback" not in result.stderr and "IsADirectoryError" not in result.stderr
     assert len(said) == 1 and "remove that directory" in said[0]
     assert result.stderr.strip().splitlines()[-1] == said[0]
+
+
+def test_a_socket_another_process_serves_on_is_not_taken_over(tmp_path: Path) -> None:
+    """Two plugins for one resource on a node (the DaemonSet beside a systemd unit): each took
+    the socket path from the other and re-registered, several times a second, for ever."""
+    first = serve(tmp_path)
+    try:
+        with pytest.raises(CdigenError, match="another process serves on that socket") as info:
+            serve(tmp_path)
+        assert "\n" not in str(info.value) and "stop the other plugin" in str(info.value)
+        assert first.socket_intact()  # still the first one's, and it still answers
+        assert socket_in_use(first.socket_path)
+    finally:
+        first.stop()
+    stale = tmp_path / "cdigen-example.com-gpu.sock"
+    with contextlib.closing(socket.socket(socket.AF_UNIX)) as dead:
+        dead.bind(str(stale))  # a plugin killed with SIGKILL: nothing listens any more
+    again = serve(tmp_path)
+    try:
+        assert again.socket_intact()  # a stale socket is replaced
+    finally:
+        again.stop()
+
+
+def test_a_foreign_plugins_socket_is_left_alone(tmp_path: Path) -> None:
+    with contextlib.closing(socket.socket(socket.AF_UNIX)) as other:
+        other.bind(str(tmp_path / "nvidia-gpu.sock"))  # NVIDIA's device plugin, say
+        other.listen()
+        make_plugin_dir(tmp_path)
+        server = serve(tmp_path)
+        server.stop()
+        assert [p.name for p in tmp_path.iterdir()] == ["nvidia-gpu.sock"]
+        assert socket_in_use(tmp_path / "nvidia-gpu.sock")
 
 
 def test_healthz_says_it_waits_for_the_kubelet() -> None:
