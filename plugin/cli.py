@@ -131,6 +131,7 @@ def setup_logging(level: str, fmt: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from cdigen.errors import InputError
     from plugin.config import load_config
     from plugin.serve import Plugin, open_nvml, serve_until_signalled
 
@@ -154,6 +155,15 @@ def _serve(args: argparse.Namespace) -> int:
         "dev_root": args.dev_root,
         "host_root": args.host_root,
     }
+    for flag, value in (
+        ("--plugin-dir", args.plugin_dir),
+        ("--policy-dir", args.policy_dir),
+        *(("--spec-dir", d) for d in args.spec_dir or ()),
+    ):
+        if value == "":  # Path("") would be the current directory
+            raise InputError(
+                "the path is empty", where=flag, hint="give a directory, or leave the flag out"
+            )
     config = load_config(args.config, flags=flags)
     setup_logging(config.log_level, config.log_format)
     plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root, config.host_root))

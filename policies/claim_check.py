@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.cel import CelCompileError, compile_expression
-from policies.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_documents
+from policies.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_claim_documents
 from policies.device_view import published_attribute_names, published_capacity_names
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
@@ -249,6 +249,6 @@ def check_files(paths: Sequence[str | Path], published: Published) -> list[Probl
     cannot be read or parsed)."""
     problems: list[Problem] = []
     for path in paths:
-        for doc in read_documents(path):
+        for doc in read_claim_documents(path):
             problems += check_document(doc, str(path), published)
     return problems

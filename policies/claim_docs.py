@@ -199,12 +199,30 @@ def claim_from_doc(doc: Mapping[str, Any], source: str) -> Claim:
     return Claim(name, source, tuple(requests), tuple(constraints))
 
 
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
+
+
+def read_claim_documents(path: str | Path) -> list[Mapping[str, Any]]:
+    """:func:`read_documents`, and a one-line InputError when none of them is a ResourceClaim,
+    ResourceClaimTemplate or DeviceClass (an empty file, a node file): nothing would be used."""
+    docs = read_documents(path)
+    if not any(doc["kind"] in CLAIM_KINDS for doc in docs):
+        kinds = ", ".join(sorted({str(doc["kind"]) for doc in docs})) or "no documents"
+        raise InputError(
+            f"no ResourceClaim, ResourceClaimTemplate or DeviceClass in it (found {kinds})",
+            where=str(path),
+            hint="give the claim or DeviceClass manifests",
+        )
+    return docs
+
+
 def load_manifests(paths: Sequence[str | Path]) -> tuple[list[Claim], dict[str, DeviceClass]]:
-    """The claims (and templates) and device classes in ``paths``; other kinds are ignored."""
+    """The claims (and templates) and device classes in ``paths``; other kinds are ignored,
+    but each file must hold at least one of them."""
     claims: list[Claim] = []
     classes: dict[str, DeviceClass] = {}
     for path in paths:
-        for doc in read_documents(path):
+        for doc in read_claim_documents(path):
             if doc["kind"] == "DeviceClass":
                 cls = device_class(doc, str(path))
                 classes[cls.name] = cls

@@ -32,6 +32,7 @@ from policies.claim_docs import (
     claim_from_doc,
     device_class,
     load_manifests,
+    read_claim_documents,
     read_documents,
 )
 from policies.slice_devices import (
@@ -64,6 +65,7 @@ __all__ = [
     "device_class",
     "load_manifests",
     "qualify",
+    "read_claim_documents",
     "read_documents",
     "render_explanation",
     "slice_devices",

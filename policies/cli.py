@@ -86,7 +86,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(simulate)
     shares(simulate)
     simulate.add_argument("--seed", type=int, default=1)
-    simulate.add_argument("--steps", type=int, default=2000)
+    simulate.add_argument(
+        "--steps", type=int, default=2000, help="1-100000 arrivals or departures (default 2000)"
+    )
     simulate.set_defaults(func=_simulate)
     policy.set_defaults(func=lambda _args: _usage(policy))
 
@@ -116,10 +118,15 @@ def _allocator(args: argparse.Namespace) -> Allocator:
     return Allocator(node, load_policy(args.policy))
 
 
-def _at_least(flag: str, value: int, minimum: int) -> None:
-    """InputError naming ``flag`` when ``value`` is below ``minimum``."""
+MAX_REPLICAS = 1024  # as plugin.sharing.MAX_REPLICAS and `dra serve --replicas`
+
+
+def _at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
+    """InputError naming ``flag`` when ``value`` is below ``minimum`` (or above ``maximum``)."""
     if value < minimum:
         raise InputError(f"{flag} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{flag} must be at most {maximum}, got {value}")
 
 
 def _ids(text: str, flag: str) -> tuple[str, ...]:
@@ -186,9 +193,10 @@ def _expand_shares(
     from policies.shares import replica_ids, share_kind, slice_count, slice_ids
 
     replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
-    for flag, value in (("--replicas", replicas), ("--slice-mib", slice_mib)):
-        if value is not None:
-            _at_least(flag, value, 1)
+    if replicas is not None:
+        _at_least("--replicas", replicas, 1, MAX_REPLICAS)
+    if slice_mib is not None:
+        _at_least("--slice-mib", slice_mib, 1)
     if replicas is None and slice_mib is None:
         return ids
     out: list[str] = []

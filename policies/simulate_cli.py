@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from cdigen.errors import InputError
-from policies.cli import _allocator
+from policies.cli import MAX_REPLICAS, _allocator, _at_least
+
+MAX_STEPS = 100_000  # about a minute on one core; each step is one allocation of ours and theirs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,8 +20,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Handle ``cdigen policy simulate``."""
     from policies.simulate import simulate
 
-    if args.steps < 1:
-        raise InputError(f"--steps must be at least 1, got {args.steps}")
+    _at_least("--steps", args.steps, 1, MAX_STEPS)
     allocator = _allocator(args)
     if args.replicas is not None or args.slice_mib is not None:
         return _simulate_shares(args, allocator)
@@ -62,9 +62,10 @@ def _mean_of(size: int) -> Callable[[Figures], str]:
 def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:
     from policies.simulate import ShareFigures, simulate_shares
 
-    for flag, value in (("--replicas", args.replicas), ("--slice-mib", args.slice_mib)):
-        if value is not None and value < 1:
-            raise InputError(f"{flag} must be at least 1, got {value}")
+    if args.replicas is not None:
+        _at_least("--replicas", args.replicas, 1, MAX_REPLICAS)
+    if args.slice_mib is not None:
+        _at_least("--slice-mib", args.slice_mib, 1)
     ours, theirs = simulate_shares(
         allocator.node,
         allocator,

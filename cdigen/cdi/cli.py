@@ -139,6 +139,13 @@ def run_generate(args: argparse.Namespace) -> int:
     from cdigen.discover import describes_hardware, load_node
 
     make_kind(args.vendor, args.cls)  # bad names fail before discovery runs
+    if args.cdi_version is not None:  # and a bad version, before discovery warns of anything
+        from cdigen.cdi.version import version_key
+
+        try:
+            version_key(args.cdi_version)
+        except InputError as exc:
+            raise InputError(exc.message, where="--cdi-version", hint=exc.hint) from None
     if args.hook_path and not args.hook_path.startswith("/"):
         raise InputError(
             f"{args.hook_path!r} is not an absolute path",
@@ -228,6 +235,12 @@ def _host_fs(args: argparse.Namespace) -> HostFS:
     """The view of the host for ``--host-root``; InputError if it cannot be used."""
     from cdigen.cdi.host import HostFS
 
+    if not args.host_root:
+        raise InputError(
+            "the path is empty",
+            where="--host-root",
+            hint="give the directory the host's / is mounted at (e.g. /host), or leave it out",
+        )
     fs = HostFS(args.host_root)
     for flag, value in (("--driver-root", args.driver_root), ("--dev-root", args.dev_root)):
         if not value.startswith("/"):
@@ -286,16 +299,24 @@ def run_validate(args: argparse.Namespace) -> int:
                 f"no CDI spec files (*.yaml, *.json) in {dirs}",
                 hint="write one with 'cdigen generate', or name the files or dirs to check",
             )
+    notes: list[str] = []
     for arg in args.files:
         if Path(arg).is_dir():
             in_dir = spec_paths(arg)
             if not in_dir:
-                print(f"cdigen: note: no CDI spec files (*.yaml, *.json) in {arg}", file=sys.stderr)
+                notes.append(f"no CDI spec files (*.yaml, *.json) in {arg}")
             files += map(str, in_dir)
         elif not Path(arg).exists() and any(c in arg for c in "*?["):
-            print(f"cdigen: note: no files match {arg}", file=sys.stderr)
+            notes.append(f"no files match {arg}")
         else:
             files.append(arg)
+    if not files:  # one line that says why, not a note per argument and then an error
+        raise InputError(
+            "; ".join(notes) or "no CDI spec files to check",
+            hint="name CDI spec files, or directories that hold *.yaml or *.json specs",
+        )
+    for note in notes:
+        print(f"cdigen: note: {note}", file=sys.stderr)
     problems: list[str] = []
     for f in files:
         of_file = file_problems(f)
@@ -306,8 +327,6 @@ def run_validate(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if problems:
         raise CheckFailed(problems, summary=f"{len(files)} file(s) checked")
-    if not files:
-        raise InputError("no CDI spec files to check", where=" ".join(args.files))
     return EXIT_OK
 
 
@@ -322,6 +341,10 @@ def run_list(args: argparse.Namespace) -> int:
 
     spec_dirs = args.spec_dir or DEFAULT_SPEC_DIRS
     if args.spec_dir:
+        if "" in args.spec_dir:  # Path("") is the current directory
+            raise InputError(
+                "the path is empty", where="--spec-dir", hint="give a spec directory, e.g. /etc/cdi"
+            )
         missing = [d for d in args.spec_dir if not Path(d).is_dir()]
         if len(missing) == len(args.spec_dir):
             raise InputError(

@@ -238,7 +238,7 @@ def run_topo_import(args: argparse.Namespace) -> int:
     """``cdigen topo import``: a saved ``nvidia-smi topo -m`` -> node file."""
     from cdigen.discover.topo_import import NodeFacts, import_topo_text
     from cdigen.fileio import read_stdin, read_text
-    from cdigen.nodefile import dump_node
+    from cdigen.nodefile import dump_node, node_from_dict, node_to_dict
 
     if args.file == "-":
         where, text = "<stdin>", read_stdin(what="topo -m text")
@@ -252,6 +252,14 @@ def run_topo_import(args: argparse.Namespace) -> int:
         cuda_driver_version=args.cuda_driver_version,
     )
     node = import_topo_text(text, where=where, facts=facts)
+    try:  # what we write must load again: the flags' values meet the node schema too
+        node_from_dict(node_to_dict(node), where=where)
+    except InputError as exc:
+        raise InputError(
+            f"the imported node would not load: {exc.message}",
+            where=where,
+            hint="check --name, --gpu-name, --driver-version and --cuda-driver-version",
+        ) from None
     for note in node.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
     text = dump_node(node, args.import_format)

@@ -181,6 +181,21 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+def _dns_subdomain(value: str, flag: str, longest: int = 63) -> None:
+    """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
+    characters, as Kubernetes requires of driver (63) and node (253) names."""
+    from cdigen.errors import InputError
+    from plugin.kubelet import _DNS_SUBDOMAIN
+
+    if len(value) > longest or not _DNS_SUBDOMAIN.fullmatch(value):
+        shown = value if len(value) <= 80 else value[:77] + "..."
+        raise InputError(
+            f"{shown!r} is not a DNS subdomain of at most {longest} characters",
+            where=flag,
+            hint="use lowercase letters, digits, '-' and '.', e.g. gpu.cdigen.dev",
+        )
+
+
 def _quantity_bytes(text: str, flag: str) -> int:
     from cdigen.errors import InputError
     from policies.cel import parse_quantity
@@ -237,7 +252,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
             limit_key=args.mps_limit_key,
         ),
         "memory_shares": MemoryShares(_quantity_bytes(args.memory_step, "--memory-step"))
-        if args.memory_step
+        if args.memory_step is not None
         else None,
     }
     if taints is not None:
@@ -275,6 +290,7 @@ def _explain(args: argparse.Namespace) -> int:
     from policies.dra_order import ordered_views
     from policies.graph import build_topology
 
+    _dns_subdomain(args.driver_name, "--driver-name")
     claims, classes = load_manifests([args.claim, *args.classes])
     if len(claims) != 1:
         raise InputError(
@@ -285,7 +301,7 @@ def _explain(args: argparse.Namespace) -> int:
     views = ordered_views(device_views(node, mig_strategy=args.mig_strategy), node)
     shares = (
         MemoryShares(_quantity_bytes(args.memory_step, "--memory-step"))
-        if args.memory_step
+        if args.memory_step is not None
         else None
     )
     node_name = node.name or "node"
@@ -313,6 +329,7 @@ def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import CheckFailed
     from policies.claim_check import Published, check_files
 
+    _dns_subdomain(args.driver_name, "--driver-name")
     problems = check_files(args.files, Published.of(args.driver_name))
     if problems:
         raise CheckFailed([str(p) for p in problems], summary="dra check failed")
@@ -337,6 +354,8 @@ def _serve(args: argparse.Namespace) -> int:
             where="--node-name",
             hint="pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)",
         )
+    _dns_subdomain(args.node_name, "--node-name", 253)
+    _dns_subdomain(args.driver_name, "--driver-name")
     setup_logging(args.dra_log_level, args.dra_log_format)
     options = DraOptions(
         node_name=args.node_name,
@@ -351,7 +370,7 @@ def _serve(args: argparse.Namespace) -> int:
         host_root=args.host_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
         capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")
-        if args.capability_devices
+        if args.capability_devices is not None
         else (),
         **_sharing_options(args),  # type: ignore[arg-type]
     )

@@ -113,6 +113,27 @@ class KubeApi:
         return {"name": node_name, "uid": uid} if uid else None
 
 
+def _readable_kubeconfig(path: str) -> None:
+    """One-line InputError unless ``path`` is a regular, bounded, UTF-8 YAML mapping: the
+    kubernetes library would block on a FIFO, read /dev/zero forever, or raise a TypeError on
+    a list."""
+    from cdigen.fileio import parse_document, read_text
+
+    where = f"--kubeconfig: {path}"
+    try:
+        doc = parse_document(read_text(path, what="kubeconfig"), where=path)
+    except InputError as exc:
+        raise InputError(str(exc), where="--kubeconfig") from None
+    if not isinstance(doc, dict):
+        what = "the file is empty" if doc is None else f"its top level is a {type(doc).__name__}"
+        raise InputError(
+            f"not a kubeconfig ({what}, not a mapping)",
+            where=where,
+            hint="pass a kubeconfig file (apiVersion: v1, kind: Config), or leave "
+            "--kubeconfig out in a pod",
+        )
+
+
 def api_client(kubeconfig: str | None) -> Any:
     """A kubernetes ApiClient: from ``kubeconfig`` when given, else the in-cluster config;
     InputError naming the file (or the in-cluster config) when it cannot be used."""
@@ -120,6 +141,8 @@ def api_client(kubeconfig: str | None) -> Any:
     from kubernetes.config.config_exception import ConfigException
 
     configuration = client.Configuration()
+    if kubeconfig:
+        _readable_kubeconfig(kubeconfig)
     try:
         if kubeconfig:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -129,7 +152,8 @@ def api_client(kubeconfig: str | None) -> Any:
             config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=configuration
             )
-    except (ConfigException, OSError, ValueError) as exc:
+    except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # malformed structure (contexts: 5) surfaces from the library as a TypeError & co.
         if kubeconfig:
             raise InputError(
                 f"cannot use it: {str(exc).rstrip('.')}",
