@@ -133,7 +133,7 @@ def setup_logging(level: str, fmt: str) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from plugin.config import load_config
-    from plugin.serve import Plugin, open_nvml, serve_until_signalled
+    from plugin.serve import Plugin, make_plugin_dir, open_nvml, serve_until_signalled
 
     flags = {
         "node": args.node,
@@ -165,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
                 "the path is empty", where=flag, hint="give a directory, or leave the flag out"
             )
     config = load_config(args.config, flags=flags)
+    make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
     setup_logging(config.log_level, config.log_format)
     plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root, config.host_root))
     return serve_until_signalled(plugin)

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen import logs
-from cdigen.cdi.names import qualified_name, spec_file_name
+from cdigen.cdi.names import qualified_name, spec_file_name, split_kind
 from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.specdir import spec_files
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.validate import check_spec, refuse_dangling_link
-from cdigen.errors import SpecConflictError, WriteError, first_of
+from cdigen.errors import CdigenError, SpecConflictError, WriteError, first_of
 from cdigen.fileio import atomic_write, dump_document, read_text
 
 if TYPE_CHECKING:
@@ -94,6 +94,21 @@ def find_conflicts(target: Path, names: Sequence[str]) -> list[tuple[Path, str]]
             continue
         found += [(spec.path, n) for n in spec.device_names if n in wanted]
     return found
+
+
+def _own_other_format(spec: SpecDoc, target: Path, fmt: str) -> str | None:
+    """The path of cdigen's own file for ``spec``'s kind in the other format, beside
+    ``target``, when it exists and cdigen wrote it (see :func:`is_ours`); else None."""
+    vendor, cls = split_kind(spec["kind"])
+    other_fmt = "yaml" if fmt == "json" else "json"
+    path = target.parent / spec_file_name(vendor, cls, other_fmt)
+    if path == target:
+        return None
+    try:
+        text = read_text(path, what="CDI spec")
+    except CdigenError:
+        return None
+    return str(path) if is_ours(text, other_fmt) else None
 
 
 def device_names(spec: SpecDoc) -> list[str]:
@@ -208,13 +223,26 @@ def write_spec(spec: SpecDoc, target: Path, fmt: str) -> WriteResult:
 def _write_locked(spec: SpecDoc, target: Path, fmt: str, text: str) -> WriteResult:
     conflicts = find_conflicts(target, device_names(spec))
     if conflicts:
-        others = list(dict.fromkeys(str(path) for path, _ in conflicts))
+        first_file: dict[str, Path] = {}  # "(and N more)" counts devices, not (file, device)
+        for path, device in conflicts:
+            first_file.setdefault(device, path)
+        files = list(dict.fromkeys(str(path) for path, _ in conflicts))
+        ours = _own_other_format(spec, target, fmt)
+        others = [p for p in files if p != ours]
         other = " and ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
+        hints: list[str] = []
+        if others:
+            hints.append(f"remove or move {other} (for example an nvidia-ctk spec), then run again")
+        if ours in files:
+            hints.append(
+                f"{ours} is cdigen's own spec for this kind in the other --format: delete it "
+                "to switch formats, or keep to one --format"
+            )
         raise SpecConflictError(
-            first_of([f"{path} already defines {device}" for path, device in conflicts])
+            first_of([f"{path} already defines {device}" for device, path in first_file.items()])
             + "; runtimes drop devices defined in two files of one directory",
             where=str(target),
-            hint=f"remove or move {other} (for example an nvidia-ctk spec), then run again",
+            hint="; ".join(hints),
         )
     if os.path.lexists(target):
         refuse_dangling_link(target)

@@ -260,13 +260,12 @@ def run_topo_import(args: argparse.Namespace) -> int:
             where=where,
             hint="check --name, --gpu-name, --driver-version and --cuda-driver-version",
         ) from None
-    for note in node.notes:
-        print(f"cdigen: note: {note}", file=sys.stderr)
     text = dump_node(node, args.import_format)
     if args.import_format == "yaml":  # JSON has no comments: the stderr note below says it
         text = INVENTED_HEADER + text
-    print(f"cdigen: note: {INVENTED_NOTE}", file=sys.stderr)
     _emit(text, args.output)
+    for note in (*node.notes, INVENTED_NOTE):  # only once it worked: a failure is one line
+        print(f"cdigen: note: {note}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -139,6 +139,38 @@ def test_a_conflict_with_two_files_names_both_to_move(
     assert "\n" not in err
 
 
+def test_a_conflict_counts_devices_not_file_device_pairs(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # two copies of one 2-device spec said "(and 3 more)" for 2 names (it counted the pairs)
+    out = tmp_path / "cdi"
+    out.mkdir()
+    two = {**FOREIGN, "devices": [*FOREIGN["devices"], {**FOREIGN["devices"][0], "name": "1"}]}
+    for name in ("a.yaml", "b.yaml"):
+        (out / name).write_text(dump_document(two, "yaml"))
+    assert generate(fake, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{out / 'a.yaml'} already defines nvidia.com/gpu=0 (and 1 more);" in err, err
+
+
+def test_our_own_other_format_file_is_named_as_ours(
+    fake: FakeHost, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the hint said "for example an nvidia-ctk spec" about cdigen's own --format json file
+    out = tmp_path / "cdi"
+    assert generate(fake, out, "--format", "json") == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert generate(fake, out) == 2
+    err = capsys.readouterr().err.strip()
+    own = out / "nvidia.com-gpu.json"
+    assert f"{own} is cdigen's own spec for this kind in the other --format: delete it" in err
+    assert "nvidia-ctk" not in err and "\n" not in err
+    assert snapshot(out) == before
+    own.unlink()
+    assert generate(fake, out) == 0
+
+
 def test_foreign_spec_for_other_devices_is_fine(fake: FakeHost, tmp_path: Path) -> None:
     out = tmp_path / "cdi"
     out.mkdir()

@@ -411,6 +411,16 @@ def test_a_bad_value_is_one_line_and_exit_2(
     assert expected in line, line
 
 
+def test_plugin_dir_that_is_a_file_is_the_only_output(
+    scratch: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ~17 start-up log lines (missing specs, unhealthy devices) came before the error line
+    code, _, err = run_main([*SERVE_PLUGIN[:-1], scratch["spec"]], capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("cdigen: error: "), err
+    assert f"{scratch['spec']}: cannot create the plugin directory: not a directory" in err
+
+
 def test_topo_import_output_always_loads_again(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -109,6 +109,12 @@ def _bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["topo", "import", str(empty)], "no GPU columns found"),
         (["topo", "import", str(TOPOLOGIES / "truncated-dgx2-paste.txt")], "rows missing"),
         (["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "--memory", "lots"], "not a size"),
+        # the "invented UUIDs" note came before the error of a write that then failed
+        (["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "-o", str(tmp_path)], "write failed"),
+        (
+            ["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "-o", str(empty / "x.yaml")],
+            "does not exist",
+        ),
         (["discover", "--node", "builtin:nope"], "no built-in sample called 'nope'"),
         (["topo", "--node", "nvml"], "NVML"),
     ]
