@@ -2,11 +2,13 @@
 
 Calls are serialized (one lock) and idempotent: preparing a prepared claim returns what the
 first call returned, unpreparing an unknown claim is a success. Every prepared claim is kept in
-a checkpoint file, so that a restarted plugin still unprepares claims prepared before it.
+a checkpoint file, so that a restarted plugin still unprepares claims prepared before it; a
+prepared claim whose spec is gone (a tmpfs CDI dir after a reboot) is prepared again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -137,7 +139,7 @@ class Preparer:
         """Prepare one claim; a failure belongs to this claim and is returned, never raised."""
         with self._lock:
             done = self._claims.get(ref.uid)
-            if done is not None:
+            if done is not None and _spec_present(done):
                 return PrepareResult(tuple(done["devices"]))
         try:
             claim = self._reader.read_claim(ref.namespace, ref.name)
@@ -145,8 +147,17 @@ class Preparer:
             return PrepareResult(error=f"reading ResourceClaim {ref.namespace}/{ref.name}: {exc}")
         with self._lock:
             done = self._claims.get(ref.uid)
-            if done is not None:  # prepared by a concurrent duplicate call
-                return PrepareResult(tuple(done["devices"]))
+            if done is not None:
+                if _spec_present(done):  # prepared by a concurrent duplicate call
+                    return PrepareResult(tuple(done["devices"]))
+                # the CDI dir lost the spec (a tmpfs after a reboot): write it again
+                log.warning(
+                    "claim %s/%s (%s): its spec %s is gone; writing it again",
+                    ref.namespace,
+                    ref.name,
+                    ref.uid,
+                    done["specPath"],
+                )
             try:
                 return PrepareResult(tuple(self._prepare_locked(ref, claim)))
             except CdigenError as exc:
@@ -210,7 +221,14 @@ class Preparer:
             "shareable": {r.device: r.shareable for r in allocated},
             "specPath": str(path) if views else "",
         }
-        self._save()
+        try:
+            self._save()
+        except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
+            del self._claims[ref.uid]
+            if views:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
         log.info(
             "prepared claim %s/%s (%s): %s",
             ref.namespace,
@@ -320,7 +338,8 @@ class Preparer:
         with self._lock:
             done = self._claims.get(ref.uid)
             if done is None:
-                return ""
+                # a spec written before a crash kept it out of the checkpoint, or nothing
+                return self._remove_unknown_spec(ref.uid)
             path = done["specPath"]
             if path:
                 try:
@@ -336,6 +355,20 @@ class Preparer:
                 return exc.message
             log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
             return ""
+
+    def _remove_unknown_spec(self, uid: str) -> str:
+        """Remove the spec a claim the checkpoint does not know may have left. The error, or ""."""
+        if not uid or "/" in uid or "\0" in uid:
+            return ""
+        path = claim_spec_path(self._spec_dir, self.driver, uid)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:
+            return f"cannot remove {path}: {exc.strerror}"
+        log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
+        return ""
 
     def _save(self) -> None:
         doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
@@ -353,6 +386,11 @@ def claim_capability_name(uid: str, capability: str) -> str:
     """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
     the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
     return f"{uid}-{capability_device_name(capability)}"
+
+
+def _spec_present(claim: ClaimDoc) -> bool:
+    """True when the claim needs no spec or its spec is in the CDI dir."""
+    return not claim["specPath"] or os.path.exists(claim["specPath"])
 
 
 def load_checkpoint(path: Path) -> dict[str, ClaimDoc]:
