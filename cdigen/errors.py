@@ -13,6 +13,12 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+def shortened(text: str, limit: int = 60) -> str:
+    """``text`` cut to at most ``limit`` characters, ending in "..." when cut: a value quoted in
+    an error stays one short line however long the input."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def first_of(problems: Sequence[str]) -> str:
     """The first of ``problems`` and how many follow: ``gpus[0].uuid: ... (and 2 more)``."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

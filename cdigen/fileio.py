@@ -236,6 +236,16 @@ def parse_document(text: str, *, where: str) -> Any:
         loader.dispose()
 
 
+def not_a_mapping(document: Any) -> str:
+    """Why a parsed ``document`` that should be a mapping is not: ``the file is empty`` or
+    ``its top level is a list, not a mapping`` (for an error naming the file)."""
+    if document is None:
+        return "the file is empty"
+    kinds = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
+    name = type(document).__name__
+    return f"its top level is a {kinds.get(name, name)}, not a mapping"
+
+
 def read_document(path: str | Path, *, what: str = "file") -> Any:
     """Read and parse a YAML or JSON file (see :func:`read_text` and :func:`parse_document`)."""
     return parse_document(read_text(path, what=what), where=str(path))

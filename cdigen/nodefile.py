@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
 from cdigen.errors import InputError
-from cdigen.fileio import dump_document, read_document
+from cdigen.fileio import dump_document, not_a_mapping, read_document
 from cdigen.model import API_VERSION, NODE_KIND, Gpu, Link, MigDevice, Node, PcieLevel
 from cdigen.schemas import validate
 
@@ -289,14 +289,7 @@ def load_node_file(path: str | Path) -> Node:
         )
     doc = read_document(path, what="node file")
     if not isinstance(doc, dict) or doc.get("kind") not in (None, NODE_KIND):
-        if isinstance(doc, dict):
-            why = f"kind: {doc.get('kind')}"
-        elif doc is None:
-            why = "the file is empty"
-        else:
-            kinds = {"str": "string", "int": "number", "float": "number", "bool": "boolean"}
-            name = type(doc).__name__
-            why = f"its top level is a {kinds.get(name, name)}, not a mapping"
+        why = f"kind: {doc.get('kind')}" if isinstance(doc, dict) else not_a_mapping(doc)
         raise InputError(
             f"not a node file ({why})",
             where=str(path),

@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cdigen.errors import SchemaError, first_of
+from cdigen.errors import SchemaError, first_of, shortened
 
 _SOURCE_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -72,9 +72,7 @@ def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
     import jsonschema
 
     if validator.is_type(instance, "string") and not _compiled(pattern).search(instance):
-        shown = repr(instance)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        yield jsonschema.ValidationError(f"{shown} does not match {pattern!r}")
+        yield jsonschema.ValidationError(f"{shortened(repr(instance))} does not match {pattern!r}")
 
 
 def make_validator(schema: dict[str, Any]) -> Any:
@@ -123,7 +121,7 @@ def describe_value(value: Any) -> str:
         text = json.dumps(value, default=_jsonable)
     except (TypeError, ValueError, RecursionError):
         text = f"a {type(value).__name__}"
-    return prefix + (text if len(text) <= 60 else text[:57] + "...")
+    return prefix + shortened(text)
 
 
 def _describe(error: Any) -> str:

@@ -50,6 +50,12 @@ class RegistrationCancelled(RegistrationError):
     """We gave up on a registration in flight because the plugin is stopping."""
 
 
+def is_dns_subdomain(text: str, longest: int = 253) -> bool:
+    """Whether ``text`` is a DNS subdomain (RFC 1123) of at most ``longest`` characters, as
+    Kubernetes requires of resource-name domains (253), node (253) and driver (63) names."""
+    return len(text) <= longest and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
 def resource_name_problem(name: str) -> str | None:
     """Why the kubelet would refuse ``name`` as an extended resource, or None if it is fine."""
     if "/" not in name:
@@ -59,7 +65,7 @@ def resource_name_problem(name: str) -> str | None:
         return f"resource name {name!r} uses a kubernetes.io domain, reserved for native resources"
     if name.startswith("requests."):
         return f"resource name {name!r} must not start with 'requests.'"
-    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+    if not is_dns_subdomain(domain):
         return f"resource name {name!r}: {domain!r} is not a DNS subdomain"
     # The kubelet checks that "requests.<name>" is a qualified name: the part after the slash is
     # at most 63 characters of [-A-Za-z0-9_.], starting and ending alphanumeric.

@@ -22,9 +22,15 @@ from typing import Any
 from cdigen.cdi.names import device_name, qualified_name
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
-from policies.shares import gpu_part, replica_ids, share_kind, slice_count, slice_ids
+from policies.shares import (
+    MAX_REPLICAS,
+    gpu_part,
+    replica_ids,
+    share_kind,
+    slice_count,
+    slice_ids,
+)
 
-MAX_REPLICAS = 1024
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -273,14 +279,22 @@ def allocate_shares(
     )
 
 
+def mps_directory_problem(path: str, *, shared: bool = False) -> str | None:
+    """Why the MPS directory ``path`` must not be mounted into a container, or None. One that
+    is not there yet is fine: the runtime makes it, and the daemon's own mount of the same path
+    then shares it. ``shared``: the shared-memory directory, world-writable as /dev/shm is
+    (see :func:`cdigen.cdi.host.ipc_problem`)."""
+    from cdigen.cdi.host import ipc_problem
+
+    return ipc_problem(path, directory=True, shared=shared) if os.path.lexists(path) else None
+
+
 def _mps_mount(pipe: str, resource: str) -> Mount:
     """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
     its named pipes, which a read-only mount allows (the kernel refuses writes there only to
     regular files, directories and symlinks). ShareRefused if the directory exists but is not
     what the MPS daemon makes (see :func:`cdigen.cdi.host.ipc_problem`)."""
-    from cdigen.cdi.host import ipc_problem
-
-    problem = ipc_problem(pipe, directory=True) if os.path.lexists(pipe) else None
+    problem = mps_directory_problem(pipe)
     if problem:
         raise ShareRefused(
             f"will not mount the MPS pipe directory: {problem}",
@@ -298,9 +312,7 @@ def _mps_shm_mount(shm: str, resource: str) -> Mount:
     is a symlink, no directory, owned by another user or in a world-writable directory is
     refused with ShareRefused. It may itself be world-writable, as /dev/shm is.
     """
-    from cdigen.cdi.host import ipc_problem
-
-    problem = ipc_problem(shm, directory=True, shared=True) if os.path.lexists(shm) else None
+    problem = mps_directory_problem(shm, shared=True)
     if problem:
         raise ShareRefused(
             f"will not mount the MPS shared-memory directory at {MPS_SHM_PATH}: {problem}",

@@ -118,9 +118,6 @@ def _allocator(args: argparse.Namespace) -> Allocator:
     return Allocator(node, load_policy(args.policy))
 
 
-MAX_REPLICAS = 1024  # as plugin.sharing.MAX_REPLICAS and `dra serve --replicas`
-
-
 def _at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
     """InputError naming ``flag`` when ``value`` is below ``minimum`` (or above ``maximum``)."""
     if value < minimum:
@@ -185,6 +182,18 @@ def _answer_doc(answer: AllocationAnswer) -> dict[str, Any]:
     return doc
 
 
+def check_share_flags(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """``--replicas`` and ``--slice-mib`` (None where not given); InputError if out of range."""
+    from policies.shares import MAX_REPLICAS
+
+    replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
+    if replicas is not None:
+        _at_least("--replicas", replicas, 1, MAX_REPLICAS)
+    if slice_mib is not None:
+        _at_least("--slice-mib", slice_mib, 1)
+    return replicas, slice_mib
+
+
 def _expand_shares(
     allocator: Allocator, ids: tuple[str, ...], args: argparse.Namespace
 ) -> tuple[str, ...]:
@@ -192,11 +201,7 @@ def _expand_shares(
     last 5 (as if the first ones were taken); share IDs (``0::slice-3``) stay as they are."""
     from policies.shares import replica_ids, share_kind, slice_count, slice_ids
 
-    replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
-    if replicas is not None:
-        _at_least("--replicas", replicas, 1, MAX_REPLICAS)
-    if slice_mib is not None:
-        _at_least("--slice-mib", slice_mib, 1)
+    replicas, slice_mib = check_share_flags(args)
     if replicas is None and slice_mib is None:
         return ids
     out: list[str] = []

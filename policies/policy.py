@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from cdigen.errors import CheckFailed, InputError, first_of
+from cdigen.errors import CheckFailed, InputError, first_of, shortened
 from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Link, Node
 from cdigen.schemas import schema_errors
@@ -152,7 +152,7 @@ def _excerpt(text: str, line: int | None, column: int | None) -> str:
     lines = text.splitlines() or [""]
     if line is None or column is None or not 1 <= line <= len(lines):
         snippet = " ".join(text.split())
-        return snippet if len(snippet) <= 80 else snippet[:77] + "..."
+        return shortened(snippet, 80)
     row = lines[line - 1]
     start = max(0, column - 1 - 30)
     return f"{row[start : column - 1]}>>>{row[column - 1 : column - 1 + 40]}"

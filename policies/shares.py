@@ -16,6 +16,8 @@ from cdigen.model import Gpu
 
 SHARE_SEPARATOR = "::"
 SLICE_MARKER = "slice-"
+# The most replicas of one GPU, wherever they are given (plugin config, dra serve, policy CLI).
+MAX_REPLICAS = 1024
 MIB = 1 << 20
 
 ShareKind = Literal["gpu", "replica", "slice"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from policies.cli import MAX_REPLICAS, _allocator, _at_least
+from policies.cli import _allocator, _at_least, check_share_flags
 
 MAX_STEPS = 100_000  # about a minute on one core; each step is one allocation of ours and theirs
 
@@ -62,10 +62,7 @@ def _mean_of(size: int) -> Callable[[Figures], str]:
 def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:
     from policies.simulate import ShareFigures, simulate_shares
 
-    if args.replicas is not None:
-        _at_least("--replicas", args.replicas, 1, MAX_REPLICAS)
-    if args.slice_mib is not None:
-        _at_least("--slice-mib", args.slice_mib, 1)
+    check_share_flags(args)
     ours, theirs = simulate_shares(
         allocator.node,
         allocator,

@@ -184,13 +184,12 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _dns_subdomain(value: str, flag: str, longest: int = 63) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
-    from cdigen.errors import InputError
-    from plugin.kubelet import _DNS_SUBDOMAIN
+    from cdigen.errors import InputError, shortened
+    from plugin.kubelet import is_dns_subdomain
 
-    if len(value) > longest or not _DNS_SUBDOMAIN.fullmatch(value):
-        shown = value if len(value) <= 80 else value[:77] + "..."
+    if not is_dns_subdomain(value, longest):
         raise InputError(
-            f"{shown!r} is not a DNS subdomain of at most {longest} characters",
+            f"{shortened(value, 80)!r} is not a DNS subdomain of at most {longest} characters",
             where=flag,
             hint="use lowercase letters, digits, '-' and '.', e.g. gpu.cdigen.dev",
         )
@@ -216,6 +215,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from plugin.dra.mps import MpsSettings
     from plugin.dra.slices import MemoryShares
     from plugin.sharing import SHM_HINT, shm_directory_problem
+    from policies.shares import MAX_REPLICAS
 
     threads: int | None = None
     text = args.mps_thread_percentage
@@ -230,8 +230,8 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
                 where="--mps-thread-percentage",
                 hint="use 1-100 or proportional",
             )
-    if args.replicas is not None and not 1 <= args.replicas <= 1024:
-        raise InputError(f"{args.replicas} is not in 1-1024", where="--replicas")
+    if args.replicas is not None and not 1 <= args.replicas <= MAX_REPLICAS:
+        raise InputError(f"{args.replicas} is not in 1-{MAX_REPLICAS}", where="--replicas")
     if args.mps_pipe_dir is not None and not args.mps_pipe_dir.startswith("/"):
         raise InputError(
             f"{args.mps_pipe_dir!r} is not an absolute path",

@@ -117,7 +117,7 @@ def _readable_kubeconfig(path: str) -> None:
     """One-line InputError unless ``path`` is a regular, bounded, UTF-8 YAML mapping: the
     kubernetes library would block on a FIFO, read /dev/zero forever, or raise a TypeError on
     a list."""
-    from cdigen.fileio import parse_document, read_text
+    from cdigen.fileio import not_a_mapping, parse_document, read_text
 
     where = f"--kubeconfig: {path}"
     try:
@@ -125,9 +125,8 @@ def _readable_kubeconfig(path: str) -> None:
     except InputError as exc:
         raise InputError(str(exc), where="--kubeconfig") from None
     if not isinstance(doc, dict):
-        what = "the file is empty" if doc is None else f"its top level is a {type(doc).__name__}"
         raise InputError(
-            f"not a kubeconfig ({what}, not a mapping)",
+            f"not a kubeconfig ({not_a_mapping(doc)})",
             where=where,
             hint="pass a kubeconfig file (apiVersion: v1, kind: Config), or leave "
             "--kubeconfig out in a pod",

@@ -3,17 +3,21 @@ and shared-memory mounts that go into the claim's CDI spec (see docs/dra-sharing
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdigen.cdi.host import ipc_problem
 from cdigen.cdi.spec import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu
 from plugin.dra.claims import AllocatedDevice
-from plugin.sharing import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_SHM_PATH, MPS_THREADS_ENV
+from plugin.sharing import (
+    MPS_MEMORY_ENV,
+    MPS_PIPE_ENV,
+    MPS_SHM_PATH,
+    MPS_THREADS_ENV,
+    mps_directory_problem,
+)
 from policies.cel import parse_quantity
 from policies.device_view import DeviceView
 
@@ -108,11 +112,7 @@ def _refuse_unsafe(directory: str, flag: str, *, shared: bool) -> None:
     mount into a container: a symlink, not a directory, owned by another user, world-writable
     (the shared-memory directory may be) or in a world-writable directory. A directory that is
     not there yet is mounted anyway: the runtime makes it, and the daemon's mount shares it."""
-    problem = (
-        ipc_problem(directory, directory=True, shared=shared)
-        if os.path.lexists(directory)
-        else None
-    )
+    problem = mps_directory_problem(directory, shared=shared)
     if problem:
         raise InputError(
             f"will not mount the MPS directory into the claim's containers: {problem}",

@@ -8,7 +8,6 @@ prepared claim whose spec is gone (a tmpfs CDI dir after a reboot) is prepared a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -226,8 +225,7 @@ class Preparer:
         except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
             del self._claims[ref.uid]
             if views:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+                _remove_spec(path)
             raise
         log.info(
             "prepared claim %s/%s (%s): %s",
@@ -340,14 +338,9 @@ class Preparer:
             if done is None:
                 # a spec written before a crash kept it out of the checkpoint, or nothing
                 return self._remove_unknown_spec(ref.uid)
-            path = done["specPath"]
-            if path:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    return f"cannot remove {path}: {exc.strerror}"
+            error = _remove_spec(done["specPath"]) if done["specPath"] else ""
+            if error:
+                return error
             del self._claims[ref.uid]
             try:
                 self._save()
@@ -361,14 +354,12 @@ class Preparer:
         if not uid or "/" in uid or "\0" in uid:
             return ""
         path = claim_spec_path(self._spec_dir, self.driver, uid)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             return ""
-        except OSError as exc:
-            return f"cannot remove {path}: {exc.strerror}"
-        log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
-        return ""
+        error = _remove_spec(path)
+        if not error:
+            log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
+        return error
 
     def _save(self) -> None:
         doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
@@ -386,6 +377,17 @@ def claim_capability_name(uid: str, capability: str) -> str:
     """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
     the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
     return f"{uid}-{capability_device_name(capability)}"
+
+
+def _remove_spec(path: str | Path) -> str:
+    """Remove a claim's spec file (one already gone is fine). The error, or ""."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return f"cannot remove {path}: {exc.strerror}"
+    return ""
 
 
 def _spec_present(claim: ClaimDoc) -> bool:

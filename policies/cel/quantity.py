@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from cdigen.errors import shortened
+
 _BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL_SUFFIXES = {
     "n": -9,
@@ -32,7 +34,7 @@ def parse_quantity(text: str) -> Fraction:
     there (Kubernetes caps binary quantities so; it also keeps ``1e99999999`` from costing
     a 330-million-bit number here).
     """
-    shown = text if len(text) <= 40 else text[:37] + "..."
+    shown = shortened(text, 40)
     match = _QUANTITY_RE.match(text.strip()) if text.strip() == text else None
     if match is None:
         raise ValueError(f"invalid quantity {shown!r}")

@@ -304,13 +304,20 @@ def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
         assert VULKAN_ICD not in {m["destination"] for m in got["mounts"]}
 
 
+def _whole_and_shared(kubelet: Any, uuid: str) -> tuple[Any, Any]:
+    """The container responses to Allocate of the whole GPU ``uuid`` (a resource asking for
+    graphics) and of one of its shared replicas (a resource that does not)."""
+    whole = kubelet.allocate(GPU, [[uuid]]).container_responses[0]
+    shared = kubelet.allocate(SHARED, [[f"{uuid}::1"]]).container_responses[0]
+    return whole, shared
+
+
 def test_native_strategy_mounts_the_capability_files_for_that_resource_only(
     tmp_path: Path, fake: FakeHost
 ) -> None:
     u0 = fake.node.gpus[0].uuid
     for kubelet in serve(tmp_path, fake, "native"):
-        whole = kubelet.allocate(GPU, [[u0]]).container_responses[0]
-        shared = kubelet.allocate(SHARED, [[f"{u0}::1"]]).container_responses[0]
+        whole, shared = _whole_and_shared(kubelet, u0)
         whole_mounts = {m.container_path: m.host_path for m in whole.mounts}
         assert whole_mounts[VULKAN_ICD] == str(fake.driver_root / VULKAN_ICD.lstrip("/"))
         assert f"{RHEL_DIR}/libEGL_nvidia.so.0" in whole_mounts
@@ -329,8 +336,7 @@ def test_envvar_strategy_tells_the_nvidia_runtime_the_capabilities(
     """No CDI names under envvar: nvidia-container-runtime reads NVIDIA_DRIVER_CAPABILITIES."""
     u0 = fake.node.gpus[0].uuid
     for kubelet in serve(tmp_path, fake, "envvar"):
-        whole = kubelet.allocate(GPU, [[u0]]).container_responses[0]
-        shared = kubelet.allocate(SHARED, [[f"{u0}::1"]]).container_responses[0]
+        whole, shared = _whole_and_shared(kubelet, u0)
         assert dict(whole.envs) == {
             "NVIDIA_VISIBLE_DEVICES": u0,
             "NVIDIA_DRIVER_CAPABILITIES": "compute,utility,graphics",
