@@ -53,6 +53,7 @@ class HealthBoard:
         self._reasons: dict[str, dict[str, str]] = {d: {} for d in device_ids}
         self._children = _children(self._reasons, parents or {})
         self._version = 0
+        self._wakes = 0  # bumped by wake_waiters: a waiter returns though the version did not move
         self._changed = threading.Condition()
         self._listeners: list[Callable[[dict[str, tuple[str, ...]]], None]] = []
         self._held = 0  # > 0 inside hold(): changes are published when the last hold ends
@@ -173,12 +174,17 @@ class HealthBoard:
     def wake_waiters(self) -> None:
         """Wake every :meth:`wait_for_change` caller (a stream ending) without a change."""
         with self._changed:
+            self._wakes += 1
             self._changed.notify_all()
 
     def wait_for_change(self, seen_version: int, timeout_s: float) -> int:
-        """Block until the version differs from ``seen_version`` or the timeout; the version."""
+        """Block until the version differs from ``seen_version``, :meth:`wake_waiters` or the
+        timeout; the version."""
         with self._changed:
-            self._changed.wait_for(lambda: self._version != seen_version, timeout=timeout_s)
+            wakes = self._wakes
+            self._changed.wait_for(
+                lambda: self._version != seen_version or self._wakes != wakes, timeout=timeout_s
+            )
             return self._version
 
 

@@ -62,6 +62,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
     serve.add_argument(
+        "--api-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="give up on an API server call after this long (default 5)",
+    )
+    serve.add_argument(
+        "--health-address",
+        metavar="HOST:PORT",
+        help="serve /healthz here: 200 once registered with the kubelet, else 503, with what "
+        "is pending (e.g. 127.0.0.1:9466; default off)",
+    )
+    serve.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
         default="mixed",
@@ -388,8 +401,23 @@ def _serve(args: argparse.Namespace) -> int:
         driver_root=args.driver_root,
         host_root=args.host_root,
     )
-    api = KubeApi(api_client(args.kubeconfig))
-    plugin = DraPlugin(
-        options, node, slices=api, claims=api, owner=api.node_owner(options.node_name), nvml=nvml
-    )
-    return serve_until_signalled(plugin)
+    if not args.api_timeout > 0 or args.api_timeout > 3600:
+        raise InputError(
+            f"{args.api_timeout:g} is not a timeout",
+            where="--api-timeout",
+            hint="pass seconds between 0 and 3600, e.g. 5",
+        )
+    if args.health_address:
+        from plugin.metrics import parse_address
+
+        try:
+            parse_address(args.health_address)
+        except InputError:
+            raise InputError(
+                f"{args.health_address!r} is not HOST:PORT",
+                where="--health-address",
+                hint="e.g. 127.0.0.1:9466, or :0 for any free port",
+            ) from None
+    api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    plugin = DraPlugin(options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml)
+    return serve_until_signalled(plugin, args.health_address)

@@ -29,12 +29,12 @@ class SliceApi(Protocol):
         """This node's slices of ``driver``."""
         ...
 
-    def create_slice(self, body: Mapping[str, Any]) -> None:
-        """Create one slice."""
+    def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Create one slice; the stored object when the API answers with it."""
         ...
 
-    def replace_slice(self, name: str, body: Mapping[str, Any]) -> None:
-        """Replace one slice."""
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Replace one slice; the stored object when the API answers with it."""
         ...
 
     def delete_slice(self, name: str) -> None:
@@ -42,15 +42,53 @@ class SliceApi(Protocol):
         ...
 
 
+DEFAULT_API_TIMEOUT_S = 5.0
+_ERROR_MAX = 300
+
+
+def api_error(exc: BaseException) -> str:
+    """One bounded line for an API call's failure: the HTTP status and the Status reason and
+    message for an answer, the cause for a connection that failed (never headers or body)."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        reason, message = exc.reason or "", ""
+        try:
+            doc = json.loads(exc.body or "")
+        except (TypeError, ValueError):
+            doc = None
+        if isinstance(doc, dict):
+            reason = str(doc.get("reason") or reason)
+            message = str(doc.get("message") or "")
+        text = f"API server answered {exc.status} {reason}" + (f": {message}" if message else "")
+    else:
+        cause: BaseException = exc
+        reason_attr = getattr(exc, "reason", None)  # urllib3's MaxRetryError wraps the cause
+        if isinstance(reason_attr, BaseException):
+            cause = reason_attr
+        detail = str(cause).split("\n", 1)[0]
+        if ">: " in detail:  # urllib3 prefixes '<connection object at 0x...>: '
+            detail = detail.split(">: ", 1)[1]
+        text = f"API server unreachable: {type(cause).__name__}: {detail}"
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
+
+
+class ApiCallError(Exception):
+    """An API call failed; the message is one bounded line (:func:`api_error`)."""
+
+
 class KubeApi:
-    """:class:`SliceApi` and :class:`plugin.dra.claims.ClaimReader` over the kubernetes client."""
+    """:class:`SliceApi` and :class:`plugin.dra.claims.ClaimReader` over the kubernetes client,
+    every call bounded by ``timeout_s`` (connect and read)."""
 
     SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_API_TIMEOUT_S) -> None:
         from kubernetes import client
 
         self._client = api_client
+        self.timeout_s = timeout_s
         self._resource = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
 
@@ -59,10 +97,20 @@ class KubeApi:
         return json.loads(response.data)
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """The ResourceClaim ``namespace/name`` as a dict."""
-        claim: dict[str, Any] = self._json(
-            self._resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
-        )
+        """The ResourceClaim ``namespace/name`` as a dict; :class:`ApiCallError` (one line)
+        when the API server cannot give it."""
+        try:
+            response = self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+            )
+        except Exception as exc:
+            raise ApiCallError(api_error(exc)) from None
+        try:
+            claim = self._json(response)
+        except ValueError:
+            raise ApiCallError("API server answered with something that is not JSON") from None
+        if not isinstance(claim, dict):
+            raise ApiCallError("API server answered with JSON that is not an object") from None
         return claim
 
     def list_slices(self, driver: str, node_name: str) -> list[dict[str, Any]]:
@@ -71,20 +119,21 @@ class KubeApi:
             self._resource.list_resource_slice(
                 field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
                 _preload_content=False,
+                _request_timeout=self.timeout_s,
             )
         )
         items: list[dict[str, Any]] = doc.get("items") or []
         return items
 
-    def create_slice(self, body: Mapping[str, Any]) -> None:
-        """Create one slice."""
-        self._send("POST", self.SLICES_PATH, body)
+    def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Create one slice; the stored object."""
+        return self._send("POST", self.SLICES_PATH, body)
 
-    def replace_slice(self, name: str, body: Mapping[str, Any]) -> None:
-        """Replace one slice."""
-        self._send("PUT", f"{self.SLICES_PATH}/{quote(name, safe='')}", body)
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Replace one slice; the stored object."""
+        return self._send("PUT", f"{self.SLICES_PATH}/{quote(name, safe='')}", body)
 
-    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> None:
+    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """``method path`` with the JSON ``body`` as it is, through the client's ApiClient (auth,
         TLS, pool); an ApiException for a non-2xx answer, as the generated methods raise."""
         from kubernetes.client.exceptions import ApiException
@@ -93,21 +142,41 @@ class KubeApi:
         method, url, headers, _, _ = self._client.param_serialize(
             method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )
-        response = self._client.call_api(method, url, header_params=headers, body=dict(body))
-        response.read()
+        response = self._client.call_api(
+            method, url, header_params=headers, body=dict(body), _request_timeout=self.timeout_s
+        )
+        data = response.read()
         if not 200 <= response.status <= 299:
             raise ApiException.from_response(http_resp=response, body=None, data=None)
+        try:
+            stored = json.loads(data)
+        except (TypeError, ValueError):
+            return None
+        return stored if isinstance(stored, dict) else None
 
     def delete_slice(self, name: str) -> None:
         """Delete one slice."""
-        self._resource.delete_resource_slice(name, _preload_content=False)
+        self._resource.delete_resource_slice(
+            name, _preload_content=False, _request_timeout=self.timeout_s
+        )
 
     def node_owner(self, node_name: str) -> dict[str, str] | None:
-        """``{"name", "uid"}`` of the Node object, for owner references; None if unreadable."""
+        """``{"name", "uid"}`` of the Node object, for owner references; None when the API
+        server refuses (RBAC, no such Node); the error when it could not answer (retry)."""
+        from kubernetes.client.exceptions import ApiException
+
         try:
-            node = self._json(self._core.read_node(node_name, _preload_content=False))
-        except Exception as exc:  # RBAC may not allow it: slices then live until deleted
-            log.warning("cannot read Node %s (%s): slices get no owner reference", node_name, exc)
+            node = self._json(
+                self._core.read_node(
+                    node_name, _preload_content=False, _request_timeout=self.timeout_s
+                )
+            )
+        except ApiException as exc:  # RBAC may not allow it: slices then live until deleted
+            if exc.status is not None and exc.status >= 500:
+                raise
+            log.warning(
+                "cannot read Node %s (%s): slices get no owner reference", node_name, api_error(exc)
+            )
             return None
         uid = (node.get("metadata") or {}).get("uid")
         return {"name": node_name, "uid": uid} if uid else None
@@ -179,6 +248,32 @@ class SlicePublisher:
         self.node_name = node_name
         self._owner = owner
         self.generation = 0
+        # name -> (resourceVersion the API gave our last write, the spec we sent)
+        self._written: dict[str, tuple[str | None, Any]] = {}
+
+    def set_owner(self, owner: dict[str, str] | None) -> None:
+        """The Node owner reference for slices published from now on."""
+        self._owner = owner
+
+    def in_step(self) -> bool:
+        """True when this node's slices are exactly the ones we last wrote: none deleted,
+        none added, none changed by someone else (one list call)."""
+        if not self._written:
+            return False
+        found = {
+            s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
+        }
+        if found.keys() != self._written.keys():
+            return False
+        for name, (version, spec) in self._written.items():
+            got = found[name]
+            got_version = (got.get("metadata") or {}).get("resourceVersion")
+            if version is not None and got_version is not None:
+                if got_version != version:
+                    return False
+            elif got.get("spec") != spec:
+                return False
+        return True
 
     def publish(
         self,
@@ -209,16 +304,19 @@ class SlicePublisher:
             shares=shares,
             taints=taints,
         )
+        self._written = {}
         for body in wanted:
             name = body["metadata"]["name"]
             old = existing.pop(name, None)
             if old is None:
-                self._api.create_slice(body)
+                stored = self._api.create_slice(body)
             else:
                 version = (old.get("metadata") or {}).get("resourceVersion")
                 if version:
                     body["metadata"]["resourceVersion"] = version
-                self._api.replace_slice(name, body)
+                stored = self._api.replace_slice(name, body)
+            got = ((stored or {}).get("metadata") or {}).get("resourceVersion")
+            self._written[name] = (str(got) if got else None, body.get("spec"))
         for name in existing:
             self._api.delete_slice(name)
         log.info(
@@ -232,5 +330,6 @@ class SlicePublisher:
 
     def delete_all(self) -> None:
         """Delete this node's slices (a clean shutdown, when configured to)."""
+        self._written = {}
         for item in self._api.list_slices(self.driver, self.node_name):
             self._api.delete_slice(item["metadata"]["name"])

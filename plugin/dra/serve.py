@@ -1,20 +1,24 @@
 """``cdigen dra serve``: the DRA kubelet plugin, composed from discovery, the device view, the
 CDI generator, the health board and the API server.
 
-Start order: discover the node, build the device view, listen on the DRA socket, publish the
-ResourceSlices, and only then offer the registration socket, so that the kubelet never calls a
-plugin that is not ready.
+Start order: discover the node, build the device view, listen on the DRA socket, offer the
+registration socket (prepare and unprepare of checkpointed claims need no API server), then keep
+the ResourceSlices published from a background thread: retried with capped backoff, checked
+every few seconds, and republished at every (re-)registration by the kubelet, which deletes the
+node's slices when it starts.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,10 +27,11 @@ from cdigen.cdi.host import HostFS, scan_driver
 from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
-from plugin.dra.kube import SliceApi, SlicePublisher
+from plugin.dra.kube import SliceApi, SlicePublisher, api_error
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import Preparer
 from plugin.dra.service import (
+    DRA_WORKERS,
     HealthService,
     RegistrationService,
     RegistrationState,
@@ -58,6 +63,9 @@ DEFAULT_TAINT_XIDS: Mapping[int, str] = {
     94: "NoSchedule",
 }
 _XID_RE = re.compile(r"critical Xid (\d+)")
+SLICE_RESYNC_S = 2.0  # how often the published slices are compared with what we want
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,9 @@ class DraPlugin:
         slices: SliceApi,
         claims: ClaimReader,
         owner: dict[str, str] | None = None,
+        node_owner: Callable[[str], dict[str, str] | None] | None = None,
         nvml: Any = None,
+        resync_s: float = SLICE_RESYNC_S,
     ) -> None:
         self.options = options
         self.node = node
@@ -135,16 +145,28 @@ class DraPlugin:
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
         )
+        self._node_owner = node_owner  # read in the background: the API may be away at start
+        self._resync_s = resync_s
+        self._republish = threading.Event()
+        self._published_event = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self.slices_published = False
+        self.slice_problem = "not published yet"
         self.registration = RegistrationState()
         self._stop = threading.Event()
         reg_path, dra_path = socket_paths(options.kubelet_dir, options.driver)
         self._dra_server = UnixServer(
             dra_path,
             dra_services(self.preparer, HealthService(self.board, options.node_name, self._stop)),
+            workers=DRA_WORKERS,
         )
         self._reg_server = UnixServer(
             reg_path,
-            registration_service(RegistrationService(options.driver, dra_path, self.registration)),
+            registration_service(
+                RegistrationService(
+                    options.driver, dra_path, self.registration, self._republish.set
+                )
+            ),
             workers=2,
         )
         self._xid: XidHealth | None = None
@@ -165,11 +187,9 @@ class DraPlugin:
         return socket_paths(self.options.kubelet_dir, self.options.driver)
 
     def start(self) -> None:
-        """Serve DRA, publish the slices, then offer registration to the kubelet."""
+        """Serve DRA, offer registration to the kubelet, and keep the slices published in the
+        background (the API server may be away: nothing here waits for it)."""
         self._dra_server.start()
-        with self._taint_lock:
-            self._publish()
-            self._published = True
         if self._nvml is not None:
             self._xid = XidHealth(
                 self._nvml,
@@ -181,12 +201,94 @@ class DraPlugin:
             self._xid.open()
             self._xid.start()
         self._reg_server.start()
+        self._keeper = threading.Thread(target=self._keep_slices, name="dra-slices", daemon=True)
+        self._keeper.start()
         log.info(
             "DRA driver %s ready: %d devices in pool %s",
             self.options.driver,
             len(self.views),
             self.options.node_name,
         )
+
+    def _publish_now(self, what: str) -> None:
+        """Publish at once (bounded by the API timeout); on failure the keeper retries."""
+        with self._taint_lock:
+            if not self._published and not self.slices_published:
+                self._republish.set()  # never published yet: the keeper's first round does it
+                return
+            try:
+                self._publish()
+                self._published = True
+            except Exception as exc:  # the API server may be away: the keeper retries
+                self._published = False
+                self._republish.set()
+                log.error(
+                    "cannot republish the ResourceSlices with %s (retrying): %s",
+                    what,
+                    api_error(exc),
+                )
+
+    def wait_published(self, timeout_s: float) -> bool:
+        """Block until the slices are published (tests and start-up logs), or the timeout."""
+        return self._published_event.wait(timeout_s)
+
+    def _keep_slices(self) -> None:
+        """Publish until it works, then check every ``resync_s`` (and at each registration)
+        that the slices are still ours; put them back when deleted or changed. Failures are
+        retried with capped backoff and logged once per kind of failure."""
+        backoff = BACKOFF_FIRST_S
+        last_problem = ""
+        owner_known = self._node_owner is None
+        while not self._stop.is_set():
+            wait = self._resync_s
+            try:
+                if not owner_known and self._node_owner is not None:
+                    self.publisher.set_owner(self._node_owner(self.options.node_name))
+                    owner_known = True
+                self._republish.clear()
+                with self._taint_lock:
+                    if not self._published or not self.publisher.in_step():
+                        if self._published:
+                            log.warning(
+                                "the ResourceSlices of pool %s were deleted or changed: "
+                                "publishing them again",
+                                self.options.node_name,
+                            )
+                        self._publish()
+                        self._published = True
+                self.slices_published, self.slice_problem = True, ""
+                self._published_event.set()
+                if last_problem:
+                    log.info("the API server answers again")
+                last_problem, backoff = "", BACKOFF_FIRST_S
+            except Exception as exc:  # the API server may be away or refuse: retry, one line
+                problem = api_error(exc)
+                self.slices_published = False
+                self.slice_problem = problem
+                kind = problem.split(":", 1)[0]
+                if kind != last_problem.split(":", 1)[0]:
+                    log.error(
+                        "cannot publish the ResourceSlices (retrying, at most every %gs): %s",
+                        BACKOFF_MAX_S,
+                        problem,
+                    )
+                last_problem = problem
+                wait, backoff = backoff, min(backoff * 2, BACKOFF_MAX_S)
+            self._republish.wait(wait)
+
+    def health_problem(self) -> str | None:
+        """What is pending, for ``/healthz``: None once registered with the kubelet."""
+        if not self.registration.registered:
+            return "not registered with the kubelet yet"
+        return None
+
+    def health_report(self) -> dict[str, Any]:
+        """``/healthz``'s body: registration and slice publication."""
+        return {
+            "registered": self.registration.registered,
+            "slicesPublished": self.slices_published,
+            "slicesProblem": self.slice_problem or None,
+        }
 
     def apply_node(self, node: Node) -> bool:
         """A re-discovered node: when the devices changed, republish the slices (a new
@@ -203,8 +305,7 @@ class DraPlugin:
             [v.name for v in views], parents={v.name: [v.gpu.uuid] for v in views}
         )
         self.preparer.set_devices(node, views)
-        with self._taint_lock:
-            self._publish()
+        self._publish_now("the new devices")
         return True
 
     def _publish(self) -> None:
@@ -250,18 +351,13 @@ class DraPlugin:
             if taints == self.taints:
                 return
             self.taints = taints
-            if not self._published:
-                return
-            try:
-                self._publish()
-            except Exception as exc:  # the API server may be away: the next change retries
-                log.error("could not republish the ResourceSlices with new taints: %s", exc)
-                return
+        self._publish_now("new taints")
         log.info("device taints now: %s", {d: t[0]["effect"] for d, t in taints.items()} or "none")
 
     def stop(self) -> None:
         """Stop serving; delete the slices when configured to (a clean uninstall)."""
         self._stop.set()
+        self._republish.set()
         self.board.wake_waiters()
         self._reg_server.stop()
         if self._xid is not None:
@@ -271,12 +367,73 @@ class DraPlugin:
             try:
                 self.publisher.delete_all()
             except Exception as exc:  # the API server may be gone at shutdown: say so, go on
-                log.error("could not delete the ResourceSlices: %s", exc)
+                log.error("could not delete the ResourceSlices: %s", api_error(exc))
 
 
-def serve_until_signalled(plugin: DraPlugin) -> int:
-    """Run ``plugin`` until SIGTERM/SIGINT; exit 0."""
+class HealthServer(ThreadingHTTPServer):
+    """``/healthz`` for the DRA plugin: 200 once registered with the kubelet, else 503; the
+    body says what is pending (JSON: registered, slicesPublished, slicesProblem)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], plugin: DraPlugin) -> None:
+        import socket
+
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.plugin = plugin
+        self._thread: threading.Thread | None = None
+        super().__init__(address, _HealthHandler)
+
+    def start(self) -> None:
+        """Serve in a daemon thread."""
+        self._thread = threading.Thread(
+            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=2)
+            self._thread = None
+        self.server_close()
+
+
+class _HealthHandler(BaseHTTPRequestHandler):
+    server: HealthServer
+
+    def do_GET(self) -> None:
+        if self.path.split("?", 1)[0] != "/healthz":
+            self._send(404, b"not found: try /healthz\n")
+            return
+        plugin = self.server.plugin
+        problem = plugin.health_problem()
+        body = json.dumps(plugin.health_report(), sort_keys=True) + "\n"
+        self._send(503 if problem else 200, body.encode())
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("healthz http: " + format, *args)
+
+
+def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) -> int:
+    """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0."""
     stop = threading.Event()
+    health: HealthServer | None = None
+    if health_address:
+        from plugin.metrics import parse_address
+
+        health = HealthServer(parse_address(health_address), plugin)
+        health.start()
+        log.info("/healthz on http://%s:%d", *health.server_address[:2])
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
@@ -290,4 +447,6 @@ def serve_until_signalled(plugin: DraPlugin) -> int:
         stop.wait()
     finally:
         plugin.stop()
+        if health is not None:
+            health.close()
     return 0

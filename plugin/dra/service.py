@@ -30,6 +30,10 @@ PLUGIN_TYPE = "DRAPlugin"
 # The kubelet matches these strings exactly, newest first.
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 HEALTH_RESEND_S = 30.0
+# Prepare may wait on the API server; at most this many run at once, so that unprepare (which
+# needs no API) and the health stream always find a worker of the DRA server's pool.
+PREPARE_SLOTS = 8
+DRA_WORKERS = 32
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:
@@ -41,16 +45,20 @@ def _claim_refs(request: Any) -> list[ClaimRef]:
 class DraService:
     """``DRAPlugin`` for one API version (``pb`` is its generated ``*_pb2`` module)."""
 
-    def __init__(self, preparer: Preparer, pb: ModuleType) -> None:
+    def __init__(
+        self, preparer: Preparer, pb: ModuleType, slots: threading.BoundedSemaphore | None = None
+    ) -> None:
         self._preparer = preparer
         self._pb = pb
+        self._slots = slots or threading.BoundedSemaphore(PREPARE_SLOTS)
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         """Prepare every claim of the request; each answer carries its devices or its error."""
         pb = self._pb
         response = pb.NodePrepareResourcesResponse()
         for ref in _claim_refs(request):
-            result = self._preparer.prepare(ref)
+            with self._slots:
+                result = self._preparer.prepare(ref)
             answer = response.claims[ref.uid]
             if result.error:
                 answer.error = result.error
@@ -92,15 +100,24 @@ class RegistrationState:
 class RegistrationService:
     """``pluginregistration.Registration`` for one DRA driver."""
 
-    def __init__(self, driver: str, endpoint: Path, state: RegistrationState) -> None:
+    def __init__(
+        self,
+        driver: str,
+        endpoint: Path,
+        state: RegistrationState,
+        on_register: Callable[[], None] | None = None,
+    ) -> None:
         self._driver = driver
         self._endpoint = endpoint
         self.state = state
+        # a (re-)registration: a restarted kubelet has deleted the node's slices
+        self._on_register = on_register or (lambda: None)
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         """Our type, driver name, DRA socket (as the kubelet sees it) and API versions."""
         from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
 
+        self._on_register()
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE,
             name=self._driver,
@@ -119,6 +136,7 @@ class RegistrationService:
             self.state.changed.notify_all()
         if request.plugin_registered:
             log.info("the kubelet registered DRA driver %s", self._driver)
+            self._on_register()
         else:
             log.error("the kubelet refused DRA driver %s: %s", self._driver, request.error)
         return reg_pb.RegistrationStatusResponse()
@@ -207,9 +225,12 @@ def dra_services(preparer: Preparer, health: HealthService) -> Callable[[Any], N
             dra_v1beta1_pb2_grpc,
         )
 
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(DraService(preparer, dra_v1_pb2), server)
+        slots = threading.BoundedSemaphore(PREPARE_SLOTS)  # shared by both API versions
+        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+            DraService(preparer, dra_v1_pb2, slots), server
+        )
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraService(preparer, dra_v1beta1_pb2), server
+            DraService(preparer, dra_v1beta1_pb2, slots), server
         )
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)
 

@@ -63,6 +63,7 @@ class Plugin:
         self.plugin = DraPlugin(options, self.host.node, slices=kube, claims=kube)
         self.plugin.start()
         self.kubelet.register()
+        assert self.plugin.wait_published(10), "the slices were not published"
         return self.plugin
 
     def slices(self) -> list[dict[str, Any]]:

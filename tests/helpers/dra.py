@@ -57,6 +57,7 @@ class Harness:
         )
         self.plugin.start()
         self.kubelet.register()
+        assert self.plugin.wait_published(10), "the slices were not published"
         return self.plugin
 
     def stop(self) -> None:
