@@ -5,6 +5,10 @@ Registration as the kubelet's plugin watcher and DRA handler do it: find the soc
 endpoint exists, pick the newest supported DRA service from ``supported_versions`` (v1, then
 v1beta1), and report the verdict with NotifyRegistrationStatus. Then NodePrepareResources and
 NodeUnprepareResources on the chosen service, with the kubelet's retry on a transport error.
+
+Given an API server, a starting simulator deletes every ResourceSlice of its node first, as the
+kubelet's DRA plugin manager does when it starts (no driver has registered yet, so nothing it
+advertised is served).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from plugin.dra.api import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from tests.fake_apiserver import FakeApiServer
 
 # The services the kubelet (1.34+) knows, newest first, as it matches them: exact strings.
 KNOWN_SERVICES: dict[str, tuple[ModuleType, ModuleType]] = {
@@ -52,10 +57,20 @@ class Registered:
 class DraKubeletSim:
     """Registers DRA plugins found under ``kubelet_dir`` and calls them."""
 
-    def __init__(self, kubelet_dir: Path, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        kubelet_dir: Path,
+        *,
+        timeout_s: float = 5.0,
+        api: FakeApiServer | None = None,
+        node_name: str | None = None,
+    ) -> None:
         self.registry = kubelet_dir / "plugins_registry"
         self.timeout_s = timeout_s
         self.plugin: Registered | None = None
+        self.wiped: list[str] = []
+        if api is not None and node_name is not None:
+            self.wiped = api.delete_slices(node_name)
 
     def wait_for_socket(self, timeout_s: float = 10.0) -> Path:
         """The first ``*.sock`` to appear in the registry dir."""

@@ -2,7 +2,9 @@
 
 It serves the few resource.k8s.io/v1 paths the plugin uses (ResourceSlices: list with field
 selectors, create, replace, delete; ResourceClaims: get) and core/v1 Node get, stores objects
-in memory, and logs every request. The official kubernetes client talks to it through a
+in memory, and logs every request. Faults on demand: ``hang`` a kind of request until
+``release`` is set, ``fail`` a kind with an HTTP status, and delete or change slices behind the
+plugin's back. The official kubernetes client talks to it through a
 kubeconfig written by :meth:`FakeApiServer.kubeconfig`.
 """
 
@@ -20,6 +22,15 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet about clients that gave up on a hung answer (their timeout is the test)."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 class FakeApiServer:
     """In-memory ResourceSlices, ResourceClaims and Nodes behind a real HTTP server."""
 
@@ -29,8 +40,12 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        # kinds: "slices", "claims", "nodes"
+        self.hang: set[str] = set()
+        self.release = threading.Event()
+        self.fail: dict[str, int] = {}
         self._version = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -66,6 +81,27 @@ class FakeApiServer:
         """A new resourceVersion."""
         self._version += 1
         return str(self._version)
+
+    def delete_slices(self, node_name: str | None = None) -> list[str]:
+        """Delete slices (``node_name``'s, or all) as someone else would; their names."""
+        with self.lock:
+            gone = [
+                n
+                for n, s in self.slices.items()
+                if node_name is None or s.get("spec", {}).get("nodeName") == node_name
+            ]
+            for name in gone:
+                del self.slices[name]
+        return gone
+
+    def change_slice(self, name: str, spec: dict[str, Any]) -> None:
+        """Replace a slice's spec as someone else would (a new resourceVersion)."""
+        with self.lock:
+            self.slices[name] = {**self.slices[name], "spec": spec}
+            self.slices[name]["metadata"] = {
+                **self.slices[name]["metadata"],
+                "resourceVersion": self.next_version(),
+            }
 
     def add_claim(self, claim: dict[str, Any]) -> None:
         """Store a ResourceClaim (as the scheduler would have allocated it)."""
@@ -122,6 +158,18 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             with api.lock:
                 api.requests.append((method, self.path))
             parts = path.split("/")
+            kind = (
+                "nodes"
+                if path.startswith("/api/v1/nodes")
+                else "slices"
+                if path.startswith(SLICES)
+                else "claims"
+            )
+            if kind in api.hang:
+                api.release.wait(60)
+            code = api.fail.get(kind)
+            if code:
+                return self._status(code, "InternalError", f"injected failure for {kind}")
             if path == SLICES and method == "GET":
                 selector = parse_qs(url.query).get("fieldSelector", [""])[0]
                 with api.lock:

@@ -233,6 +233,9 @@ def api_client(kubeconfig: str | None) -> Any:
             where="--kubeconfig",
             hint="outside a pod, pass --kubeconfig FILE",
         ) from None
+    # one try per call: the caller retries with its own backoff, and a hung API server costs one
+    # --api-timeout, not four (urllib3 retries three times by default, logging each)
+    configuration.retries = 0
     return client.ApiClient(configuration)
 
 

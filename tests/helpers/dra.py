@@ -45,19 +45,29 @@ class Harness:
         self.plugin: DraPlugin | None = None
         self.kubelet = DraKubeletSim(kubelet_dir)
 
-    def start(self, node: Node | None = None, **overrides: Any) -> DraPlugin:
+    def start(
+        self, node: Node | None = None, *, api_timeout_s: float = 5.0, **overrides: Any
+    ) -> DraPlugin:
+        """Start, register with the kubelet simulator and wait for the slices."""
+        plugin = self.start_unpublished(node, api_timeout_s=api_timeout_s, **overrides)
+        assert plugin.wait_published(10), "the slices were not published"
+        return plugin
+
+    def start_unpublished(
+        self, node: Node | None = None, *, api_timeout_s: float = 5.0, **overrides: Any
+    ) -> DraPlugin:
+        """Start and register with the kubelet simulator (the slices may come later)."""
         options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
-        kube = KubeApi(api_client(str(self.kubeconfig)))
+        kube = KubeApi(api_client(str(self.kubeconfig)), timeout_s=api_timeout_s)
         self.plugin = DraPlugin(
             options,
             node or self.host.node,
             slices=kube,
             claims=kube,
-            owner=kube.node_owner(NODE_NAME),
+            node_owner=kube.node_owner,
         )
         self.plugin.start()
         self.kubelet.register()
-        assert self.plugin.wait_published(10), "the slices were not published"
         return self.plugin
 
     def stop(self) -> None:
