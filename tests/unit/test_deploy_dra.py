@@ -205,6 +205,21 @@ def test_node_name_comes_from_the_pod_spec(plugin: dict[str, Any], argv: list[st
     assert not any(a.startswith("--node-name") for a in argv), "NODE_NAME is the one source"
 
 
+def test_startup_and_readiness_probes_ask_healthz_on_the_pod_ip(
+    plugin: dict[str, Any], argv: list[str]
+) -> None:
+    args = build_parser().parse_args(argv)
+    port = int(args.health_address.rpartition(":")[2])
+    ports = {p["name"]: p["containerPort"] for p in plugin["ports"]}
+    for probe in ("startupProbe", "readinessProbe"):
+        get = plugin[probe]["httpGet"]
+        assert "host" not in get, probe  # the kubelet probes the pod IP
+        assert get["path"] == "/healthz" and ports[get["port"]] == port, probe
+    startup = plugin["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, "time to discover"
+    assert "livenessProbe" not in plugin, "an API outage must not restart the plugin"
+
+
 def test_no_host_network(pod: dict[str, Any]) -> None:
     assert not pod.get("hostNetwork", False)
     assert not pod.get("hostPID", False)
