@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -51,6 +52,8 @@ def api_error(exc: BaseException) -> str:
     message for an answer, the cause for a connection that failed (never headers or body)."""
     from kubernetes.client.exceptions import ApiException
 
+    if isinstance(exc, ApiCallError):
+        return str(exc)
     if isinstance(exc, ApiException):
         reason, message = exc.reason or "", ""
         try:
@@ -69,6 +72,7 @@ def api_error(exc: BaseException) -> str:
         detail = str(cause).split("\n", 1)[0]
         if ">: " in detail:  # urllib3 prefixes '<connection object at 0x...>: '
             detail = detail.split(">: ", 1)[1]
+        detail = re.sub(r"\(read timeout=[\d.]+\)", "(no answer in time)", detail)
         text = f"API server unreachable: {type(cause).__name__}: {detail}"
     text = " ".join(text.split())
     return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
@@ -115,14 +119,20 @@ class KubeApi:
 
     def list_slices(self, driver: str, node_name: str) -> list[dict[str, Any]]:
         """This node's slices of ``driver``."""
-        doc = self._json(
-            self._resource.list_resource_slice(
-                field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
-                _preload_content=False,
-                _request_timeout=self.timeout_s,
-            )
+        response = self._resource.list_resource_slice(
+            field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
+            _preload_content=False,
+            _request_timeout=self.timeout_s,
         )
-        items: list[dict[str, Any]] = doc.get("items") or []
+        try:
+            doc = self._json(response)
+        except ValueError:
+            raise ApiCallError("API server answered with something that is not JSON") from None
+        items = doc.get("items") if isinstance(doc, dict) else None
+        if not isinstance(items, list) or not all(
+            isinstance(i, dict) and isinstance(i.get("metadata"), dict) for i in items
+        ):
+            raise ApiCallError("API server answered with something that is not a slice list")
         return items
 
     def create_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
