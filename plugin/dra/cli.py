@@ -369,6 +369,23 @@ def _serve(args: argparse.Namespace) -> int:
         )
     _dns_subdomain(args.node_name, "--node-name", 253)
     _dns_subdomain(args.driver_name, "--driver-name")
+    if not args.api_timeout > 0 or args.api_timeout > 3600:
+        raise InputError(
+            f"{args.api_timeout:g} is not a timeout",
+            where="--api-timeout",
+            hint="pass seconds between 0 and 3600, e.g. 5",
+        )
+    if args.health_address:
+        from plugin.metrics import parse_address
+
+        try:
+            parse_address(args.health_address)
+        except InputError:
+            raise InputError(
+                f"{args.health_address!r} is not HOST:PORT",
+                where="--health-address",
+                hint="e.g. 127.0.0.1:9466, or :0 for any free port",
+            ) from None
     setup_logging(args.dra_log_level, args.dra_log_format)
     options = DraOptions(
         node_name=args.node_name,
@@ -401,23 +418,6 @@ def _serve(args: argparse.Namespace) -> int:
         driver_root=args.driver_root,
         host_root=args.host_root,
     )
-    if not args.api_timeout > 0 or args.api_timeout > 3600:
-        raise InputError(
-            f"{args.api_timeout:g} is not a timeout",
-            where="--api-timeout",
-            hint="pass seconds between 0 and 3600, e.g. 5",
-        )
-    if args.health_address:
-        from plugin.metrics import parse_address
-
-        try:
-            parse_address(args.health_address)
-        except InputError:
-            raise InputError(
-                f"{args.health_address!r} is not HOST:PORT",
-                where="--health-address",
-                hint="e.g. 127.0.0.1:9466, or :0 for any free port",
-            ) from None
     api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
     plugin = DraPlugin(options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml)
     return serve_until_signalled(plugin, args.health_address)

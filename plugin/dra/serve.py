@@ -25,6 +25,7 @@ from typing import Any
 
 from cdigen.cdi.host import HostFS, scan_driver
 from cdigen.cdi.spec import SpecOptions
+from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
 from plugin.dra.kube import SliceApi, SlicePublisher, api_error
@@ -431,7 +432,14 @@ def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) 
     if health_address:
         from plugin.metrics import parse_address
 
-        health = HealthServer(parse_address(health_address), plugin)
+        try:
+            health = HealthServer(parse_address(health_address), plugin)
+        except OSError as exc:
+            raise InputError(
+                f"cannot listen on {health_address}: {exc.strerror or exc}",
+                where="--health-address",
+                hint="pick a free port, or :0 for any",
+            ) from None
         health.start()
         log.info("/healthz on http://%s:%d", *health.server_address[:2])
 

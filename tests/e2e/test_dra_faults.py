@@ -124,7 +124,7 @@ def test_an_api_error_is_one_bounded_line_in_the_claim_error(harness: Harness) -
 
 
 def test_four_hung_claim_reads_do_not_starve_unprepare(harness: Harness) -> None:
-    harness.start()
+    harness.start(api_timeout_s=30)  # longer than the test: the worker pool, not the timeout
     ref = harness.claim("a", "uid-a", "gpu-0")
     assert harness.kubelet.prepare([ref]).claims["uid-a"].error == ""
     harness.api.hang = {"claims"}
@@ -272,3 +272,25 @@ def test_a_hung_api_server_at_start_does_not_block_registration_or_sigterm(
         api.release.set()
     text = log.read_text()
     assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "where"),
+    [
+        (["--api-timeout", "0"], "--api-timeout"),
+        (["--api-timeout", "nan"], "--api-timeout"),
+        (["--health-address", "nowhere"], "--health-address"),
+    ],
+)
+def test_bad_api_timeout_or_health_address_is_one_line_exit_2(flags: list[str], where: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "cdigen.cli", "dra", "serve", "--node", "builtin:rtx4090",
+         "--node-name", NODE_NAME, *flags],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert where in result.stderr
