@@ -57,7 +57,7 @@ def _devices(api: FakeApiServer) -> list[str]:
 def test_a_restarted_kubelet_wipes_the_slices_and_they_are_back_within_5_s(
     harness: Harness,
 ) -> None:
-    harness.start()
+    harness.start(resync_s=60)  # no periodic check in time: the registration brings them back
     published = _devices(harness.api)
     assert published == ["gpu-0", "gpu-1"]
     kubelet = DraKubeletSim(harness.kubelet_dir, api=harness.api, node_name=NODE_NAME)

@@ -8,7 +8,7 @@ from typing import Any
 from cdigen.model import Node
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.kube import KubeApi, api_client
-from plugin.dra.serve import DraOptions, DraPlugin
+from plugin.dra.serve import SLICE_RESYNC_S, DraOptions, DraPlugin
 from tests.cdihost import FakeHost
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
@@ -46,15 +46,27 @@ class Harness:
         self.kubelet = DraKubeletSim(kubelet_dir)
 
     def start(
-        self, node: Node | None = None, *, api_timeout_s: float = 5.0, **overrides: Any
+        self,
+        node: Node | None = None,
+        *,
+        api_timeout_s: float = 5.0,
+        resync_s: float = SLICE_RESYNC_S,
+        **overrides: Any,
     ) -> DraPlugin:
         """Start, register with the kubelet simulator and wait for the slices."""
-        plugin = self.start_unpublished(node, api_timeout_s=api_timeout_s, **overrides)
+        plugin = self.start_unpublished(
+            node, api_timeout_s=api_timeout_s, resync_s=resync_s, **overrides
+        )
         assert plugin.wait_published(10), "the slices were not published"
         return plugin
 
     def start_unpublished(
-        self, node: Node | None = None, *, api_timeout_s: float = 5.0, **overrides: Any
+        self,
+        node: Node | None = None,
+        *,
+        api_timeout_s: float = 5.0,
+        resync_s: float = SLICE_RESYNC_S,
+        **overrides: Any,
     ) -> DraPlugin:
         """Start and register with the kubelet simulator (the slices may come later)."""
         options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
@@ -65,6 +77,7 @@ class Harness:
             slices=kube,
             claims=kube,
             node_owner=kube.node_owner,
+            resync_s=resync_s,
         )
         self.plugin.start()
         self.kubelet.register()
