@@ -261,17 +261,33 @@ def dump_document(document: Any, fmt: str) -> str:
     return str(yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=False))
 
 
-def atomic_write(path: str | Path, data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write(
+    path: str | Path, data: bytes, *, mode: int = 0o644, within: str | Path | None = None
+) -> None:
     """Write ``data`` to ``path`` atomically: temp file beside it, fsync, rename, fsync the dir.
 
-    On any failure the previous file is left as it was and the temp file is removed.
+    The file gets ``mode`` and missing directories 0755, whatever the umask; no directory is
+    created through a ``..``. With ``within``, ``path`` must be a file directly in that
+    directory (symlinks resolved) or nothing is written. On any failure the previous file is
+    left as it was and the temp file is removed.
     """
     import tempfile  # with shutil, ~5 ms that commands which write nothing need not pay
 
     target = Path(path)
     directory = target.parent
+    if within is not None and (
+        target.name in ("", ".", "..") or os.path.realpath(directory) != os.path.realpath(within)
+    ):
+        raise WriteError(f"will not write outside {within}", where=str(target))
+    if not directory.is_dir():
+        if ".." in directory.parts:
+            raise WriteError(
+                f"will not create directories through '..' ({directory})", where=str(target)
+            )
+        from cdigen.cdi.write import make_spec_dir  # 0755 whatever the umask
+
+        make_spec_dir(directory)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise WriteError(

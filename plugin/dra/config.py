@@ -15,7 +15,7 @@ from typing import Any
 
 from cdigen.cdi.spec import CAPABILITIES
 from cdigen.errors import InputError
-from plugin.dra.claims import ClaimRef
+from plugin.dra.claims import ClaimRef, allocation_of, field, quoted
 
 API_VERSION = "gpu.cdigen.dev/v1alpha1"
 KIND = "GpuConfig"
@@ -76,10 +76,11 @@ def parse_gpu_config(parameters: Any, where: str) -> GpuConfig:
 def claim_configs(claim: Mapping[str, Any], ref: ClaimRef, *, driver: str) -> list[RequestConfig]:
     """Our driver's config entries of an allocated claim, lowest precedence first (class
     entries, then claim entries, each in their order); InputError on a bad entry of ours."""
-    allocation = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-    entries = allocation.get("config") or []
+    claim_where = f"ResourceClaim {ref.namespace}/{ref.name}"
+    path = "status.allocation.devices.config"
+    entries = field(allocation_of(claim, ref), "config", list, claim_where, path) or []
     out: list[RequestConfig] = []
-    for index, entry in enumerate(entries if isinstance(entries, Sequence) else ()):
+    for index, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             continue
         opaque = entry.get("opaque")
@@ -88,16 +89,18 @@ def claim_configs(claim: Mapping[str, Any], ref: ClaimRef, *, driver: str) -> li
         source = entry.get("source")
         where = (
             f"ResourceClaim {ref.namespace}/{ref.name} "
-            f"status.allocation.devices.config[{index}] ({source})"
+            f"status.allocation.devices.config[{index}] "
+            f"({source if source in SOURCES else quoted(source, 40)})"
         )
         if source not in SOURCES:
             raise InputError(
-                f"unknown config source {source!r}",
+                f"unknown config source {quoted(source, 40)}",
                 where=where,
                 hint=f"expected {' or '.join(SOURCES)}; upgrade cdigen for newer Kubernetes",
             )
         config = parse_gpu_config(opaque.get("parameters"), where)
-        requests = tuple(str(r) for r in entry.get("requests") or ())
+        listed = field(entry, "requests", list, claim_where, f"{path}[{index}].requests")
+        requests = tuple(str(r) for r in listed or ())
         out.append(RequestConfig(requests, config, str(source), index))
     return sorted(out, key=lambda c: SOURCES.index(c.source))
 

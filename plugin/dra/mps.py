@@ -10,7 +10,7 @@ from cdigen.cdi.spec import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu
-from plugin.dra.claims import AllocatedDevice
+from plugin.dra.claims import AllocatedDevice, quoted
 from plugin.sharing import (
     MPS_MEMORY_ENV,
     MPS_PIPE_ENV,
@@ -26,6 +26,7 @@ DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
 # devices, no set-uid programs, nothing to execute.
 SHM_MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def claim_limits(
             continue
         total = view.gpu.memory_bytes
         if result.consumed and "memory" in result.consumed:
-            limit = int(parse_quantity(result.consumed["memory"]))
+            limit = consumed_memory(result)
         elif mps.replicas:
             limit = total // mps.replicas
         else:
@@ -105,6 +106,27 @@ def claim_limits(
                 }
             )
     return env, mounts
+
+
+def consumed_memory(result: AllocatedDevice) -> int:
+    """The bytes of memory ``result`` consumed; InputError (that claim's) unless it is a
+    quantity of at least 1 MiB, the unit of MPS's pinned-memory limit (0M would be no limit
+    to the driver, a negative one nonsense)."""
+    text = (result.consumed or {}).get("memory", "")
+    where = f"device {quoted(result.device, 40)} consumedCapacity.memory"
+    try:
+        value = parse_quantity(text)
+    except ValueError as exc:
+        raise InputError(
+            str(exc), where=where, hint="the scheduler writes a quantity such as 4Gi"
+        ) from None
+    if value < MIB:
+        raise InputError(
+            f"{quoted(text, 40)} is less than 1Mi, the least memory MPS can limit a client to",
+            where=where,
+            hint="give the claim's capacity request at least 1Mi (docs/dra-sharing.md)",
+        )
+    return int(value)
 
 
 def _refuse_unsafe(directory: str, flag: str, *, shared: bool) -> None:

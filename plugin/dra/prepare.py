@@ -27,10 +27,18 @@ from cdigen.cdi.spec import (
     ordered_capabilities,
 )
 from cdigen.cdi.types import SpecDoc
+from cdigen.cdi.write import _TEMP_FILE
 from cdigen.errors import CdigenError, InputError
-from cdigen.fileio import atomic_write
+from cdigen.fileio import atomic_write, read_text
 from cdigen.model import Gpu, Node
-from plugin.dra.claims import AllocatedDevice, ClaimReader, ClaimRef, allocated_devices
+from plugin.dra.claims import (
+    AllocatedDevice,
+    ClaimReader,
+    ClaimRef,
+    allocated_devices,
+    kind_of,
+    quoted,
+)
 from plugin.dra.config import claim_configs, config_for
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
@@ -39,6 +47,12 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 1
 CLAIM_CLASS = "claim"
+# A claim's error goes into the kubelet's pod events: one line, at most this long.
+MAX_ERROR_CHARS = 300
+CHECKPOINT_HINT = (
+    "move it away only after unpreparing its claims by hand (their specs are in the CDI dir, "
+    "named after the claim UID)"
+)
 
 
 class DeviceDoc(TypedDict):
@@ -75,8 +89,19 @@ def claim_kind(driver: str) -> str:
 
 
 def claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
-    """Where the transient spec of claim ``uid`` lives."""
-    return spec_dir / f"k8s.{driver}-{CLAIM_CLASS}_{uid}.yaml"
+    """Where the transient spec of claim ``uid`` (a checked UID: ClaimRef.problem) lives."""
+    return spec_dir / f"{claim_spec_prefix(driver)}{uid}.yaml"
+
+
+def claim_spec_prefix(driver: str) -> str:
+    """What every claim spec's file name starts with: ``k8s.<driver>-claim_``."""
+    return f"k8s.{driver}-{CLAIM_CLASS}_"
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line (whitespace runs become one space), cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class Preparer:
@@ -119,7 +144,12 @@ class Preparer:
         self._fs = fs
         self._mps = mps or MpsSettings()
         self._lock = threading.Lock()
-        self._claims: dict[str, ClaimDoc] = load_checkpoint(checkpoint)
+        self._claims: dict[str, ClaimDoc] = load_checkpoint(
+            checkpoint, spec_dir=spec_dir, driver=driver
+        )
+        # what a kill -9 during a write left: only our own temp files, never another writer's
+        remove_temp_files(spec_dir, f".{claim_spec_prefix(driver)}")
+        remove_temp_files(checkpoint.parent, f".{checkpoint.name}.")
 
     def set_devices(self, node: Node, views: Sequence[DeviceView]) -> None:
         """A new layout: prepare from now on against these devices."""
@@ -135,7 +165,20 @@ class Preparer:
     # ------------------------------------------------------------------ prepare
 
     def prepare(self, ref: ClaimRef) -> PrepareResult:
-        """Prepare one claim; a failure belongs to this claim and is returned, never raised."""
+        """Prepare one claim; a failure belongs to this claim and is returned as one line of
+        at most MAX_ERROR_CHARS, never raised. The UID is checked before any use."""
+        problem = ref.problem()
+        if problem:
+            log.warning("NodePrepareResources: %s", one_line(problem))
+            return PrepareResult(error=one_line(problem))
+        try:
+            result = self._prepare(ref)
+        except Exception:  # a bug fails this claim only, never the kubelet's whole call
+            log.exception("claim %s: preparing failed", ref.shown)
+            result = PrepareResult(error="internal error preparing the claim (see the plugin log)")
+        return replace(result, error=one_line(result.error)) if result.error else result
+
+    def _prepare(self, ref: ClaimRef) -> PrepareResult:
         with self._lock:
             done = self._claims.get(ref.uid)
             if done is not None and _spec_present(done):
@@ -144,6 +187,11 @@ class Preparer:
             claim = self._reader.read_claim(ref.namespace, ref.name)
         except Exception as exc:  # an API error belongs to this claim; the kubelet retries
             return PrepareResult(error=f"reading ResourceClaim {ref.namespace}/{ref.name}: {exc}")
+        if not isinstance(claim, Mapping):
+            return PrepareResult(
+                error=f"reading ResourceClaim {ref.namespace}/{ref.name}: the API server "
+                f"sent {kind_of(claim)}, not an object"
+            )
         with self._lock:
             done = self._claims.get(ref.uid)
             if done is not None:
@@ -171,13 +219,16 @@ class Preparer:
             view = self._views.get(result.device)
             if view is None:
                 raise InputError(
-                    f"device {result.device!r} of pool {self.pool!r} is not offered by this node",
+                    f"device {quoted(result.device)} of pool {self.pool!r} is not offered by "
+                    "this node",
                     where=f"ResourceClaim {ref.namespace}/{ref.name}",
                     hint="the node's devices changed since the claim was allocated",
                 )
             self._refuse_if_held(ref, result)
             views.append(view)
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
+        if spec_path_problem(str(path), self._spec_dir, self.driver, ref.uid):  # never: checked
+            raise InputError(f"{path} is not in the CDI dir {self._spec_dir}")
         devices: list[DeviceDoc] = []
         if views:
             asked = ordered_capabilities(c for caps in extra.values() for c in caps)
@@ -195,7 +246,7 @@ class Preparer:
             # One line of JSON (valid YAML, so the .yaml name stands), by json's C encoder: the
             # YAML representer, or json with indent (pure Python), was most of the time of
             # NodePrepareResources (benchmarks/bench_dra.py)
-            atomic_write(path, (json.dumps(spec) + "\n").encode("utf-8"))
+            atomic_write(path, (json.dumps(spec) + "\n").encode("utf-8"), within=self._spec_dir)
         kind = claim_kind(self.driver)
         for result in allocated:
             devices.append(
@@ -332,7 +383,19 @@ class Preparer:
     # ------------------------------------------------------------------ unprepare
 
     def unprepare(self, ref: ClaimRef) -> str:
-        """Unprepare one claim: remove its transient spec and forget it. The error, or ""."""
+        """Unprepare one claim: remove its transient spec and forget it. The error (one line of
+        at most MAX_ERROR_CHARS), or "". The UID is checked before any use."""
+        problem = ref.problem()
+        if problem:
+            log.warning("NodeUnprepareResources: %s", one_line(problem))
+            return one_line(problem)
+        try:
+            return one_line(self._unprepare(ref))
+        except Exception:  # a bug fails this claim only, never the kubelet's whole call
+            log.exception("claim %s: unpreparing failed", ref.shown)
+            return "internal error unpreparing the claim (see the plugin log)"
+
+    def _unprepare(self, ref: ClaimRef) -> str:
         with self._lock:
             done = self._claims.get(ref.uid)
             if done is None:
@@ -350,9 +413,8 @@ class Preparer:
             return ""
 
     def _remove_unknown_spec(self, uid: str) -> str:
-        """Remove the spec a claim the checkpoint does not know may have left. The error, or ""."""
-        if not uid or "/" in uid or "\0" in uid:
-            return ""
+        """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
+        checked one). The error, or ""."""
         path = claim_spec_path(self._spec_dir, self.driver, uid)
         if not os.path.lexists(path):
             return ""
@@ -395,28 +457,122 @@ def _spec_present(claim: ClaimDoc) -> bool:
     return not claim["specPath"] or os.path.exists(claim["specPath"])
 
 
-def load_checkpoint(path: Path) -> dict[str, ClaimDoc]:
+def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str | None:
+    """Why ``path`` is not where claim ``uid``'s spec belongs (its file directly in the CDI dir,
+    symlinks of the directory resolved), or None."""
+    expected = claim_spec_path(spec_dir, driver, uid)
+    if (
+        "\0" in path
+        or Path(path).name != expected.name
+        or os.path.realpath(Path(path).parent) != os.path.realpath(spec_dir)
+    ):
+        return f"{quoted(path)} is not {expected}"
+    return None
+
+
+def remove_temp_files(directory: Path, prefix: str) -> list[Path]:
+    """Remove the temp files of atomic_write that start with ``prefix`` (ours: a kill -9 left
+    them) from ``directory``; any other file is left alone. What was removed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed: list[Path] = []
+    for name in sorted(names):
+        path = directory / name
+        if not name.startswith(prefix) or not _TEMP_FILE.fullmatch(name) or path.is_symlink():
+            continue
+        if not path.is_file():
+            continue
+        try:
+            path.unlink()
+        except OSError as exc:
+            log.warning("cannot remove %s, left by an interrupted write: %s", path, exc.strerror)
+            continue
+        log.info("removed %s, left by an interrupted write", path)
+        removed.append(path)
+    return removed
+
+
+def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, ClaimDoc]:
     """The prepared claims in the checkpoint at ``path`` ({} when there is none).
 
-    A checkpoint that cannot be read is an error: starting empty would leak the specs and device
-    holds of the claims it lists.
+    A checkpoint that cannot be read, is not one we wrote or names a spec outside ``spec_dir``
+    is an InputError naming the file (one line): starting empty would leak the specs and device
+    holds of the claims it lists. Read bounded (fileio.read_text: a regular file, no FIFO,
+    at most CDIGEN_MAX_INPUT_BYTES, UTF-8) and checked field by field.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return {}
-    except OSError as exc:
-        raise InputError(f"cannot read the checkpoint: {exc.strerror}", where=str(path)) from None
+    text = read_text(path, what="checkpoint")
     try:
         doc = json.loads(text)
-        if doc.get("version") != CHECKPOINT_VERSION or not isinstance(doc.get("claims"), dict):
-            raise ValueError("unknown layout")
-    except (ValueError, AttributeError) as exc:
-        raise InputError(
-            f"the checkpoint is not one cdigen wrote ({exc})",
-            where=str(path),
-            hint="move it away only after unpreparing its claims by hand (their specs are in "
-            "the CDI dir, named after the claim UID)",
-        ) from None
-    claims: dict[str, ClaimDoc] = doc["claims"]
-    return claims
+    except RecursionError:
+        raise _bad_checkpoint(path, "it is nested too deeply") from None
+    except ValueError as exc:
+        raise _bad_checkpoint(path, f"it is not JSON ({one_line(str(exc), 80)})") from None
+    if not isinstance(doc, dict):
+        raise _bad_checkpoint(path, f"it is {kind_of(doc)}, not an object")
+    if doc.get("version") != CHECKPOINT_VERSION:
+        raise _bad_checkpoint(path, f"version {quoted(doc.get('version'), 40)} is not 1")
+    claims = doc.get("claims")
+    if not isinstance(claims, dict):
+        raise _bad_checkpoint(path, f"claims is {kind_of(claims)}, not an object")
+    for uid, claim in claims.items():
+        problem = _claim_doc_problem(uid, claim, spec_dir, driver)
+        if problem:
+            raise _bad_checkpoint(path, f"claims[{quoted(uid, 60)}]{problem}")
+    out: dict[str, ClaimDoc] = claims
+    return out
+
+
+def _bad_checkpoint(path: Path, problem: str) -> InputError:
+    return InputError(
+        f"the checkpoint is not one cdigen wrote: {problem}", where=str(path), hint=CHECKPOINT_HINT
+    )
+
+
+def _claim_doc_problem(uid: str, claim: Any, spec_dir: Path, driver: str) -> str | None:
+    """What is wrong with one checkpoint entry (``.field: why``, or ``: why``), or None."""
+    if not isinstance(claim, dict):
+        return f": {kind_of(claim)}, not an object"
+    uid_problem = ClaimRef("x", uid, "x").problem()
+    if uid_problem:
+        return f": {uid_problem}"
+    for key in ("namespace", "name", "specPath"):
+        if not isinstance(claim.get(key), str):
+            return f".{key}: {kind_of(claim.get(key))}, not a string"
+    ref_problem = ClaimRef(claim["namespace"], uid, claim["name"]).problem()
+    if ref_problem:
+        return f": {ref_problem}"
+    if claim["specPath"]:
+        problem = spec_path_problem(claim["specPath"], spec_dir, driver, uid)
+        if problem:
+            return f".specPath: {problem} (a spec outside the CDI dir, or another --cdi-dir)"
+    shareable = claim.get("shareable")
+    if not isinstance(shareable, dict) or not all(isinstance(v, bool) for v in shareable.values()):
+        return f".shareable: {kind_of(shareable)}, not an object of device: true/false"
+    devices = claim.get("devices")
+    if not isinstance(devices, list):
+        return f".devices: {kind_of(devices)}, not a list"
+    for index, device in enumerate(devices):
+        problem = _device_doc_problem(device)
+        if problem:
+            return f".devices[{index}]{problem}"
+        device.setdefault("shareId", None)
+    return None
+
+
+def _device_doc_problem(device: Any) -> str | None:
+    if not isinstance(device, dict):
+        return f": {kind_of(device)}, not an object"
+    for key in ("poolName", "deviceName"):
+        if not isinstance(device.get(key), str):
+            return f".{key}: {kind_of(device.get(key))}, not a string"
+    for key in ("requestNames", "cdiDeviceIds"):
+        value = device.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return f".{key}: {kind_of(value)}, not a list of strings"
+    if device.get("shareId") is not None and not isinstance(device.get("shareId"), str):
+        return f".shareId: {kind_of(device.get('shareId'))}, not a string or null"
+    return None
