@@ -504,7 +504,10 @@ def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, Cla
     """
     if not os.path.lexists(path):
         return {}
-    text = read_text(path, what="checkpoint")
+    try:
+        text = read_text(path, what="checkpoint")
+    except InputError as exc:
+        raise InputError(exc.message, where=str(path), hint=exc.hint or CHECKPOINT_HINT) from None
     try:
         doc = json.loads(text)
     except RecursionError:
