@@ -1,0 +1,81 @@
+"""The DRA plugin's file rules at the library level: atomic_write confined to a directory and
+never climbing through ``..``, modes whatever the umask, claim references checked."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdigen.errors import WriteError
+from cdigen.fileio import atomic_write
+from plugin.dra.claims import ClaimRef
+
+
+@pytest.fixture
+def umask_000() -> Iterator[None]:
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_atomic_write_creates_no_directory_through_dot_dot(tmp_path: Path) -> None:
+    (tmp_path / "cdi").mkdir()
+    target = tmp_path / "cdi" / "k8s.x-claim_.." / ".." / ".." / "escape" / "victim.yaml"
+    with pytest.raises(WriteError, match="through '..'"):
+        atomic_write(target, b"x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cdi"]
+    assert list((tmp_path / "cdi").iterdir()) == []
+
+
+def test_atomic_write_within_refuses_a_file_outside_that_directory(tmp_path: Path) -> None:
+    cdi = tmp_path / "cdi"
+    (tmp_path / "elsewhere").mkdir()
+    cdi.mkdir()
+    (cdi / "link").symlink_to(tmp_path / "elsewhere")
+    for target in (tmp_path / "elsewhere" / "a.yaml", cdi / "link" / "a.yaml", cdi / "sub/a.yaml"):
+        with pytest.raises(WriteError, match="will not write outside"):
+            atomic_write(target, b"x", within=cdi)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    atomic_write(cdi / "a.yaml", b"x", within=cdi)
+    assert (cdi / "a.yaml").read_bytes() == b"x"
+
+
+def test_atomic_write_makes_0755_directories_under_umask_000(
+    tmp_path: Path, umask_000: None
+) -> None:
+    target = tmp_path / "a" / "b" / "f.json"
+    atomic_write(target, b"{}", mode=0o600)
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "a", tmp_path / "a" / "b")]
+    assert modes == [0o755, 0o755]
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    "uid",
+    [
+        "8e3c7a52-0c1f-4c36-9f0e-5f5b2a1d9c77",  # what the API server makes
+        "u-a",
+        "uid-0",
+        "x",
+        "a.b_c",
+        "u" * 128,
+    ],
+)
+def test_kubernetes_uids_are_taken(uid: str) -> None:
+    assert ClaimRef("default", uid, "claim-1").problem() is None
+
+
+@pytest.mark.parametrize(
+    "uid",
+    ["", ".", "..", "a..b", "a/b", "/x", "-a", "a-", "a\nb", "a\0b", "a b", "é", "u" * 129],
+)
+def test_anything_else_is_not_a_uid(uid: str) -> None:
+    problem = ClaimRef("default", uid, "c").problem()
+    assert problem is not None and "is not a Kubernetes UID" in problem
+    assert "\n" not in problem and len(problem) < 200
