@@ -384,11 +384,12 @@ class Preparer:
 
     def unprepare(self, ref: ClaimRef) -> str:
         """Unprepare one claim: remove its transient spec and forget it. The error (one line of
-        at most MAX_ERROR_CHARS), or "". The UID is checked before any use."""
+        at most MAX_ERROR_CHARS), or "". The UID is checked before any use: one that is not a
+        Kubernetes UID was never prepared, so, as any unknown claim, it is a success."""
         problem = ref.problem()
-        if problem:
-            log.warning("NodeUnprepareResources: %s", one_line(problem))
-            return one_line(problem)
+        if problem:  # never prepared (prepare refuses it, the checkpoint load too): unknown
+            log.warning("NodeUnprepareResources: %s: nothing to unprepare", one_line(problem))
+            return ""
         try:
             return one_line(self._unprepare(ref))
         except Exception:  # a bug fails this claim only, never the kubelet's whole call
@@ -517,7 +518,9 @@ def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, Cla
     if not isinstance(doc, dict):
         raise _bad_checkpoint(path, f"it is {kind_of(doc)}, not an object")
     if doc.get("version") != CHECKPOINT_VERSION:
-        raise _bad_checkpoint(path, f"version {quoted(doc.get('version'), 40)} is not 1")
+        raise _bad_checkpoint(
+            path, f"unknown layout (version {quoted(doc.get('version'), 40)}, not 1)"
+        )
     claims = doc.get("claims")
     if not isinstance(claims, dict):
         raise _bad_checkpoint(path, f"claims is {kind_of(claims)}, not an object")

@@ -27,7 +27,7 @@ def umask_000() -> Iterator[None]:
 def test_atomic_write_creates_no_directory_through_dot_dot(tmp_path: Path) -> None:
     (tmp_path / "cdi").mkdir()
     target = tmp_path / "cdi" / "k8s.x-claim_.." / ".." / ".." / "escape" / "victim.yaml"
-    with pytest.raises(WriteError, match="through '..'"):
+    with pytest.raises(WriteError, match=r"through '\.\.'"):
         atomic_write(target, b"x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cdi"]
     assert list((tmp_path / "cdi").iterdir()) == []
