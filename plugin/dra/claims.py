@@ -18,6 +18,9 @@ _UID_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 # namespace: a DNS label; name: a DNS subdomain (both also go into the API server's URLs)
 _NAMESPACE_RE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _NAME_RE = re.compile(r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?")
+# a request: a DNS label, or <request>/<subrequest> (both go into the answer and the checkpoint)
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_REQUEST_RE = re.compile(rf"{_LABEL}(?:/{_LABEL})?")
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,14 @@ def allocated_devices(
         device = field(result, "device", str, where, f"{path}.device") or ""
         share_id = field(result, "shareID", str, where, f"{path}.shareID") or None
         admin = field(result, "adminAccess", bool, where, f"{path}.adminAccess") or False
+        if request and not _REQUEST_RE.fullmatch(request):
+            raise InputError(
+                f"{path}.request {quoted(request)} is not a request name (a DNS label, or "
+                "request/subrequest)",
+                where=where,
+            )
+        if share_id is not None and not _UID_RE.fullmatch(share_id):
+            raise InputError(f"{path}.shareID {quoted(share_id)} is not a UID", where=where)
         consumed = field(result, "consumedCapacity", Mapping, where, f"{path}.consumedCapacity")
         if consumed is not None:
             for key, value in consumed.items():

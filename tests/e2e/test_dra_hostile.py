@@ -235,6 +235,27 @@ def test_a_1_mib_device_name_is_cut_short_in_the_error(harness: Harness) -> None
     assert "is not offered by this node" in error or "..." in error
 
 
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"request": "r" * (1 << 20)}, "is not a request name"),
+        ({"request": "gpu\nx"}, "is not a request name"),
+        ({"shareID": "s" * (1 << 20)}, "is not a UID"),
+    ],
+    ids=["1-MiB-request", "newline-request", "1-MiB-shareID"],
+)
+def test_a_huge_or_odd_request_or_share_id_is_refused_and_never_checkpointed(
+    harness: Harness, extra: dict[str, str], words: str
+) -> None:
+    harness.start()
+    ref = harness.claim("r", "uid-r", "gpu-0", **extra)
+    error = harness.kubelet.prepare([ref]).claims["uid-r"].error
+    _one_line(error)
+    assert words in error, error
+    plugin = harness.plugin
+    assert plugin is not None and "uid-r" not in plugin.preparer.prepared()
+
+
 @pytest.mark.parametrize("memory", ["-1Gi", "0", "512Ki", "1"])
 def test_consumed_memory_below_1_mib_is_refused_not_written_as_a_limit(
     harness: Harness, memory: str
