@@ -9,10 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from cdigen.cdi.names import device_name_problem
 from cdigen.errors import WriteError
 from cdigen.fileio import atomic_write
 from plugin.dra.claims import ClaimRef
+from plugin.dra.prepare import claim_spec_path, spec_path_problem
 
 
 @pytest.fixture
@@ -79,3 +83,15 @@ def test_anything_else_is_not_a_uid(uid: str) -> None:
     problem = ClaimRef("default", uid, "c").problem()
     assert problem is not None and "is not a Kubernetes UID" in problem
     assert "\n" not in problem and len(problem) < 200
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=200) | st.from_regex(r"[A-Za-z0-9._/-]{1,140}", fullmatch=True))
+def test_a_uid_that_is_taken_names_one_file_directly_in_the_cdi_dir(uid: str) -> None:
+    spec_dir = Path("/var/run/cdi")
+    if ClaimRef("default", uid, "c").problem() is not None:
+        return
+    path = claim_spec_path(spec_dir, "gpu.cdigen.dev", uid)
+    assert Path(os.path.normpath(path)).parent == spec_dir
+    assert spec_path_problem(str(path), spec_dir, "gpu.cdigen.dev", uid) is None
+    assert device_name_problem(f"{uid}-gpu-0") is None
