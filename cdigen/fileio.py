@@ -261,6 +261,15 @@ def dump_document(document: Any, fmt: str) -> str:
     return str(yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=False))
 
 
+def same_dir(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one directory, symlinks resolved (two stat calls; a path
+    not there yet is resolved by name)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def atomic_write(
     path: str | Path, data: bytes, *, mode: int = 0o644, within: str | Path | None = None
 ) -> None:
@@ -275,9 +284,7 @@ def atomic_write(
 
     target = Path(path)
     directory = target.parent
-    if within is not None and (
-        target.name in ("", ".", "..") or os.path.realpath(directory) != os.path.realpath(within)
-    ):
+    if within is not None and (target.name in ("", ".", "..") or not same_dir(directory, within)):
         raise WriteError(f"will not write outside {within}", where=str(target))
     if not directory.is_dir():
         if ".." in directory.parts:
