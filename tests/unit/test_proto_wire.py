@@ -45,7 +45,10 @@ def _case(path: Path) -> tuple[str, str, bool]:
 def test_every_message_with_fields_has_a_golden_case() -> None:
     cases = {(m, name) for m, name, _ in map(_case, GOLDEN)}
     expected = {
-        (m, d.name) for m in MODULES for d in _new_file(m).message_types_by_name.values() if d.fields
+        (m, d.name)
+        for m in MODULES
+        for d in _new_file(m).message_types_by_name.values()
+        if d.fields
     }
     assert cases == expected
     assert len(GOLDEN) >= 40
