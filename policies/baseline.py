@@ -24,9 +24,10 @@ What it does, weaknesses kept on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import combinations
 from math import factorial
+from operator import itemgetter
 
 from cdigen.model import Node
 
@@ -81,19 +82,32 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _cuts(slots: int, size: int, empty: int) -> Iterator[tuple[int, ...]]:
-    """Every cut of the slot mask ``slots`` into group masks of ``size`` slots, in canonical
-    order; a group holds all of the ``empty`` slots or none of them."""
-    if not slots:
-        yield ()
-        return
-    lowest = slots & -slots
-    for companions in combinations(_bits(slots ^ lowest), size - 1):
-        group = lowest | sum(companions)
-        if group & empty not in (0, empty):
-            continue
-        for rest in _cuts(slots ^ group, size, empty):
-            yield (group, *rest)
+def _positions(mask: int) -> list[int]:
+    """The positions of the bits set in ``mask``, lowest first."""
+    return [bit.bit_length() - 1 for bit in _bits(mask)]
+
+
+def _cuts(
+    slots: int, size: int, empty: int, score: Callable[[int], int]
+) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Every cut of the slot mask ``slots`` into group masks of ``size`` slots, with its score
+    (the sum of ``score`` over its groups), in canonical order; a group holds all of the
+    ``empty`` slots or none of them."""
+    groups: list[int] = []
+
+    def grow(left: int, total: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        if not left:
+            yield total, tuple(groups)
+            return
+        lowest = left & -left
+        for companions in combinations(_bits(left ^ lowest), size - 1):
+            group = lowest | sum(companions)
+            if group & empty in (0, empty):
+                groups.append(group)
+                yield from grow(left ^ group, total + score(group))
+                groups.pop()
+
+    return grow(slots, 0)
 
 
 class BestEffortBaseline:
@@ -114,35 +128,29 @@ class BestEffortBaseline:
         """The baseline's answer, in ``available``'s order; ``[]`` where it has none."""
         if size <= 0 or len(available) < size or len(required) > size:
             return []
-        slots: list[int | None] = [*available, *[None] * ((-len(available)) % size)]
-        if not set(required) <= set(available):
+        must = set(required)
+        if not must <= set(available):
             return []
-        need = sum(1 << i for i, gpu in enumerate(slots) if gpu in set(required))
-        empty = sum(1 << i for i, gpu in enumerate(slots) if gpu is None)
-        group_score = _GroupScores(self, slots)
+        if size == 1:  # one cut, every group scores 0: the first group that fits wins
+            return [required[0] if required else available[0]]
+        slots: list[int | None] = [*available, *[None] * ((-len(available)) % size)]
+        need = empty = 0
+        for position, gpu in enumerate(slots):
+            if gpu is None:
+                empty |= 1 << position
+            elif gpu in must:
+                need |= 1 << position
+        scores: dict[int, int] = {}  # a group recurs in many cuts
 
-        def eligible(cut: tuple[int, ...]) -> bool:
-            return any(g & need == need and not g & empty for g in cut)
+        def group_score(group: int) -> int:
+            if (score := scores.get(group)) is None:
+                score = scores[group] = self.set_score([slots[i] for i in _positions(group)])
+            return score
 
-        cuts = filter(eligible, _cuts((1 << len(slots)) - 1, size, empty))
-        best = max(cuts, key=lambda cut: sum(map(group_score, cut)), default=None)
+        cuts = _cuts((1 << len(slots)) - 1, size, empty, group_score)
+        eligible = (c for c in cuts if any(g & need == need and not g & empty for g in c[1]))
+        best = max(eligible, key=itemgetter(0), default=None)
         if best is None:
             return []
-        answer = max((g for g in best if g & need == need), key=group_score)
-        return [slots[i] for i in range(len(slots)) if answer >> i & 1]
-
-
-class _GroupScores:
-    """Score of a group mask over one request's slots (pair scores by slot position)."""
-
-    def __init__(self, baseline: BestEffortBaseline, slots: Sequence[int | None]) -> None:
-        n = len(slots)
-        self.weight = [
-            [0 if a is None or b is None or a == b else baseline.pair[(a, b)] for b in slots]
-            for a in slots
-        ]
-        self.bit = {1 << i: i for i in range(n)}
-
-    def __call__(self, group: int) -> int:
-        positions = [self.bit[b] for b in _bits(group)]
-        return sum(self.weight[a][b] for i, a in enumerate(positions) for b in positions[i + 1 :])
+        answer = max((g for g in best[1] if g & need == need), key=group_score)
+        return [slots[i] for i in _positions(answer)]
