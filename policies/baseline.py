@@ -48,14 +48,13 @@ def is_nvswitch(node: Node) -> bool:
 
 
 def pair_scores(node: Node) -> dict[tuple[int, int], int]:
-    """The baseline's score of each ordered pair of distinct GPU indexes (0 with no link)."""
+    """The baseline's score of each ordered pair of GPU indexes (0 for a GPU with itself, or
+    where there is no link)."""
     nvlink_seen = not is_nvswitch(node)
     scores: dict[tuple[int, int], int] = {}
     for a in node.gpus:
         for b in node.gpus:
-            if a.index == b.index:
-                continue
-            link = node.link(a.index, b.index)
+            link = node.link(a.index, b.index) if a.index != b.index else None
             score = 0
             if link is not None:
                 score = PCIE_SCORE.get(link.pcie or "", 0)
