@@ -1,7 +1,7 @@
 """go-gpuallocator's best-effort policy, the comparison baseline for the benchmarks.
 
-The port itself lives in ``policies/baseline.py`` (so that ``cdigen policy simulate`` can use
-it without importing ``benchmarks/``); this module re-exports it for the benchmark scripts.
+The baseline itself lives in ``policies/baseline.py`` (so that ``cdigen policy simulate`` can
+use it without importing ``benchmarks/``); this module re-exports it for the benchmark scripts.
 """
 
 from __future__ import annotations

@@ -1,30 +1,38 @@
-"""THE COMPARISON BASELINE, not cdigen's engine: go-gpuallocator's best-effort policy, ported.
+"""THE COMPARISON BASELINE, not cdigen's engine: the best-effort policy NVIDIA's device plugin uses.
 
-A port of NVIDIA/go-gpuallocator's ``bestEffortPolicy.Allocate`` from its public description,
-used only for side-by-side figures (``cdigen policy simulate``, ``benchmarks/``). It lives here
-rather than in ``benchmarks/`` so that ``policy simulate`` can use it without importing
-benchmarks. Its known weaknesses are kept on purpose:
+Written from what that policy (go-gpuallocator v0.6.0, ``GetPreferredAllocation``) is documented
+and observed to do, for side-by-side figures only (``cdigen policy simulate``, ``benchmarks/``).
+It lives here rather than in ``benchmarks/`` so ``policy simulate`` needs no benchmark import.
+``tests/unit/test_baseline_reference.py`` holds it to the answers the real policy gave for every
+request on five built-in nodes (``../shared/reference/go-gpuallocator``).
 
-- pad ``available`` with empty slots (None) to a multiple of ``size``, enumerate every
-  partition into groups of ``size`` (a group holds no padding or all of it), keep the first
-  best-scoring partition that has a padding-free group holding every required device, and
-  return that partition's first best-scoring group holding them, which may be the padded one;
-- pair scores: 100 per NVLink plus the PCIe level (SYS 10, NODE 20, PHB 30, PXB 40, PIX 50);
-  no NUMA term; on NVSwitch systems NVLinks are not seen (go-nvml compares the NVLink's remote
-  bus id with the peer GPU's; through a switch it never matches), so they score PCIe only.
-  Here a node counts as NVSwitch when every GPU pair has the same non-zero NVLink count and
-  there are at least 8 GPUs.
+What it does, weaknesses kept on purpose:
+
+- it scores a set of GPUs as the sum of its pair scores: 100 per NVLink plus the PCIe level
+  (SYS 10, NODE 20, PHB 30, PXB 40, PIX 50); no NUMA term. On NVSwitch systems it sees no
+  NVLink (go-nvml matches an NVLink's remote bus id against the peer GPU's, which through a
+  switch never matches), so those pairs score PCIe only. A node counts as NVSwitch here when
+  every GPU pair has the same non-zero NVLink count and there are at least 8 GPUs;
+- it does not pick the best set for the request: it fills the free GPUs up with empty slots
+  to a multiple of the request size, cuts them every possible way into groups of that size
+  (the empty slots all in one group), and keeps the highest-scoring cut that has an
+  empty-slot-free group holding every must-include GPU; among equals the first in canonical
+  order wins (the group of the lowest slot first, its companions in lexicographic order);
+- its answer is the highest-scoring group of that cut holding the must-include GPUs (the first
+  of equals), which may be the group with the empty slots: then the answer holds ``None``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import combinations
 from math import factorial
+from operator import itemgetter
 
 from cdigen.model import Node
 
-_PCIE = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50}
+PCIE_SCORE = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50}
+NVLINK_SCORE = 100
 
 
 def is_nvswitch(node: Node) -> bool:
@@ -39,90 +47,109 @@ def is_nvswitch(node: Node) -> bool:
     return len(counts) == 1 and min(counts) > 0
 
 
+def pair_scores(node: Node) -> dict[tuple[int, int], int]:
+    """The baseline's score of each ordered pair of GPU indexes (0 for a GPU with itself, or
+    where there is no link)."""
+    nvlink_seen = not is_nvswitch(node)
+    scores: dict[tuple[int, int], int] = {}
+    for a in node.gpus:
+        for b in node.gpus:
+            link = node.link(a.index, b.index) if a.index != b.index else None
+            score = 0
+            if link is not None:
+                score = PCIE_SCORE.get(link.pcie or "", 0)
+                score += NVLINK_SCORE * link.nvlinks if nvlink_seen else 0
+            scores[(a.index, b.index)] = score
+    return scores
+
+
+def partition_count(available: int, size: int) -> int:
+    """How many cuts the baseline scores for ``available`` free GPUs and a ``size`` request."""
+    slots = available + (-available) % size
+    groups = slots // size
+    count: int = factorial(slots) // (factorial(size) ** groups * factorial(groups))
+    return count
+
+
+def _bits(mask: int) -> list[int]:
+    """The single-bit masks set in ``mask``, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
+    return out
+
+
+def _positions(mask: int) -> list[int]:
+    """The positions of the bits set in ``mask``, lowest first."""
+    return [bit.bit_length() - 1 for bit in _bits(mask)]
+
+
+def _cuts(
+    slots: int, size: int, empty: int, score: Callable[[int], int]
+) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Every cut of the slot mask ``slots`` into group masks of ``size`` slots, with its score
+    (the sum of ``score`` over its groups), in canonical order; a group holds all of the
+    ``empty`` slots or none of them."""
+    groups: list[int] = []
+
+    def grow(left: int, total: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        if not left:
+            yield total, tuple(groups)
+            return
+        lowest = left & -left
+        for companions in combinations(_bits(left ^ lowest), size - 1):
+            group = lowest | sum(companions)
+            if group & empty in (0, empty):
+                groups.append(group)
+                yield from grow(left ^ group, total + score(group))
+                groups.pop()
+
+    return grow(slots, 0)
+
+
 class BestEffortBaseline:
-    """go-gpuallocator's best-effort allocation over GPU indexes (None: a padded empty slot)."""
+    """The baseline's answers over GPU indexes for one node (``None`` in one: an empty slot)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        blind = is_nvswitch(node)
-        indexes = [g.index for g in node.gpus]
-        self.pair: dict[tuple[int, int], int] = {}
-        for a in indexes:
-            for b in indexes:
-                link = node.link(a, b) if a != b else None
-                score = 0
-                if link is not None:
-                    score = _PCIE.get(link.pcie or "", 0) + (0 if blind else 100 * link.nvlinks)
-                self.pair[(a, b)] = score
+        self.pair = pair_scores(node)
 
     def set_score(self, group: Sequence[int | None]) -> int:
-        """Sum of pair scores; pairs with an empty slot score 0."""
-        real = [g for g in group if g is not None]
-        return sum(self.pair[(a, b)] for i, a in enumerate(real) for b in real[i + 1 :])
+        """Sum of the pair scores of the GPUs in ``group``; empty slots add nothing."""
+        gpus = [g for g in group if g is not None]
+        return sum(self.pair[(a, b)] for i, a in enumerate(gpus) for b in gpus[i + 1 :])
 
     def allocate(
         self, available: Sequence[int], required: Sequence[int], size: int
     ) -> list[int | None]:
-        """The baseline's answer: may hold None (a padded slot), as the Go code may."""
+        """The baseline's answer, in ``available``'s order; ``[]`` where it has none."""
         if size <= 0 or len(available) < size or len(required) > size:
             return []
-        need = set(required)
-        best: list[list[int | None]] | None = None
-        best_score = 0
-        for partition in _partitions(list(available), size):
-            # a set holding every required device and no padding must exist
-            if not any(need <= set(g) and None not in g for g in partition):
-                continue
-            score = sum(self.set_score(group) for group in partition)
-            if best is None or score > best_score:
-                best, best_score = partition, score
+        must = set(required)
+        if not must <= set(available):
+            return []
+        if size == 1:  # one cut, every group scores 0: the first group that fits wins
+            return [required[0] if required else available[0]]
+        slots: list[int | None] = [*available, *[None] * ((-len(available)) % size)]
+        need = empty = 0
+        for position, gpu in enumerate(slots):
+            if gpu is None:
+                empty |= 1 << position
+            elif gpu in must:
+                need |= 1 << position
+        scores: dict[int, int] = {}  # a group recurs in many cuts
+
+        def group_score(group: int) -> int:
+            if (score := scores.get(group)) is None:
+                score = scores[group] = self.set_score([slots[i] for i in _positions(group)])
+            return score
+
+        cuts = _cuts((1 << len(slots)) - 1, size, empty, group_score)
+        eligible = (c for c in cuts if any(g & need == need and not g & empty for g in c[1]))
+        best = max(eligible, key=itemgetter(0), default=None)
         if best is None:
             return []
-        # every set holding the required devices, padding or not (the empty-slot bug)
-        candidates = [g for g in best if need <= set(g)]
-        if not candidates:
-            return []
-        chosen = candidates[0]
-        chosen_score = self.set_score(chosen)
-        for group in candidates[1:]:
-            score = self.set_score(group)
-            if score > chosen_score:
-                chosen, chosen_score = group, score
-        return chosen
-
-
-def partition_count(available: int, size: int) -> int:
-    """How many partitions the baseline enumerates for ``available`` devices and ``size``."""
-    padded = available + (-available) % size
-    groups = padded // size
-    count: int = factorial(padded) // (factorial(size) ** groups * factorial(groups))
-    return count
-
-
-def _partitions(devices: list[int], size: int) -> Iterator[list[list[int | None]]]:
-    """Partitions in the Go code's order: sets with no padding or all of it, first device fixed."""
-    if size == 1:
-        for device in devices:
-            yield [[device]]
-        return
-    padded: list[int | None] = [*devices, *([None] * ((-len(devices)) % size))]
-    padding = padded.count(None)
-
-    def iterate(items: list[int | None]) -> Iterator[list[list[int | None]]]:
-        if len(items) == size:
-            yield [items]
-            return
-        first, rest = items[0], items[1:]
-        for companions in combinations(range(len(rest)), size - 1):
-            group = [first, *(rest[i] for i in companions)]
-            nones = group.count(None)
-            if nones not in (0, padding):
-                continue
-            # Go drops every nil from the remainder once a set holds one (nil == nil)
-            remaining = [
-                x for i, x in enumerate(rest) if i not in companions and not (nones and x is None)
-            ]
-            for tail in iterate(remaining):
-                yield [group, *tail]
-
-    yield from iterate(padded)
+        answer = max((g for g in best[1] if g & need == need), key=group_score)
+        return [slots[i] for i in _positions(answer)]

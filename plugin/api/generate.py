@@ -13,7 +13,8 @@ from pathlib import Path
 
 from cdigen.errors import CdigenError
 
-# Every proto is a verbatim copy from k8s.io/kubelet (the tag is named at the top of each file).
+# Every proto is cdigen's own definition of a kubelet API, written from its facts (package, names,
+# field numbers, types); the k8s.io/kubelet API it matches is named at the top of each file.
 PROTOS = (
     "plugin/api/deviceplugin.proto",
     "plugin/dra/api/dra_v1.proto",

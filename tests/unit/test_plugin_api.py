@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from plugin.api import deviceplugin_pb2 as pb
@@ -88,7 +89,7 @@ def test_a_kubelet_encoded_allocate_response_decodes() -> None:
     assert [d.name for d in response.cdi_devices] == ["a/b=c"]
 
 
-def test_dra_protos_are_the_kubelets_at_the_named_tag() -> None:
+def test_dra_protos_match_the_kubelets_at_the_named_tag() -> None:
     """Service names and field numbers the kubelet's DRA client uses (k8s.io/kubelet v0.36.3)."""
     from plugin.dra.api import dra_health_v1alpha1_pb2 as health
     from plugin.dra.api import dra_v1_pb2 as v1
@@ -114,4 +115,15 @@ def test_dra_protos_are_the_kubelets_at_the_named_tag() -> None:
     info = {f.name: f.number for f in reg.PluginInfo.DESCRIPTOR.fields}
     assert info == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
     for proto in PROTOS[1:]:
-        assert "k8s.io/kubelet v0.36.3" in (REPO_ROOT / proto).read_text().splitlines()[0]
+        assert "k8s.io/kubelet v0.36.3" in (REPO_ROOT / proto).read_text().splitlines()[1]
+
+
+def test_protos_are_ours_under_the_projects_license() -> None:
+    """Written here from the API's facts: our SPDX line, no upstream header or Go-only options."""
+    license = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["license"]
+    for proto in PROTOS:
+        text = (REPO_ROOT / proto).read_text()
+        assert text.splitlines()[0] == f"// SPDX-License-Identifier: {license}", proto
+        assert "cdigen's definition of the kubelet" in text, proto
+        for upstream in ("Copyright", "Licensed under", "Authors", "go_package", "gogoproto"):
+            assert upstream not in text, (proto, upstream)

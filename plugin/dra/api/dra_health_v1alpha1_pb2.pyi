@@ -16,10 +16,6 @@ UNKNOWN: HealthStatus
 HEALTHY: HealthStatus
 UNHEALTHY: HealthStatus
 
-class NodeWatchResourcesRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
 class DeviceIdentifier(_message.Message):
     __slots__ = ("pool_name", "device_name")
     POOL_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +37,10 @@ class DeviceHealth(_message.Message):
     health_check_timeout_seconds: int
     message: str
     def __init__(self, device: _Optional[_Union[DeviceIdentifier, _Mapping]] = ..., health: _Optional[_Union[HealthStatus, str]] = ..., last_updated_time: _Optional[int] = ..., health_check_timeout_seconds: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class NodeWatchResourcesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class NodeWatchResourcesResponse(_message.Message):
     __slots__ = ("devices",)

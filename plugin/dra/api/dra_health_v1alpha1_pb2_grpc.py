@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DRAResourceHealthStub:
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served on the DRA plugin socket; the kubelet keeps one stream open per plugin.
     """
 
     def __init__(self, channel):
@@ -43,11 +43,11 @@ class DRAResourceHealthStub:
 
 
 class DRAResourceHealthServicer:
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served on the DRA plugin socket; the kubelet keeps one stream open per plugin.
     """
 
     def NodeWatchResources(self, request, context):
-        """NodeWatchResources allows a DRA plugin to stream health updates for its devices to Kubelet.
+        """Streams device states until the kubelet closes it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +70,7 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAResourceHealth:
-    """DRAResourceHealth service is implemented by DRA plugins and called by Kubelet.
+    """Served on the DRA plugin socket; the kubelet keeps one stream open per plugin.
     """
 
     @staticmethod

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DRAPluginStub:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the plugin on the socket it registered; the kubelet calls it around pod start and stop.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,21 +48,18 @@ class DRAPluginStub:
 
 
 class DRAPluginServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the plugin on the socket it registered; the kubelet calls it around pod start and stop.
+    """
 
     def NodePrepareResources(self, request, context):
-        """NodePrepareResources prepares several ResourceClaims
-        for use on the node. If an error is returned, the
-        response is ignored. Failures for individual claims
-        can be reported inside NodePrepareResourcesResponse.
+        """Make the claims' devices ready (their CDI specs written) before the pod's containers start.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeUnprepareResources(self, request, context):
-        """NodeUnprepareResources is the opposite of NodePrepareResources.
-        The same error handling rules apply,
+        """Undo the preparation once no pod on the node uses the claims.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -89,7 +87,8 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAPlugin:
-    """Missing associated documentation comment in .proto file."""
+    """Served by the plugin on the socket it registered; the kubelet calls it around pod start and stop.
+    """
 
     @staticmethod
     def NodePrepareResources(request,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class DRAPluginStub:
-    """Missing associated documentation comment in .proto file."""
+    """Offered beside v1 for kubelets that only speak v1beta1.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,22 +48,17 @@ class DRAPluginStub:
 
 
 class DRAPluginServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Offered beside v1 for kubelets that only speak v1beta1.
+    """
 
     def NodePrepareResources(self, request, context):
-        """NodePrepareResources prepares several ResourceClaims
-        for use on the node. If an error is returned, the
-        response is ignored. Failures for individual claims
-        can be reported inside NodePrepareResourcesResponse.
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def NodeUnprepareResources(self, request, context):
-        """NodeUnprepareResources is the opposite of NodePrepareResources.
-        The same error handling rules apply,
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -89,7 +85,8 @@ def add_DRAPluginServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class DRAPlugin:
-    """Missing associated documentation comment in .proto file."""
+    """Offered beside v1 for kubelets that only speak v1beta1.
+    """
 
     @staticmethod
     def NodePrepareResources(request,

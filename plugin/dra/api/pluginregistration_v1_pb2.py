@@ -24,22 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*plugin/dra/api/pluginregistration_v1.proto\x12\x12pluginregistration\"V\n\nPluginInfo\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x1a\n\x12supported_versions\x18\x04 \x03(\t\">\n\x12RegistrationStatus\x12\x19\n\x11plugin_registered\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x1c\n\x1aRegistrationStatusResponse\"\r\n\x0bInfoRequest2\xd2\x01\n\x0cRegistration\x12L\n\x07GetInfo\x12\x1f.pluginregistration.InfoRequest\x1a\x1e.pluginregistration.PluginInfo\"\x00\x12t\n\x18NotifyRegistrationStatus\x12&.pluginregistration.RegistrationStatus\x1a..pluginregistration.RegistrationStatusResponse\"\x00\x42/Z-k8s.io/kubelet/pkg/apis/pluginregistration/v1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*plugin/dra/api/pluginregistration_v1.proto\x12\x12pluginregistration\"\r\n\x0bInfoRequest\"V\n\nPluginInfo\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x03 \x01(\t\x12\x1a\n\x12supported_versions\x18\x04 \x03(\t\">\n\x12RegistrationStatus\x12\x19\n\x11plugin_registered\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x1c\n\x1aRegistrationStatusResponse2\xd2\x01\n\x0cRegistration\x12L\n\x07GetInfo\x12\x1f.pluginregistration.InfoRequest\x1a\x1e.pluginregistration.PluginInfo\"\x00\x12t\n\x18NotifyRegistrationStatus\x12&.pluginregistration.RegistrationStatus\x1a..pluginregistration.RegistrationStatusResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'plugin.dra.api.pluginregistration_v1_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  _globals['DESCRIPTOR']._loaded_options = None
-  _globals['DESCRIPTOR']._serialized_options = b'Z-k8s.io/kubelet/pkg/apis/pluginregistration/v1'
-  _globals['_PLUGININFO']._serialized_start=66
-  _globals['_PLUGININFO']._serialized_end=152
-  _globals['_REGISTRATIONSTATUS']._serialized_start=154
-  _globals['_REGISTRATIONSTATUS']._serialized_end=216
-  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_start=218
-  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_end=246
-  _globals['_INFOREQUEST']._serialized_start=248
-  _globals['_INFOREQUEST']._serialized_end=261
+  DESCRIPTOR._loaded_options = None
+  _globals['_INFOREQUEST']._serialized_start=66
+  _globals['_INFOREQUEST']._serialized_end=79
+  _globals['_PLUGININFO']._serialized_start=81
+  _globals['_PLUGININFO']._serialized_end=167
+  _globals['_REGISTRATIONSTATUS']._serialized_start=169
+  _globals['_REGISTRATIONSTATUS']._serialized_end=231
+  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_start=233
+  _globals['_REGISTRATIONSTATUSRESPONSE']._serialized_end=261
   _globals['_REGISTRATION']._serialized_start=264
   _globals['_REGISTRATION']._serialized_end=474
 # @@protoc_insertion_point(module_scope)

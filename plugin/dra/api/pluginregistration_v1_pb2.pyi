@@ -6,6 +6,10 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class PluginInfo(_message.Message):
     __slots__ = ("type", "name", "endpoint", "supported_versions")
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -27,9 +31,5 @@ class RegistrationStatus(_message.Message):
     def __init__(self, plugin_registered: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RegistrationStatusResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class RegistrationStub:
-    """Registration is the service advertised by the Plugins.
+    """Served by the plugin on its registration socket in the kubelet's plugins_registry directory.
     """
 
     def __init__(self, channel):
@@ -48,7 +48,7 @@ class RegistrationStub:
 
 
 class RegistrationServicer:
-    """Registration is the service advertised by the Plugins.
+    """Served by the plugin on its registration socket in the kubelet's plugins_registry directory.
     """
 
     def GetInfo(self, request, context):
@@ -58,7 +58,8 @@ class RegistrationServicer:
         raise NotImplementedError('Method not implemented!')
 
     def NotifyRegistrationStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Called once the kubelet has accepted or refused the plugin.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,7 +86,7 @@ def add_RegistrationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Registration:
-    """Registration is the service advertised by the Plugins.
+    """Served by the plugin on its registration socket in the kubelet's plugins_registry directory.
     """
 
     @staticmethod
