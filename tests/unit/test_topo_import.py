@@ -273,3 +273,23 @@ def test_a_bad_flag_value_is_blamed_on_that_flag(
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "the imported node would not load" in err and err.endswith(f"; {hint}\n")
+
+
+def test_why_a_gpu_of_unknown_memory_has_no_slices() -> None:
+    # what `policy explain --slice-mib` and the plugin can say instead of "only 0 are available"
+    from policies.shares import no_slices_reason, slice_count
+
+    unknown = import_topo(
+        TOPOLOGIES / "pcie-8x4090-2socket-allsys.txt", NodeFacts(gpu_name="RTX 4090")
+    )
+    gpu = unknown.gpus[0]
+    assert slice_count(gpu, 1024) == 0
+    reason = no_slices_reason(gpu, 1024)
+    assert reason is not None and reason.startswith(
+        "GPU 0 has memoryBytes: 0 (its memory is unknown"
+    )
+    known = import_topo(
+        TOPOLOGIES / "pcie-8x4090-2socket-allsys.txt", NodeFacts(gpu_name="NVIDIA GeForce RTX 4090")
+    )
+    assert no_slices_reason(known.gpus[0], 1024) is None
+    assert "less than one 32768 MiB slice" in str(no_slices_reason(known.gpus[0], 32768))
