@@ -164,7 +164,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "architecture, compute capability and memory)",
     )
     imp.add_argument(
-        "--memory", metavar="SIZE", help="memory per GPU: bytes or e.g. 80GiB (default: by name)"
+        "--memory",
+        metavar="SIZE",
+        help="memory per GPU: bytes or e.g. 80GiB (default: by --gpu-name; for a name cdigen "
+        "does not know, 0 and a warning)",
     )
     imp.add_argument("--name", default="", help="a label for the node (default: the file name)")
     imp.add_argument("--driver-version", default="", metavar="V", help="e.g. 550.54.15")
