@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
 from cdigen import __version__, logs
 from cdigen.errors import EXIT_BAD_INPUT, CdigenError, CheckFailed
@@ -57,8 +58,50 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._words = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._words, namespace)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        # A misspelt option makes argparse take its value for something else ("invalid choice:
+        # 'dot'" for --fromat dot): the unknown option is the mistake to name.
+        parser: argparse.ArgumentParser = self
+        unknown = _first_unknown_option(self, getattr(self, "_words", []))
+        if unknown is not None:
+            parser, option = unknown
+            message = f"unknown option {option!r}{_did_you_mean(parser, option)}"
+        parser.exit(
+            EXIT_BAD_INPUT, f"{parser.prog}: error: {message} (see '{parser.prog} --help')\n"
+        )
+
+
+def _first_unknown_option(
+    parser: argparse.ArgumentParser, words: Sequence[str]
+) -> tuple[argparse.ArgumentParser, str] | None:
+    """The first ``--option`` in ``words`` that the (sub)command it follows does not know (nor
+    any of its options starts with, as argparse takes abbreviations), and that command."""
+    commands = next(
+        (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
+    )
+    for at, word in enumerate(words):
+        if word == "--":
+            return None
+        if commands and word in commands:
+            return _first_unknown_option(commands[word], words[at + 1 :])
+        option = word.split("=", 1)[0]
+        is_long = option.startswith("--") and len(option) > 2
+        if is_long and not any(k.startswith(option) for k in parser._option_string_actions):
+            return parser, option
+    return None
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, option: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(option, list(parser._option_string_actions), n=1)
+    return f": did you mean {close[0]!r}?" if close else ""
 
 
 def _registrars(*, wings: bool) -> list[Register]:
@@ -123,8 +166,55 @@ def _parser_for(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, bool]:
     return build_parser(), True
 
 
+class _Stderr(io.TextIOBase):
+    """``sys.stderr`` while a command runs: a note, warning or log line that cannot be written
+    (stderr closed, on a full disk, a pipe whose reader left) is dropped; the command's work
+    and exit code do not depend on its messages."""
+
+    def __init__(self, inner: TextIO | None) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        if self._inner is not None:
+            try:
+                self._inner.write(text)
+                if "\n" in text:
+                    self._inner.flush()
+            except (OSError, ValueError):  # ValueError: the stream was closed
+                self._inner = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self._inner is not None:
+            try:
+                self._inner.flush()
+            except (OSError, ValueError):
+                self._inner = None
+
+    def isatty(self) -> bool:
+        try:
+            return self._inner is not None and self._inner.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        if self._inner is None:
+            raise io.UnsupportedOperation("stderr cannot be written")
+        return self._inner.fileno()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code."""
+    stderr, sys.stderr = sys.stderr, _Stderr(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stderr.flush()
+        sys.stderr = stderr
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, wings = _parser_for(argv)
     args = parser.parse_args(argv)

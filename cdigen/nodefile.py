@@ -135,8 +135,30 @@ def _gpu_to_dict(gpu: Gpu) -> GpuDoc:
 
 
 def dump_node(node: Node, fmt: str = "yaml") -> str:
-    """``node`` as node-file text, ``yaml`` or ``json``."""
-    return dump_document(node_to_dict(node), fmt)
+    """``node`` as node-file text, ``yaml`` or ``json``; one line per link.
+
+    The links are written here, not by the YAML or JSON library: a node has one per GPU pair,
+    half a million at 1,000 GPUs (an imported matrix), and PyYAML's representer spent most of
+    a minute on them. Their values are numbers, null and the PCIe level names, which need no
+    quoting in either format.
+    """
+    doc = node_to_dict(node)
+    links = doc.pop("links")  # type: ignore[misc]
+    if fmt == "json":
+        head = dump_document(doc, "json").rstrip()
+        assert head.endswith("\n}")
+        rows = ",".join(f"\n    {_json_link(k)}" for k in links)
+        return f'{head[:-2]},\n  "links": [{rows}{chr(10) + "  " if links else ""}]\n}}\n'
+    rows = "".join(
+        f"\n- {{a: {k['a']}, b: {k['b']}, pcie: {k['pcie'] or 'null'}, nvlinks: {k['nvlinks']}}}"
+        for k in links
+    )
+    return f"{dump_document(doc, fmt)}links:{rows or ' []'}\n"
+
+
+def _json_link(link: LinkDoc) -> str:
+    pcie = f'"{link["pcie"]}"' if link["pcie"] else "null"
+    return f'{{"a": {link["a"]}, "b": {link["b"]}, "pcie": {pcie}, "nvlinks": {link["nvlinks"]}}}'
 
 
 def node_from_dict(doc: Any, *, where: str) -> Node:

@@ -46,6 +46,23 @@ def slice_count(gpu: Gpu, slice_mib: int) -> int:
     return (gpu.memory_bytes // MIB) // slice_mib
 
 
+def no_slices_reason(gpu: Gpu, slice_mib: int) -> str | None:
+    """Why ``gpu`` holds no memory slice of ``slice_mib`` MiB (for a message), or None if it
+    holds one or more."""
+    if slice_count(gpu, slice_mib) > 0:
+        return None
+    if gpu.memory_bytes == 0:
+        return (
+            f"GPU {gpu.index} has memoryBytes: 0 (its memory is unknown, e.g. a 'topo import' "
+            "without --memory or a known --gpu-name), so it holds no memory slices; set its "
+            "memoryBytes in the node file"
+        )
+    return (
+        f"GPU {gpu.index} has {gpu.memory_bytes // MIB} MiB, less than one {slice_mib} MiB "
+        "slice; use a smaller slice size"
+    )
+
+
 def slice_ids(gpu_id: str, count: int) -> tuple[str, ...]:
     """The ``count`` memory-slice IDs of one GPU."""
     return tuple(f"{gpu_id}{SHARE_SEPARATOR}{SLICE_MARKER}{k}" for k in range(count))

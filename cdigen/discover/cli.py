@@ -164,7 +164,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "architecture, compute capability and memory)",
     )
     imp.add_argument(
-        "--memory", metavar="SIZE", help="memory per GPU: bytes or e.g. 80GiB (default: by name)"
+        "--memory",
+        metavar="SIZE",
+        help="memory per GPU: bytes or e.g. 80GiB (default: by --gpu-name; for a name cdigen "
+        "does not know, 0 and a warning)",
     )
     imp.add_argument("--name", default="", help="a label for the node (default: the file name)")
     imp.add_argument("--driver-version", default="", metavar="V", help="e.g. 550.54.15")
@@ -236,7 +239,7 @@ def run_topo(args: argparse.Namespace) -> int:
 
 def run_topo_import(args: argparse.Namespace) -> int:
     """``cdigen topo import``: a saved ``nvidia-smi topo -m`` -> node file."""
-    from cdigen.discover.topo_import import NodeFacts, import_topo_text
+    from cdigen.discover.topo_import import NodeFacts, import_topo_warned
     from cdigen.fileio import read_stdin, read_text
     from cdigen.nodefile import dump_node, node_from_dict, node_to_dict
 
@@ -251,14 +254,20 @@ def run_topo_import(args: argparse.Namespace) -> int:
         driver_version=args.driver_version,
         cuda_driver_version=args.cuda_driver_version,
     )
-    node = import_topo_text(text, where=where, facts=facts)
-    try:  # what we write must load again: the flags' values meet the node schema too
-        node_from_dict(node_to_dict(node), where=where)
+    node, warnings = import_topo_warned(text, where=where, facts=facts)
+    # What we write must load again: the flags' values meet the node schema too. Every GPU is
+    # checked, and one link of each kind (the rest differ only in their GPU indexes, which
+    # check_node saw): half a million links at 1,000 GPUs took the schema most of a minute.
+    doc = node_to_dict(node)
+    kinds = {(k["pcie"], k["nvlinks"]): k for k in reversed(doc["links"])}
+    doc["links"] = list(kinds.values())
+    try:
+        node_from_dict(doc, where=where)
     except InputError as exc:
         raise InputError(
             f"the imported node would not load: {exc.message}",
             where=where,
-            hint="check --name, --gpu-name, --driver-version and --cuda-driver-version",
+            hint=_flag_hint(exc.message),
         ) from None
     text = dump_node(node, args.import_format)
     if args.import_format == "yaml":  # JSON has no comments: the stderr note below says it
@@ -266,7 +275,28 @@ def run_topo_import(args: argparse.Namespace) -> int:
     _emit(text, args.output)
     for note in (*node.notes, INVENTED_NOTE):  # only once it worked: a failure is one line
         print(f"cdigen: note: {note}", file=sys.stderr)
+    for warning in warnings:
+        print(f"cdigen: warning: {warning}", file=sys.stderr)
     return EXIT_OK
+
+
+# node-file fields that come from topo import's flags
+_FLAG_FIELDS = (
+    (re.compile(r"^gpus\[\d+\]\.name\b"), "--gpu-name"),
+    (re.compile(r"^gpus\[\d+\]\.memoryBytes\b"), "--memory"),
+    (re.compile(r"^name\b"), "--name"),
+    (re.compile(r"^driverVersion\b"), "--driver-version"),
+    (re.compile(r"^cudaDriverVersion\b"), "--cuda-driver-version"),
+)
+
+
+def _flag_hint(message: str) -> str:
+    """Which flag to fix for a schema ``message`` about the imported node; or, where no flag
+    made the value, that the fault is cdigen's."""
+    flag = next((f for pattern, f in _FLAG_FIELDS if pattern.match(message)), None)
+    if flag is not None:
+        return f"check {flag}"
+    return "this value was made by cdigen, not given by a flag: please report it with the file"
 
 
 INVENTED_NOTE = (

@@ -20,7 +20,7 @@ from cdigen.fileio import read_text
 from cdigen.model import MAX_NUMA_NODE, MAX_NVLINKS, PCIE_LEVELS, Gpu, Link, Node, PcieLevel
 from cdigen.nodefile import check_node
 
-from .products import product
+from .products import PRODUCTS, product
 
 # ASCII digits only (``\\d`` and ``str.isdigit`` take ``²`` and other scripts' digits), and few.
 _GPU = re.compile(r"^GPU([0-9]{1,5})$")
@@ -45,6 +45,7 @@ class TopoMatrix:
     cpu_affinity: tuple[str | None, ...]
     numa_nodes: tuple[int | None, ...]
     numa_inferred: bool  # NUMA nodes come from distinct CPU affinity sets, not a NUMA column
+    warnings: tuple[str, ...] = ()  # what could not be read, per GPU
 
 
 def parse_topo(text: str, *, where: str) -> TopoMatrix:
@@ -60,6 +61,9 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
         )
     header_line_no, header_line = content[header_at]
     columns, trailing = _header_columns(header_line)
+    starts = _header_starts(header_line)
+    if starts is not None and len(starts) != 1 + len(columns) + len(trailing):
+        starts = None
     gpu_columns = [c for c in columns if _GPU.match(c)]
     expected = [f"GPU{i}" for i in range(len(gpu_columns))]
     if columns[: len(gpu_columns)] != expected:
@@ -68,7 +72,7 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
             f"{_clip(' '.join(expected))}",
             where=where,
         )
-    rows: dict[int, tuple[int, list[str]]] = {}
+    rows: dict[int, tuple[int, list[str], bool]] = {}
     for line_no, line in content[header_at + 1 :]:
         first = line.split()[0]
         if first.rstrip(":").lower() in ("legend", "nic legend"):
@@ -79,7 +83,8 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
         index = int(match.group(1))
         if index in rows:
             raise InputError(f"line {line_no}: a second row for GPU{index}", where=where)
-        rows[index] = (line_no, _cells(line)[1:])
+        cells, by_position = _row_cells(line, starts)
+        rows[index] = (line_no, cells[1:], by_position)
     if not rows:
         raise InputError(
             "no GPU rows found below the header",
@@ -97,12 +102,16 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
         )
     if extra:
         raise InputError(f"row GPU{extra[0]} has no column in the header", where=where)
-    labels, cpus, numas = [], [], []
+    labels, cpus, numas, warnings = [], [], [], []
     for i in range(len(gpu_columns)):
-        line_no, cells = rows[i]
+        line_no, cells, by_position = rows[i]
         row_labels, cpu, numa = _parse_row(
-            cells, columns, trailing, where=f"{where}: line {line_no}"
+            cells, columns, len(gpu_columns), trailing, where=f"{where}: line {line_no}"
         )
+        unread = _unread_numa(cells[len(columns) :], trailing, by_position)
+        if unread:
+            cpu, numa = (cpu if by_position else None), None
+            warnings.append(f"GPU{i} (line {line_no}): its NUMA node cannot be read: {unread}")
         if row_labels[i] != "X":
             raise InputError(
                 f"line {line_no}: GPU{i} against itself should be X, found {row_labels[i]}",
@@ -132,7 +141,25 @@ def parse_topo(text: str, *, where: str) -> TopoMatrix:
         order = sorted(set(cpus), key=lambda c: _first_cpu(c or ""))
         numas = [order.index(c) for c in cpus]
         inferred = True
-    return TopoMatrix(tuple(labels), tuple(cpus), tuple(numas), inferred)
+    return TopoMatrix(tuple(labels), tuple(cpus), tuple(numas), inferred, tuple(warnings))
+
+
+def _unread_numa(tail: list[str], trailing: list[str], by_position: bool) -> str:
+    """Why a GPU row's NUMA Affinity cannot be read (its cells after the matrix, ``tail``),
+    or "" if it can be or the header has no such column."""
+    if "NUMA Affinity" not in trailing:
+        return ""
+    if not by_position and len(tail) < len(trailing):
+        return (
+            f"the row has {len(tail)} cell{'' if len(tail) == 1 else 's'} after the matrix "
+            "where the header names "
+            f"{len(trailing)} ({', '.join(trailing)}), and the text has neither tabs nor "
+            "columns aligned under the header to tell which cell is blank"
+        )
+    at = trailing.index("NUMA Affinity")
+    if at >= len(tail) or not tail[at]:
+        return "its NUMA Affinity cell is blank"
+    return ""
 
 
 def _is_row(content: list[tuple[int, str]], at: int) -> bool:
@@ -166,6 +193,53 @@ def _cells(line: str) -> list[str]:
     return _tab_stop_cells(line) or line.split()
 
 
+def _row_cells(line: str, starts: list[int] | None) -> tuple[list[str], bool]:
+    """The cells of one row, and whether they were read by position (so that a blank cell is
+    an empty string, not missing): by tabs, under the header's columns, or at 8-column tab
+    stops; else split on whitespace."""
+    if "\t" in line:
+        return _cells(line), True
+    cells = _cells_under(line, starts) if starts else None
+    if cells is None:
+        cells = _tab_stop_cells(line)
+    return (cells, True) if cells is not None else (line.split(), False)
+
+
+def _header_starts(line: str) -> list[int] | None:
+    """Where each column of a header line without tabs starts (the corner, position 0,
+    first), multi-word names ("CPU Affinity") as one; None for a line with tabs, or one with
+    no corner (the rows' GPU names would stand under its first column)."""
+    if "\t" in line or not line[:1].isspace():
+        return None
+    starts = [0]
+    cell, end = "", -2
+    for word in _WORD.finditer(line):
+        joined = f"{cell} {word.group()}"
+        if word.start() == end + 1 and _is_name_start(joined):
+            cell = joined
+        else:
+            starts.append(word.start())
+            cell = word.group()
+        end = word.end()
+    return starts
+
+
+def _cells_under(line: str, starts: list[int]) -> list[str] | None:
+    """The cells of a row read under the header's columns (each word starting where a column
+    does, give or take one for nvidia-smi's " X "), blanks as ""; None if it is not aligned so."""
+    cells = [""] * len(starts)
+    at = 0
+    for word in _WORD.finditer(line):
+        while at < len(starts) and starts[at] < word.start() - 1:
+            at += 1
+        if at == len(starts) or abs(starts[at] - word.start()) > 1 or cells[at]:
+            return None
+        cells[at] = word.group()
+    while len(cells) > 1 and not cells[-1]:
+        cells.pop()
+    return cells
+
+
 def _tab_stop_cells(line: str) -> list[str] | None:
     """The cells of a line whose tabs were expanded to 8-column stops, or None if it is not one."""
     cells: list[str] = []
@@ -192,6 +266,8 @@ def _is_name_start(text: str) -> bool:
 
 def _header_columns(line: str) -> tuple[list[str], list[str]]:
     """Device columns, then the trailing column names (multi-word names as one)."""
+    if "\t" not in line:  # no header cell is blank: a tab-stop reading could only invent some
+        return _split_header(line.split())
     cells = _cells(line)
     if cells and cells[0] == "":
         cells = cells[1:]  # the empty corner above the row labels
@@ -222,7 +298,7 @@ def _split_header(tokens: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parse_row(
-    cells: list[str], columns: list[str], trailing: list[str], *, where: str
+    cells: list[str], columns: list[str], gpu_count: int, trailing: list[str], *, where: str
 ) -> tuple[list[str], str | None, int | None]:
     if len(cells) < len(columns):
         raise InputError(
@@ -231,21 +307,9 @@ def _parse_row(
             hint="the paste looks cut off",
         )
     row = cells[: len(columns)]
-    gpu_count = sum(1 for c in columns if _GPU.match(c))
     for col, label in zip(columns[:gpu_count], row, strict=False):
-        nv = _NV.match(label)
-        if nv and (len(nv.group(1)) > 2 or int(nv.group(1)) > MAX_NVLINKS):
-            raise InputError(
-                f"column {col}: {_clip(label)} is more NVLinks than two GPUs can share "
-                f"(at most NV{MAX_NVLINKS})",
-                where=where,
-            )
-        if label != "X" and not nv and label not in (*PCIE_LEVELS, "SOC"):
-            raise InputError(
-                f"column {col}: unknown link label {_clip(label)!r}",
-                where=where,
-                hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
-            )
+        if label not in _GOOD_LABELS:
+            _check_label(label, col, where=where)
     row = [_LEGACY_LABELS.get(label, label) for label in row]
     tail = dict(zip(trailing, cells[len(columns) :], strict=False))
     cpu = tail.get("CPU Affinity") or None  # empty under a Slurm or cgroup CPU limit
@@ -266,17 +330,39 @@ def _parse_row(
     return row, (None if cpu in (None, "N/A") else cpu), numa
 
 
+_GOOD_LABELS = {"X", *PCIE_LEVELS, "SOC", *(f"NV{n}" for n in range(1, MAX_NVLINKS + 1))}
+
+
+def _check_label(label: str, col: str, *, where: str) -> None:
+    """InputError for a matrix cell that is no link label (the GPU columns of one row)."""
+    nv = _NV.match(label)
+    if nv and (len(nv.group(1)) > 2 or int(nv.group(1)) > MAX_NVLINKS):
+        raise InputError(
+            f"column {col}: {_clip(label)} is more NVLinks than two GPUs can share "
+            f"(at most NV{MAX_NVLINKS})",
+            where=where,
+        )
+    if not nv:
+        raise InputError(
+            f"column {col}: unknown link label {_clip(label)!r}",
+            where=where,
+            hint="expected X, NV#, PIX, PXB, PHB, NODE or SYS",
+        )
+
+
 def matrix_links(matrix: TopoMatrix) -> tuple[Link, ...]:
     """One link per GPU pair: ``NV#`` gives # NVLinks (PCIe unknown), a PCIe label its level."""
-    links = []
-    for i, row in enumerate(matrix.labels):
-        for j in range(i + 1, len(row)):
-            nv = _NV.match(row[j])
-            if nv:
-                links.append(Link(a=i, b=j, pcie=None, nvlinks=int(nv.group(1))))
-            else:
-                links.append(Link(a=i, b=j, pcie=_pcie(row[j]), nvlinks=0))
-    return tuple(links)
+    kinds: dict[str, tuple[PcieLevel | None, int]] = {}
+    for row in matrix.labels:
+        for label in row:
+            if label not in kinds and label != "X":
+                nv = _NV.match(label)
+                kinds[label] = (None, int(nv.group(1))) if nv else (_pcie(label), 0)
+    return tuple(
+        Link(i, j, *kinds[row[j]])
+        for i, row in enumerate(matrix.labels)
+        for j in range(i + 1, len(row))
+    )
 
 
 def _pcie(label: str) -> PcieLevel:
@@ -291,10 +377,29 @@ def made_up_uuid(prefix: str, seed: str) -> str:
     return f"{prefix}-{uuidlib.uuid5(_UUID_NAMESPACE, seed)}"
 
 
+def made_up_uuids(prefix: str, seed: str, count: int) -> list[str]:
+    """``made_up_uuid(prefix, f"{seed}/{i}")`` for i < ``count``, hashing ``seed`` once: a seed
+    made of the whole matrix is a megabyte at 1,000 GPUs, and hashing it per GPU was cubic."""
+    import hashlib
+
+    common = hashlib.sha1(_UUID_NAMESPACE.bytes + seed.encode(), usedforsecurity=False)
+    out = []
+    for i in range(count):
+        digest = common.copy()
+        digest.update(f"/{i}".encode())
+        out.append(f"{prefix}-{uuidlib.UUID(bytes=digest.digest()[:16], version=5)}")
+    return out
+
+
+_BUSES = 0xE0  # buses 0x07..0xe6 of a PCI domain, as GPUs sit on a real one
+
+
 def made_up_bus_id(index: int, count: int) -> str:
-    """A plausible PCI bus ID for GPU ``index`` of ``count``: spread over the bus range."""
-    step = max(1, 0xE0 // max(count, 1))
-    return f"0000:{0x07 + index * step:02x}:00.0"
+    """A plausible PCI bus ID for GPU ``index`` of ``count``: spread over the bus range of
+    domain 0, and over further domains when there are more GPUs than buses."""
+    step = max(1, _BUSES // max(count, 1))
+    domain, bus = divmod(index * step, _BUSES)
+    return f"{domain:04x}:{0x07 + bus:02x}:00.0"
 
 
 @dataclass(frozen=True)
@@ -314,11 +419,12 @@ def matrix_to_node(matrix: TopoMatrix, facts: NodeFacts = NodeFacts()) -> Node:
     known = product(gpu_name) if gpu_name else None
     count = len(matrix.labels)
     seed = name or "|".join(" ".join(r) for r in matrix.labels)
+    uuids = made_up_uuids("GPU", seed, count)
     gpus = tuple(
         Gpu(
             index=i,
             minor=i,
-            uuid=made_up_uuid("GPU", f"{seed}/{i}"),
+            uuid=uuids[i],
             name=gpu_name or "unknown (imported from nvidia-smi topo -m)",
             architecture=known.architecture if known else "",
             cuda_compute_capability=known.cuda_compute_capability if known else "",
@@ -349,9 +455,46 @@ def matrix_to_node(matrix: TopoMatrix, facts: NodeFacts = NodeFacts()) -> Node:
 
 def import_topo_text(text: str, *, where: str, facts: NodeFacts = NodeFacts()) -> Node:
     """Parse ``topo -m`` text read from ``where`` and build a checked Node."""
-    node = matrix_to_node(parse_topo(text, where=where), facts)
+    return import_topo_warned(text, where=where, facts=facts)[0]
+
+
+def import_topo_warned(
+    text: str, *, where: str, facts: NodeFacts = NodeFacts()
+) -> tuple[Node, tuple[str, ...]]:
+    """:func:`import_topo_text`, and what the user should know about the result: GPUs whose
+    NUMA node could not be read, memory that is unknown."""
+    matrix = parse_topo(text, where=where)
+    node = matrix_to_node(matrix, facts)
     check_node(node, where=where)
-    return node
+    return node, (*matrix.warnings, *_memory_warnings(facts))
+
+
+def _memory_warnings(facts: NodeFacts) -> tuple[str, ...]:
+    """A warning when the GPUs' memory is unknown: ``memoryBytes: 0`` leaves them no memory
+    slices and nothing for a memory selector to match."""
+    if facts.memory_bytes is not None or (facts.gpu_name and product(facts.gpu_name)):
+        return ()
+    if facts.gpu_name:
+        what = f"cdigen does not know the GPU {facts.gpu_name!r}{_near_product(facts.gpu_name)}"
+    else:
+        what = "no --gpu-name was given"
+    return (
+        f"{what}: the GPUs' memory is unknown and written as memoryBytes: 0 (no memory slices, "
+        "no memory for policies and DRA to match); give --memory SIZE (e.g. --memory 24GiB), "
+        f"or --gpu-name with one of: {', '.join(p.name for p in PRODUCTS)}",
+    )
+
+
+def _near_product(name: str) -> str:
+    """``" (did you mean 'NVIDIA GeForce RTX 4090'?)"`` for a name close to a known one."""
+    import difflib
+
+    names = {p.name.lower(): p.name for p in PRODUCTS}
+    wanted = name.strip().lower()
+    near = [n for n in names if wanted and wanted in n] or difflib.get_close_matches(
+        wanted, list(names), n=1, cutoff=0.6
+    )
+    return f" (did you mean {names[near[0]]!r}?)" if near else ""
 
 
 def import_topo(path: str | Path, facts: NodeFacts = NodeFacts()) -> Node:

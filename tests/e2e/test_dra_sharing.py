@@ -92,7 +92,8 @@ def _classes() -> dict[str, Any]:
 
 
 def _memory_claim(amount: str, name: str) -> Any:
-    doc = yaml.safe_load((EXAMPLES / "memory-3gi.yaml").read_text())
+    # the template (the pods using it follow it in the file)
+    doc = next(yaml.safe_load_all((EXAMPLES / "memory-3gi.yaml").read_text()))
     doc["metadata"]["name"] = name
     doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = (
         amount

@@ -1,8 +1,10 @@
-"""The one way tests find ``../shared``: the consumer tools and reference texts beside the repo.
+"""The one way tests find ``../shared``: optional test tools and reference texts beside the repo.
 
-CI clones the repository into a folder with ``shared/`` beside it, as /work/main has; a git
-worktree at ``<top>/wt/<name>`` finds ``<top>/shared`` one level higher. A test that needs a
-piece of it skips, naming the missing path, where a user's clone has none.
+``../shared`` is not part of the repository: a folder beside the checkout (for a git worktree at
+``<top>/wt/<name>``, ``<top>/shared``) that may hold consumer tools (``tools/bin/cdicheck``,
+``tools/bin/kubeletsim``) and reference texts (``reference/cdi-schema``). A test that needs a
+piece of it skips where the piece is missing, and its reason says which case it is: no
+``../shared`` at all, one without that piece, or a tool that is not executable.
 """
 
 from __future__ import annotations
@@ -15,19 +17,36 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def shared_path(relative: str) -> Path:
-    """``../shared/<relative>`` beside the checkout (or one level higher for a worktree); the
-    path beside the checkout where neither exists, so a skip reason names where it belongs."""
+def shared_root() -> Path | None:
+    """``../shared`` beside the checkout (or one level higher for a worktree), if there is one."""
     for base in (REPO.parent, REPO.parent.parent):
-        path = base / "shared" / relative
-        if path.exists():
-            return path
-    return REPO.parent / "shared" / relative
+        if (base / "shared").is_dir():
+            return base / "shared"
+    return None
+
+
+def shared_path(relative: str) -> Path:
+    """``../shared/<relative>``; where there is no ``../shared``, the path beside the checkout,
+    so that a skip reason names where it belongs."""
+    return (shared_root() or REPO.parent / "shared") / relative
 
 
 def missing_reason(path: Path) -> str:
-    """The skip reason for a missing piece of ../shared."""
-    return f"{path} is absent (it comes with ../shared beside the checkout, as in CI)"
+    """The skip reason for ``path``, a piece of ../shared the test cannot use: true whoever runs
+    the test (a clone without ../shared, CI, a machine with a partial one)."""
+    root = shared_root()
+    if root is None:
+        return (
+            f"{path} is absent: there is no ../shared beside the checkout (an optional folder of "
+            "test tools and reference texts, not part of the repository; README.md, "
+            "'Tests that need ../shared')"
+        )
+    if path.exists():
+        return f"{path} is there but not an executable file"
+    return (
+        f"{path} is absent: {root} has no {path.relative_to(root)} (an optional test tool or "
+        "reference text, not part of the repository; README.md, 'Tests that need ../shared')"
+    )
 
 
 def shared_tool(name: str) -> Path | None:

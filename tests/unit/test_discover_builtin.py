@@ -15,7 +15,8 @@ from tests.fixtures.reference import TOPOLOGIES, reference_rows
 
 REQUIRED = {
     "rtx4090", "dgx1-v100", "dgx1-p100", "dgx-a100", "dgx-h100", "dgx2-v100", "pcie-8x4090",
-    "pcie-8gpu-phb", "ws-4xv100", "ws-4xrtx8000", "dgx-a100-mig-mixed", "h100-mig-single",
+    "pcie-8x4090-allsys", "pcie-8gpu-phb", "ws-4xv100", "ws-4xrtx8000", "dgx-a100-mig-mixed",
+    "h100-mig-single",
 }  # fmt: skip
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -28,6 +29,12 @@ def test_every_required_sample_ships() -> None:
 def test_sample_matches_its_reference_topology(name: str) -> None:
     node = load_node(f"builtin:{name}")
     labels, numa = reference_rows(TOPOLOGIES / str(SAMPLES[name]["file"]))
+    same_numa = SAMPLES[name].get("same_numa")
+    if same_numa:  # the reference's PCIe pairs on one NUMA node, at the sample's level
+        labels = [
+            [same_numa if k == "SYS" and numa[i] == numa[j] else k for j, k in enumerate(row)]
+            for i, row in enumerate(labels)
+        ]
     assert label_matrix(node) == labels
     for index, value in numa.items():
         assert node.gpus[index].numa_node == int(value)
@@ -94,3 +101,16 @@ def test_committed_samples_are_what_the_generator_makes() -> None:
 def test_unknown_sample_lists_the_known_ones() -> None:
     with pytest.raises(InputError, match=r"builtin:dgx-9000: no built-in sample .*rtx4090"):
         load_node("builtin:dgx-9000")
+
+
+def test_pcie_8x4090_pairs_on_one_socket_are_node_and_the_recorded_node_is_kept() -> None:
+    # issue 26: every pair was SYS, GPUs on the same NUMA node too
+    node = load_node("builtin:pcie-8x4090")
+    for link in node.links:
+        same = node.gpus[link.a].numa_node == node.gpus[link.b].numa_node
+        assert link.pcie == ("NODE" if same else "SYS"), link
+    # go-gpuallocator's answers (shared/reference/go-gpuallocator/pcie-8x4090.jsonl) were
+    # recorded on the node as captured, every pair SYS: it stays, under its own name
+    recorded = load_node("builtin:pcie-8x4090-allsys")
+    assert {k.pcie for k in recorded.links} == {"SYS"} and len(recorded.links) == 28
+    assert [g.numa_node for g in recorded.gpus] == [g.numa_node for g in node.gpus]
