@@ -99,8 +99,11 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from cdigen.fileio import read_text
     from policies.policy import check_policy_file
 
+    for path in args.files:  # a file that cannot be read is bad input (exit 2), not a problem
+        read_text(path, what="policy file")
     problems = [p for path in args.files for p in check_policy_file(path)]
     if problems:
         raise CheckFailed(problems, summary="policy check failed")

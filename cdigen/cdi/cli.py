@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "validate",
         help="check CDI spec files",
         description="Check CDI spec files against cdigen's strict schema and the CDI library's "
-        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any. "
+        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any; "
+        "exit 2 for a file that cannot be read. "
         "A directory means the *.yaml and *.json files in it, as runtimes read it; with no "
         "argument the runtimes' spec dirs (/etc/cdi, /var/run/cdi; missing ones are skipped). "
         "A pattern the shell left unexpanded (no file matched it) is reported and skipped.",
@@ -288,6 +289,7 @@ def run_validate(args: argparse.Namespace) -> int:
     from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
     from cdigen.cdi.specdir import spec_files as spec_paths
     from cdigen.cdi.validate import file_problems
+    from cdigen.fileio import read_text
 
     files: list[str] = []
     if not args.files:
@@ -309,6 +311,7 @@ def run_validate(args: argparse.Namespace) -> int:
         elif not Path(arg).exists() and any(c in arg for c in "*?["):
             notes.append(f"no files match {arg}")
         else:
+            read_text(arg, what="CDI spec")  # one that cannot be read is bad input: exit 2
             files.append(arg)
     if not files:  # one line that says why, not a note per argument and then an error
         raise InputError(
