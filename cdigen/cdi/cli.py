@@ -51,7 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write to this file instead of <output-dir>/<vendor>-<class>.<format>; '-': stdout",
     )
     gen.add_argument("--dry-run", action="store_true", help="print the spec; write nothing")
-    gen.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    gen.add_argument(
+        "--format", choices=["yaml", "json"], default="yaml", help="spec format (default: yaml)"
+    )
     gen.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default: nvidia.com)")
     gen.add_argument("--class", dest="cls", default="gpu", help="CDI class (default: gpu)")
     gen.add_argument(
@@ -105,7 +107,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "A pattern the shell left unexpanded (no file matched it) is reported and skipped.",
         epilog="examples: cdigen validate; cdigen validate /etc/cdi/nvidia.com-gpu.yaml",
     )
-    val.add_argument("files", nargs="*", metavar="FILE|DIR")
+    val.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE|DIR",
+        help="spec files, or directories of them (default: /etc/cdi /var/run/cdi)",
+    )
     val.set_defaults(func=run_validate)
 
     lst = sub.add_parser(
