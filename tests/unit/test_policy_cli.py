@@ -181,3 +181,36 @@ def test_simulate_is_deterministic_per_seed(capsys: pytest.CaptureFixture[str]) 
     args = ["policy", "simulate", "--node", "builtin:pcie-8x4090", "--seed", "7", "--steps", "200"]
     first = run(args, capsys)[1]
     assert run(args, capsys)[1] == first
+
+
+def test_simulate_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: ``(1 GPUs)``, ``jobs placed (multi-GPU) 10 (0)``, a best-link share of 100.0% with no
+    multi-GPU job, and ``pods (admitted) 560 (504)`` with nothing saying which was which."""
+    code, out, _ = run(["policy", "simulate", "--node", "builtin:rtx4090", "--steps", "50"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("node rtx4090 (1 GPU), ")
+    assert [line.split()[-2:] for line in lines if "of them multi-GPU" in line] == [["0", "0"]]
+    assert lines[-1].split() == [
+        "link",
+        "scores,",
+        "NUMA",
+        "spans",
+        "n/a",
+        "(no",
+        "multi-GPU",
+        "jobs)",
+    ]
+    assert "%" not in out
+
+    args = "policy simulate --node builtin:pcie-8x4090 --slice-mib 1024 --steps 1000".split()
+    code, out, _ = run(args, capsys)
+    rows = {line[:44].strip(): line[44:].split() for line in out.splitlines()[2:]}
+    arrived, admitted = rows["pods that arrived"], rows["admitted"]
+    rejected, refused = (
+        rows["rejected: fewer free shares than asked"],
+        rows["refused in Allocate: slices on 2+ GPUs"],
+    )
+    for column in (0, 1):  # every pod that arrived is admitted, rejected or refused
+        parts = (admitted, rejected, refused)
+        assert int(arrived[column]) == sum(int(p[column]) for p in parts)
