@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
-from cdigen.errors import CheckFailed, InputError
+from cdigen.errors import EXIT_BAD_INPUT, CheckFailed, InputError
 
 if TYPE_CHECKING:
     from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
@@ -374,24 +374,40 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    """Answer each request line; a bad line is one stderr line (file:line: what) and the rest
+    are answered; exit 2 at the end when there was one."""
     from cdigen.errors import AllocationError
     from cdigen.fileio import read_text
 
     allocator = _allocator(args)
     text = read_text(args.requests, what="requests file")
     out = sys.stdout
+    bad = total = 0
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        total += 1
         where = f"{args.requests}:{number}"
-        doc = _parse_request_line(line, where)
-        request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
         try:
-            answer = allocator.prefer(request)
-        except AllocationError as exc:
-            raise InputError(exc.message, where=where, hint=exc.hint) from None
+            doc = _parse_request_line(line, where)
+            request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
+            try:
+                answer = allocator.prefer(request)
+            except AllocationError as exc:
+                raise InputError(exc.message, where=where, hint=exc.hint) from None
+        except InputError as exc:
+            bad += 1
+            out.flush()  # answers and errors in the order of the lines on a terminal
+            print(f"cdigen: error: {exc}", file=sys.stderr)
+            continue
         out.write(json.dumps(_answer_doc(answer)) + "\n")
-    return 0
+    if bad > 1:  # one bad line said all there is to say
+        print(
+            f"cdigen: error: {args.requests}: {bad} of {total} request lines could not be "
+            "answered (listed above); the others were",
+            file=sys.stderr,
+        )
+    return EXIT_BAD_INPUT if bad else 0
 
 
 def _parse_request_line(line: str, where: str) -> dict[str, Any]:

@@ -364,3 +364,34 @@ def test_plugin_started_before_the_kubelet_registers_when_it_appears(
             assert len(kubelet.wait_devices(RESOURCE, lambda d: len(d) == 8)) == 8
     finally:
         assert plugin.stop() == 0
+
+
+def test_recorded_requests_replay_to_the_answers_the_kubelet_got(
+    tmp_path: Path, spec_dir: Path, node: Node
+) -> None:
+    """Rough edge 5 of issue 26: ``policy replay`` took recorded kubelet requests, but nothing
+    recorded them."""
+    recorded = tmp_path / "requests.jsonl"
+    kubelet = KubeletSimulator(tmp_path / "plugins").start()
+    plugin = ServedPlugin(
+        tmp_path,
+        "--node",
+        NODE_SRC,
+        "--spec-dir",
+        str(spec_dir),
+        "--record-requests",
+        str(recorded),
+    )
+    uuids = [g.uuid for g in node.gpus]
+    try:
+        kubelet.wait_registered(RESOURCE, timeout_s=20)
+        answers = [
+            kubelet.preferred(RESOURCE, uuids, 2),
+            kubelet.preferred(RESOURCE, uuids[1:7], 4, must_include=[uuids[3]]),
+            kubelet.preferred(RESOURCE, uuids[::2], 1),
+        ]
+    finally:
+        plugin.stop()
+        kubelet.stop()
+    replayed = cdigen("policy", "replay", "--node", NODE_SRC, "--requests", str(recorded))
+    assert [json.loads(line)["devices"] for line in replayed.stdout.splitlines()] == answers

@@ -164,6 +164,29 @@ def test_replay_bad_lines_name_the_line(
     assert len(out.splitlines()) == 1  # the good line before it was answered
 
 
+def test_replay_reports_every_bad_line_and_answers_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: replay stopped at the first bad line."""
+    requests = tmp_path / "requests.jsonl"
+    good = '{"available": ["0", "1", "2", "3"], "size": 2}'
+    lines = [good, "{not json", good, '{"available": ["0"], "size": 5}', "", good]
+    requests.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, err = run(
+        ["policy", "replay", "--node", "builtin:dgx1-v100", "--requests", str(requests)], capsys
+    )
+    assert code == 2
+    assert [json.loads(line)["devices"] for line in out.splitlines()] == [["2", "3"]] * 3
+    assert err.splitlines() == [
+        f"cdigen: error: {requests}:2: invalid JSON at column 2: Expecting property name "
+        "enclosed in double quotes",
+        f"cdigen: error: {requests}:4: request for 5 devices but only 1 are available; ask for "
+        "at most as many devices as are available",
+        f"cdigen: error: {requests}: 2 of 5 request lines could not be answered (listed "
+        "above); the others were",
+    ]
+
+
 def test_simulate_prints_both_engines(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
         ["policy", "simulate", "--node", "builtin:dgx1-v100", "--seed", "1", "--steps", "300"],
