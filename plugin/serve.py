@@ -227,7 +227,7 @@ class Plugin:
         watchers: list[Pollable] = []
         if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
             names = self.layout.cdi_names(config.cdi_kind)
-            spec = SpecDirWatcher(self.spec_cache, names, self.board)
+            spec = SpecDirWatcher(self.spec_cache, names, self.board, config.node)
             spec.poll()  # at startup, before the first device list goes out
             self._spec_watcher = spec
             watchers.append(spec)

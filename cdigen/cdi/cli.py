@@ -295,7 +295,7 @@ def run_validate(args: argparse.Namespace) -> int:
     """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
     from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
     from cdigen.cdi.specdir import spec_files as spec_paths
-    from cdigen.cdi.validate import file_problems
+    from cdigen.cdi.validate import file_problems, refuse_dangling_link
     from cdigen.fileio import read_text
 
     files: list[str] = []
@@ -318,7 +318,8 @@ def run_validate(args: argparse.Namespace) -> int:
         elif not Path(arg).exists() and any(c in arg for c in "*?["):
             notes.append(f"no files match {arg}")
         else:
-            read_text(arg, what="CDI spec")  # one that cannot be read is bad input: exit 2
+            refuse_dangling_link(arg)  # one that cannot be read is bad input: exit 2
+            read_text(arg, what="CDI spec")
             files.append(arg)
     if not files:  # one line that says why, not a note per argument and then an error
         raise InputError(

@@ -208,7 +208,15 @@ def test_missing_cdi_name_is_unhealthy_until_the_spec_has_it(tmp_path: Path) -> 
     finally:
         plugin.stop()
         kubelet.stop()
-    assert "is not defined in" in plugin.logs()
+    # one line for the 8 GPUs (was one each), with a hint that works without a driver (was
+    # 'cdigen generate --output-dir DIR', which would try NVML)
+    lines = [line for line in plugin.logs().splitlines() if "not defined in" in line]
+    assert len(lines) == 1, lines
+    assert " ERROR: CDI names nvidia.com/gpu=" in lines[0] and " and 5 more are " in lines[0]
+    assert lines[0].endswith(
+        f"8 device(s) advertised Unhealthy until the spec has them (run 'cdigen generate --node "
+        f"{NODE_SRC} --output-dir {empty_spec_dir}')"
+    )
 
 
 POLICY = """\

@@ -143,5 +143,7 @@ def test_validate_a_missing_file_is_still_a_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = os.path.join(tmp_path, "gone.yaml")
-    assert main(["validate", missing]) == 1
-    assert f"{missing}: CDI spec not found" in capsys.readouterr().err
+    assert main(["validate", missing]) == 2  # bad input, as for every subcommand
+    assert (
+        capsys.readouterr().err == f"cdigen: error: {missing}: CDI spec not found; check the path\n"
+    )
