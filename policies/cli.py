@@ -373,9 +373,13 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_REPORTED_LINES = 20  # bad request lines named one by one; the last line counts them all
+
+
 def _replay(args: argparse.Namespace) -> int:
     """Answer each request line; a bad line is one stderr line (file:line: what) and the rest
-    are answered; exit 2 at the end when there was one."""
+    are answered; exit 2 at the end when there was one. A file with no request at all is one
+    line (the wrong file, most likely)."""
     from cdigen.errors import AllocationError
     from cdigen.fileio import read_text
 
@@ -383,6 +387,12 @@ def _replay(args: argparse.Namespace) -> int:
     text = read_text(args.requests, what="requests file")
     out = sys.stdout
     bad = total = 0
+    held: list[str] = []  # bad lines before the first good one: maybe no line is a request
+
+    def report(message: str) -> None:
+        out.flush()  # answers and errors in the order of the lines on a terminal
+        print(f"cdigen: error: {message}", file=sys.stderr)
+
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -397,15 +407,25 @@ def _replay(args: argparse.Namespace) -> int:
                 raise InputError(exc.message, where=where, hint=exc.hint) from None
         except InputError as exc:
             bad += 1
-            out.flush()  # answers and errors in the order of the lines on a terminal
-            print(f"cdigen: error: {exc}", file=sys.stderr)
+            if bad <= MAX_REPORTED_LINES:
+                (held.append if bad == total else report)(str(exc))
             continue
+        for message in held:
+            report(message)
+        held = []
         out.write(json.dumps(_answer_doc(answer)) + "\n")
-    if bad > 1:  # one bad line said all there is to say
-        print(
-            f"cdigen: error: {args.requests}: {bad} of {total} request lines could not be "
-            "answered (listed above); the others were",
-            file=sys.stderr,
+    if bad and bad == total and bad > 1:
+        report(
+            f"{args.requests}: none of its {bad} lines is a request ({held[0]}); expected one "
+            "JSON object a line: {available, mustInclude, size}"
+        )
+    elif held:
+        report(held[0])
+    elif bad > 1:
+        report(
+            f"{args.requests}: {bad} of {total} request lines could not be answered "
+            f"({'listed above' if bad <= MAX_REPORTED_LINES else 'the first 20 listed above'}); "
+            "the others were"
         )
     return EXIT_BAD_INPUT if bad else 0
 
