@@ -250,4 +250,3 @@ class RequestRecorder:
         with self._lock:
             self._stopped = True
             self._file.close()
-

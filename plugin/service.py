@@ -151,9 +151,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             pre_start_required=False, get_preferred_allocation_available=True
         )
         self._policy_gate = FifoGate()  # one policy computation at a time (see FifoGate)
-        self._allocate_summary = CallSummary(
-            f"Allocate {resource}", self._stop, summary_interval_s
-        )
+        self._allocate_summary = CallSummary(f"Allocate {resource}", self._stop, summary_interval_s)
 
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next

@@ -5,8 +5,8 @@ limit); value flags get empty, negative, huge, non-numeric, unicode and multi-li
 
 Each must end in exit 2 and ONE line on stderr (argparse's usage line may come first), never a
 traceback, a hang or a huge allocation. The checkers (``validate``, ``policy check``) list one
-line per problem and a summary, exit 1; a file they cannot read is exit 2. Cases already pinned elsewhere (test_hostile_input,
-test_fuzz_inputs, test_cli_*) are not repeated.
+line per problem and a summary, exit 1; a file they cannot read is exit 2. Cases already pinned
+elsewhere (test_hostile_input, test_fuzz_inputs, test_cli_*) are not repeated.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ import pytest
 
 from plugin.health import SOURCE_NODE
 from plugin.kubelet import socket_name
+from plugin.requests import RequestRecorder
 from plugin.service import (
     ContainerEdits,
     DeviceNodeEdit,
     MountEdit,
     Preference,
 )
-from plugin.requests import RequestRecorder
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
 
 

@@ -226,7 +226,16 @@ def test_simulate_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> 
     ]
     assert "%" not in "".join(lines[1:])
 
-    args = "policy simulate --node builtin:pcie-8x4090 --slice-mib 1024 --steps 1000".split()
+    args = [
+        "policy",
+        "simulate",
+        "--node",
+        "builtin:pcie-8x4090",
+        "--slice-mib",
+        "1024",
+        "--steps",
+        "1000",
+    ]
     code, out, _ = run(args, capsys)
     rows = {line[:44].strip(): line[44:].split() for line in out.splitlines()[2:]}
     arrived, admitted = rows["pods that arrived"], rows["admitted"]
