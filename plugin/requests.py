@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,7 +136,8 @@ def fallback_preference(
 
 class CallSummary:
     """Counts and times one resource's calls of one method; every ``interval_s`` a daemon
-    thread logs one INFO line (calls, errors, median and slowest time) when there were calls,
+    thread logs one INFO line (calls, errors, median and slowest time, and the seconds from the
+    first of these calls to the line) when there were calls,
     so the per-call lines can be DEBUG: one INFO line per Allocate filled 14.8 MB in 58 s under
     load. The thread starts with the first call and ends with ``stop`` (set by the server)."""
 
@@ -148,11 +150,14 @@ class CallSummary:
         self._lock = threading.Lock()
         self._times_ms: list[float] = []
         self._errors = 0
+        self._since = 0.0  # when the first call counted since the last summary started
         self._thread: threading.Thread | None = None
 
     def record(self, seconds: float, *, ok: bool) -> None:
         """One call that took ``seconds``; ``ok`` False when it ended in an error."""
         with self._lock:
+            if not self._times_ms:
+                self._since = time.monotonic() - seconds
             self._times_ms.append(seconds * 1000)
             self._errors += not ok
             if self._thread is None:
@@ -171,13 +176,14 @@ class CallSummary:
         with self._lock:
             times, errors = sorted(self._times_ms), self._errors
             self._times_ms, self._errors = [], 0
+            window = time.monotonic() - self._since
         if not times:
             return
         log.info(
-            "%s: %d call(s) in the last %.0f s, %d error(s), median %.1f ms, slowest %.1f ms",
+            "%s: %d call(s) in %.1f s, %d error(s), median %.1f ms, slowest %.1f ms",
             self._what,
             len(times),
-            self._interval_s,
+            window,
             errors,
             times[len(times) // 2],
             times[-1],

@@ -159,8 +159,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._advertised = Advertised.of(devices, self.cdi_kind)
 
     def wake_streams(self) -> None:
-        """Let open ListAndWatch streams notice that the server is stopping."""
+        """Let open ListAndWatch streams notice that the server is stopping; log the calls
+        since the last summary."""
         self._board.wake_waiters()
+        self._allocate_summary.flush()
 
     def _observe(self, method: Method) -> contextlib.AbstractContextManager[None]:
         """Counts and times one call (an exception inside, aborts included, counts as an error)."""

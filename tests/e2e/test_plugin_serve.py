@@ -340,7 +340,9 @@ def test_allocate_each_strategy(tmp_path: Path, spec_dir: Path, node: Node, stra
 def test_json_logs_are_one_object_per_line(tmp_path: Path, spec_dir: Path) -> None:
     kubelet = KubeletSimulator(tmp_path / "plugins").start()
     plugin = ServedPlugin(
-        tmp_path, "--node", NODE_SRC, "--spec-dir", str(spec_dir), "--log-format", "json"
+        tmp_path,
+        *("--node", NODE_SRC, "--spec-dir", str(spec_dir), "--log-format", "json"),
+        *("--log-level", "debug"),
     )
     try:
         kubelet.wait_registered(RESOURCE, timeout_s=20)
@@ -351,8 +353,11 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, spec_dir: Path) -> No
     records = [json.loads(line) for line in plugin.logs().splitlines()]
     assert {"time", "level", "logger", "msg"} <= set(records[0])
     allocated = [r for r in records if r["msg"].startswith(f"Allocate {RESOURCE}: [GPU-")]
-    assert len(allocated) == 1 and allocated[0]["level"] == "info"
+    assert len(allocated) == 1 and allocated[0]["level"] == "debug"
     assert "-> cdi_devices=[nvidia.com/gpu=GPU-" in allocated[0]["msg"]
+    # the calls since the last summary, logged at stop
+    summary = [r for r in records if r["msg"].startswith(f"Allocate {RESOURCE}: 1 call(s) in ")]
+    assert len(summary) == 1 and summary[0]["level"] == "info"
     assert any("signal SIGTERM" in r["msg"] for r in records)
 
 
