@@ -135,11 +135,11 @@ def fallback_preference(
 
 
 class CallSummary:
-    """Counts and times one resource's calls of one method; every ``interval_s`` a daemon
-    thread logs one INFO line (calls, errors, median and slowest time, and the seconds from the
-    first of these calls to the line) when there were calls,
-    so the per-call lines can be DEBUG: one INFO line per Allocate filled 14.8 MB in 58 s under
-    load. The thread starts with the first call and ends with ``stop`` (set by the server)."""
+    """Counts and times one resource's calls of one method. Every ``interval_s`` a daemon
+    thread logs one INFO line when there were calls: how many, the errors, the median and
+    slowest times, and the seconds since the first of them. The per-call lines are then DEBUG
+    (one INFO line per Allocate filled 14.8 MB in 58 s under load). The thread starts with the
+    first call and ends with ``stop`` (set by the server)."""
 
     def __init__(
         self, what: str, stop: threading.Event, interval_s: float = SUMMARY_INTERVAL_S

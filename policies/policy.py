@@ -297,17 +297,17 @@ def _plain_message(exc: CelEvaluationError, text: str, activation: Mapping[str, 
                 f"{', '.join(fields)}"
             )
         domain_field = _DOMAIN_FIELD.search(before)
-        device = activation.get("device")
-        if device is None and "allocation" in activation:
-            devices = activation["allocation"].get("devices") or [None]
-            device = devices[0]
-        if domain_field is not None and device is not None:
-            what, domain = domain_field.groups()
-            names = sorted(str(k) for k in device[what].get(domain, {}))
-            kind = "attribute" if what == "attributes" else "capacity"
-            hint = did_you_mean(name, names) or " (guard with has(...) where a device may lack it)"
-            return f"no {kind} {name!r} in {domain}{hint}"
-        return message
+        if domain_field is None:
+            return message
+        what, domain = domain_field.groups()
+        try:  # the device in the activation (a constraint's: the first of the set)
+            device = activation.get("device") or activation["allocation"]["devices"][0]
+            names = sorted(str(k) for k in device[what][domain])
+        except (AttributeError, IndexError, KeyError, TypeError):  # not a device's name
+            return message
+        kind = "attribute" if what == "attributes" else "capacity"
+        hint = did_you_mean(name, names) or " (guard with has(...) where a device may lack it)"
+        return f"no {kind} {name!r} in {domain}{hint}"
     undeclared = _UNDECLARED.match(message)
     if undeclared is not None:
         hint = did_you_mean(undeclared.group(1), _function_names())
