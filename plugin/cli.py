@@ -92,6 +92,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus /metrics and /healthz here (e.g. 127.0.0.1:9465; default off)",
     )
+    serve.add_argument(
+        "--record-requests",
+        metavar="FILE",
+        help="append every GetPreferredAllocation request of the kubelet to FILE, one JSON "
+        "object a line, as 'cdigen policy replay --requests' reads them (stops at 64 MiB)",
+    )
     serve.set_defaults(func=_serve)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
@@ -167,5 +173,9 @@ def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config, flags=flags)
     make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
     setup_logging(config.log_level, config.log_format)
-    plugin = Plugin(config, nvml=open_nvml(config.node, config.driver_root, config.host_root))
+    plugin = Plugin(
+        config,
+        nvml=open_nvml(config.node, config.driver_root, config.host_root),
+        record_requests=args.record_requests,
+    )
     return serve_until_signalled(plugin)

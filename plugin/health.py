@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ log = logging.getLogger("cdigen.plugin")
 SOURCE_NODE = "node"
 SOURCE_XID = "xid"
 SOURCE_SPEC = "cdi-spec"
+LOGGED_NAMES = 3  # CDI names quoted in the missing-names line; then "and N more"
 
 
 class HealthBoard:
@@ -307,10 +309,15 @@ class SpecDirWatcher:
     """
 
     def __init__(
-        self, cache: SpecCache, names: Mapping[str, Sequence[str]], board: HealthBoard
+        self,
+        cache: SpecCache,
+        names: Mapping[str, Sequence[str]],
+        board: HealthBoard,
+        node_source: str = "nvml",
     ) -> None:
         self.cache = cache
         self._names = names
+        self._node_source = node_source  # the plugin's --node, for the fix hint
         self._board = board
         self._checked: object = None  # the cache state last checked
 
@@ -364,22 +371,30 @@ class SpecDirWatcher:
                 )
             self._checked = state
         missing = {d: [n for n in names if n not in known] for d, names in self._names.items()}
-        reasons: dict[str, str | None] = {}
-        for device, gone in missing.items():
-            if gone:
-                caps = [c for c in map(capability_of, gone) if c]
-                log.error(
-                    "CDI device %s is not defined in %s: device %s advertised Unhealthy until the "
-                    "spec has it (run 'cdigen generate --output-dir %s%s')",
-                    ", ".join(gone),
-                    _show(self.spec_dirs),
-                    device,
-                    self.spec_dirs[0] if self.spec_dirs else "DIR",
-                    f" --capability-devices {','.join(caps)}" if caps else "",
-                )
-                reasons[device] = f"CDI name {gone[0]} missing from the spec dirs"
-            else:
-                reasons[device] = None
+        reasons: dict[str, str | None] = {
+            d: f"CDI name {gone[0]} missing from the spec dirs" if gone else None
+            for d, gone in missing.items()
+        }
+        absent = [(d, gone) for d, gone in missing.items() if gone]
+        if absent:  # one line for all: a node without its spec would log one per GPU
+            names = [n for _, gone in absent for n in gone]
+            caps = list(dict.fromkeys(c for c in map(capability_of, names) if c))
+            node = (
+                "" if self._node_source == "nvml" else f" --node {shlex.quote(self._node_source)}"
+            )
+            log.error(
+                "CDI %s %s%s not defined in %s: %d device(s) advertised Unhealthy until the "
+                "spec has them (run 'cdigen generate%s --output-dir %s%s')",
+                "name" if len(names) == 1 else "names",
+                ", ".join(names[:LOGGED_NAMES]),
+                (f" and {len(names) - LOGGED_NAMES} more" if len(names) > LOGGED_NAMES else "")
+                + (" is" if len(names) == 1 else " are"),
+                _show(self.spec_dirs),
+                len(absent),
+                node,
+                self.spec_dirs[0] if self.spec_dirs else "DIR",
+                f" --capability-devices {','.join(caps)}" if caps else "",
+            )
         self._board.set_reasons(SOURCE_SPEC, reasons)
         return {d: g for d, g in missing.items() if g}
 

@@ -36,6 +36,7 @@ from plugin.layout import (
     with_board_health,
 )
 from plugin.process import open_nvml, serve_until_signalled
+from plugin.requests import RequestRecorder
 from plugin.resources import AdvertisedDevice, Resource
 from plugin.server import ResourceServer, make_plugin_dir, stop_servers
 from plugin.service import DevicePluginService
@@ -78,8 +79,11 @@ class Plugin:
         nvml: Any = None,
         watch_interval_s: float = 0.1,
         rediscover: Callable[[], Node] | None = None,
+        record_requests: str | Path | None = None,
     ) -> None:
         self.config = config
+        # GetPreferredAllocation requests as 'cdigen policy replay' reads them (a bad path: exit 2)
+        self.recorder = RequestRecorder(record_requests) if record_requests is not None else None
         self.node = node if node is not None else self._discover(config.node)  # as its source
         self._nvml = nvml
         self._rediscover = rediscover
@@ -213,6 +217,7 @@ class Plugin:
                 share=self._share(resource),
                 capability_names=self.resource(resource).capability_names,
                 driver_capabilities=driver_capabilities,
+                recorder=self.recorder,
             )
 
         return make
@@ -222,7 +227,7 @@ class Plugin:
         watchers: list[Pollable] = []
         if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
             names = self.layout.cdi_names(config.cdi_kind)
-            spec = SpecDirWatcher(self.spec_cache, names, self.board)
+            spec = SpecDirWatcher(self.spec_cache, names, self.board, config.node)
             spec.poll()  # at startup, before the first device list goes out
             self._spec_watcher = spec
             watchers.append(spec)
@@ -399,3 +404,5 @@ class Plugin:
             self._xid.stop()
         if self._metrics_server is not None:
             self._metrics_server.close()
+        if self.recorder is not None:
+            self.recorder.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,10 @@ from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.health import HealthBoard
 from plugin.requests import (
+    SUMMARY_INTERVAL_S,
+    CallSummary,
     FifoGate,
+    RequestRecorder,
     call_ended,
     describe_response,
     fallback_preference,
@@ -124,8 +128,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         share: ShareAllocator | None = None,
         capability_names: Sequence[str] = (),
         driver_capabilities: Sequence[str] = (),
+        recorder: RequestRecorder | None = None,
+        summary_interval_s: float = SUMMARY_INTERVAL_S,
     ) -> None:
         self.resource = resource
+        self._recorder = recorder
         self._share = share
         # capability devices every container gets after its GPUs (CDI strategies and native)
         self._capability_names = tuple(capability_names)
@@ -144,6 +151,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             pre_start_required=False, get_preferred_allocation_available=True
         )
         self._policy_gate = FifoGate()  # one policy computation at a time (see FifoGate)
+        self._allocate_summary = CallSummary(f"Allocate {resource}", self._stop, summary_interval_s)
 
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next
@@ -151,8 +159,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         self._advertised = Advertised.of(devices, self.cdi_kind)
 
     def wake_streams(self) -> None:
-        """Let open ListAndWatch streams notice that the server is stopping."""
+        """Let open ListAndWatch streams notice that the server is stopping; log the calls
+        since the last summary."""
         self._board.wake_waiters()
+        self._allocate_summary.flush()
 
     def _observe(self, method: Method) -> contextlib.AbstractContextManager[None]:
         """Counts and times one call (an exception inside, aborts included, counts as an error)."""
@@ -197,6 +207,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             if not request.container_requests:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
             for index, creq in enumerate(request.container_requests):
+                if self._recorder is not None:
+                    self._recorder.record(
+                        creq.available_deviceIDs,
+                        creq.must_include_deviceIDs,
+                        int(creq.allocation_size),
+                    )
                 try:
                     chosen = self.preferred(
                         tuple(creq.available_deviceIDs),
@@ -253,7 +269,20 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 ", …" if len(ignored) > LOGGED_IDS else "",
             )
         candidates = tuple(d for d in available if d in known)
-        pool = set(candidates) | set(must_include)
+        listed = set(candidates)
+        outside = [d for d in must_include if d not in listed]
+        if outside:
+            # The kubelet lists its must-include devices among the available ones; NVIDIA's
+            # plugin answers with them included whatever the list says, and so do we.
+            log.warning(
+                "preferred allocation for %s: must-include device(s) %s%s not in the request's "
+                "available list; answering with them included",
+                self.resource,
+                ", ".join(short_id(d) for d in outside[:LOGGED_IDS]),
+                ", …" if len(outside) > LOGGED_IDS else "",
+            )
+            candidates += tuple(outside)
+        pool = set(candidates)
         if size > len(pool):
             raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
         gate = self._policy_gate
@@ -290,8 +319,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         """For each container: the devices, handed over as the configured strategy says."""
-        with self._observe("Allocate"):
-            return self._allocate(request, context)
+        start, ok = time.monotonic(), False
+        try:
+            with self._observe("Allocate"):
+                response = self._allocate(request, context)
+            ok = True
+            return response
+        finally:
+            self._allocate_summary.record(time.monotonic() - start, ok=ok)
 
     def _allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
@@ -324,13 +359,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                     f"container request {index}: {exc.args[0] if exc.args else exc}",
                 )
             out.container_responses.append(response)
-            log.info(
-                "Allocate %s: [%s] -> %s (%s)",
-                self.resource,
-                ",".join(ids),
-                describe_response(response),
-                self.strategy,
-            )
+            if log.isEnabledFor(logging.DEBUG):  # INFO: CallSummary's line every minute
+                log.debug(
+                    "Allocate %s: [%s] -> %s (%s)",
+                    self.resource,
+                    ",".join(ids),
+                    describe_response(response),
+                    self.strategy,
+                )
         return out
 
     def container_response(

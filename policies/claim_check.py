@@ -69,7 +69,8 @@ class Published:
         return frozenset(f"{d}/{n}" for d, names in self.attributes.items() for n in names)
 
 
-def _suggest(name: str, names: Iterable[str]) -> str:
+def did_you_mean(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names``, or "" when none is close."""
     close = difflib.get_close_matches(name, sorted(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -110,7 +111,8 @@ def check_expression(
                     Problem(
                         source,
                         field,
-                        f"no capacity {name!r} in {domain}" + _suggest(name, published.capacity),
+                        f"no capacity {name!r} in {domain}"
+                        + did_you_mean(name, published.capacity),
                         line,
                         column,
                     )
@@ -140,7 +142,7 @@ def check_expression(
                 Problem(
                     source,
                     field,
-                    f"no attribute {name!r} in {domain}" + _suggest(name, names),
+                    f"no attribute {name!r} in {domain}" + did_you_mean(name, names),
                     line,
                     column,
                 )
@@ -175,7 +177,7 @@ def _check_attribute(name: Any, source: str, field: str, published: Published) -
         ]
     if text in qualified:
         return []
-    return [Problem(source, field, f"no attribute {text!r}" + _suggest(text, qualified))]
+    return [Problem(source, field, f"no attribute {text!r}" + did_you_mean(text, qualified))]
 
 
 def _check_config(entries: Any, source: str, field: str, published: Published) -> list[Problem]:
@@ -231,7 +233,7 @@ def check_document(doc: Mapping[str, Any], source: str, published: Published) ->
                         Problem(
                             source,
                             f"{where}.{label}.capacity.requests.{cap}",
-                            f"no capacity {cap!r}" + _suggest(short, published.capacity),
+                            f"no capacity {cap!r}" + did_you_mean(short, published.capacity),
                         )
                     )
     problems += _check_config(devices.get("config"), source, f"{base}.devices.config", published)

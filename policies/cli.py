@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
-from cdigen.errors import CheckFailed, InputError
+from cdigen.errors import EXIT_BAD_INPUT, CheckFailed, InputError
 
 if TYPE_CHECKING:
     from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
@@ -28,7 +28,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     commands = policy.add_subparsers(dest="policy_command", metavar="ACTION")
 
     check = commands.add_parser(
-        "check", help="check policy files (schema, CEL, a trial evaluation)"
+        "check",
+        help="check policy files (schema, CEL, a trial evaluation)",
+        description="Check allocation policy files: the schema, every CEL expression (syntax, "
+        "names, with did-you-mean), and a trial evaluation on every built-in node. One line per "
+        "problem; exit 1 if any, 2 for a file that cannot be read.",
+        epilog="example: cdigen policy check docs/policies/*.yaml",
     )
     check.add_argument("files", nargs="+", metavar="FILE", help="policy files (YAML or JSON)")
     check.set_defaults(func=_check)
@@ -58,7 +63,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             help="each GPU is advertised as floor(memory/M) memory slices <gpu>::slice-<k>",
         )
 
-    explain = commands.add_parser("explain", help="show the preferred set and why others lost")
+    explain = commands.add_parser(
+        "explain",
+        help="show the preferred set and why others lost",
+        description="Answer one preferred-allocation request as the device plugin would: the "
+        "chosen devices, their link score and NUMA nodes, the next best sets and why each lost, "
+        "and the devices the policy's selector refused.",
+        epilog="example: cdigen policy explain --node builtin:dgx1-v100 --available 0,1,2,3,4,5 "
+        "--size 2 --alternatives 3",
+    )
     common(explain)
     shares(explain)
     explain.add_argument(
@@ -68,24 +81,54 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="e.g. 0,2,3,5; share IDs (0::1, 0::slice-3); with --replicas or --slice-mib a GPU "
         "stands for all its shares and GPU=N for N free ones",
     )
-    explain.add_argument("--size", required=True, type=int, metavar="N")
+    explain.add_argument(
+        "--size", required=True, type=int, metavar="N", help="how many devices to choose"
+    )
     explain.add_argument("--must", default="", metavar="IDS", help="IDs that must be included")
-    explain.add_argument("--format", choices=["text", "json"], default="text")
-    explain.add_argument("--alternatives", type=int, default=5, metavar="N")
+    explain.add_argument(
+        "--format", choices=["text", "json"], default="text", help="output format (default: text)"
+    )
+    explain.add_argument(
+        "--alternatives",
+        type=int,
+        default=5,
+        metavar="N",
+        help="how many next-best sets to show, each with why it lost (default: 5; 0: none)",
+    )
     explain.set_defaults(func=_explain)
 
-    replay = commands.add_parser("replay", help="answer recorded requests (JSON lines)")
+    replay = commands.add_parser(
+        "replay",
+        help="answer recorded requests (JSON lines)",
+        description="Answer recorded preferred-allocation requests, one JSON object a line "
+        "({available, mustInclude, size}, as 'plugin serve --record-requests' writes them), and "
+        "print one answer a line. A bad line is reported (file:line: what) and skipped; exit 2 "
+        "at the end if there was one.",
+        epilog="example: cdigen policy replay --node builtin:dgx-a100 --policy my.yaml "
+        "--requests requests.jsonl",
+    )
     common(replay)
-    replay.add_argument("--requests", required=True, metavar="FILE.jsonl")
+    replay.add_argument(
+        "--requests",
+        required=True,
+        metavar="FILE.jsonl",
+        help="the requests, one JSON object a line",
+    )
     replay.set_defaults(func=_replay)
 
     simulate = commands.add_parser(
         "simulate",
         help="random 1/2/4/8-GPU jobs (or pods asking for shares): our figures beside a baseline",
+        description="Run random job arrivals and departures on the node and compare the policy's "
+        "placements with go-gpuallocator's best-effort policy (whole GPUs), or with no "
+        "preference (shares, with --replicas or --slice-mib). The same seed gives the same jobs.",
+        epilog="example: cdigen policy simulate --node builtin:dgx1-v100 --steps 2000",
     )
     common(simulate)
     shares(simulate)
-    simulate.add_argument("--seed", type=int, default=1)
+    simulate.add_argument(
+        "--seed", type=int, default=1, help="random seed of the job mix (default: 1)"
+    )
     simulate.add_argument(
         "--steps", type=int, default=2000, help="1-100000 arrivals or departures (default 2000)"
     )
@@ -99,8 +142,11 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from cdigen.fileio import read_text
     from policies.policy import check_policy_file
 
+    for path in args.files:  # a file that cannot be read is bad input (exit 2), not a problem
+        read_text(path, what="policy file")
     problems = [p for path in args.files for p in check_policy_file(path)]
     if problems:
         raise CheckFailed(problems, summary="policy check failed")
@@ -327,25 +373,61 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_REPORTED_LINES = 20  # bad request lines named one by one; the last line counts them all
+
+
 def _replay(args: argparse.Namespace) -> int:
+    """Answer each request line; a bad line is one stderr line (file:line: what) and the rest
+    are answered; exit 2 at the end when there was one. A file with no request at all is one
+    line (the wrong file, most likely)."""
     from cdigen.errors import AllocationError
     from cdigen.fileio import read_text
 
     allocator = _allocator(args)
     text = read_text(args.requests, what="requests file")
     out = sys.stdout
+    bad = total = 0
+    held: list[str] = []  # bad lines before the first good one: maybe no line is a request
+
+    def report(message: str) -> None:
+        out.flush()  # answers and errors in the order of the lines on a terminal
+        print(f"cdigen: error: {message}", file=sys.stderr)
+
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
+        total += 1
         where = f"{args.requests}:{number}"
-        doc = _parse_request_line(line, where)
-        request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
         try:
-            answer = allocator.prefer(request)
-        except AllocationError as exc:
-            raise InputError(exc.message, where=where, hint=exc.hint) from None
+            doc = _parse_request_line(line, where)
+            request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
+            try:
+                answer = allocator.prefer(request)
+            except AllocationError as exc:
+                raise InputError(exc.message, where=where, hint=exc.hint) from None
+        except InputError as exc:
+            bad += 1
+            if bad <= MAX_REPORTED_LINES:
+                (held.append if bad == total else report)(str(exc))
+            continue
+        for message in held:
+            report(message)
+        held = []
         out.write(json.dumps(_answer_doc(answer)) + "\n")
-    return 0
+    if bad and bad == total and bad > 1:
+        report(
+            f"{args.requests}: none of its {bad} lines is a request ({held[0]}); expected one "
+            "JSON object a line: {available, mustInclude, size}"
+        )
+    elif held:
+        report(held[0])
+    elif bad > 1:
+        report(
+            f"{args.requests}: {bad} of {total} request lines could not be answered "
+            f"({'listed above' if bad <= MAX_REPORTED_LINES else 'the first 20 listed above'}); "
+            "the others were"
+        )
+    return EXIT_BAD_INPUT if bad else 0
 
 
 def _parse_request_line(line: str, where: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ expression; ``load_policy`` raises the first one as an InputError.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Link, Node
 from cdigen.schemas import schema_errors
 from policies.cel import (
+    FUNCTIONS,
     CelCompileError,
     CelEvaluationError,
     CelProgram,
@@ -261,6 +263,58 @@ def _trial_problems(
     return [failed[f] for f in order if f in failed]
 
 
+_NO_KEY = re.compile(r"^no attribute '([^']*)' in that domain \(guard with has\(\.\.\.\)\)$")
+_UNDECLARED = re.compile(r"^undeclared reference to '([^']*)'$")
+_ALLOCATION_FIELD = re.compile(r"\ballocation\s*\.\s*$")
+_DOMAIN_FIELD = re.compile(r'\.\s*(attributes|capacity)\s*\[\s*"([^"]*)"\s*\]\s*\.\s*$')
+
+
+def _function_names() -> frozenset[str]:
+    """The functions and macros a policy may call (for did-you-mean)."""
+    from celpy.evaluation import base_functions
+
+    names = {*FUNCTIONS, *base_functions, "has", "all", "exists", "exists_one", "map", "filter"}
+    return frozenset(n for n in names if n.isidentifier())
+
+
+def _plain_message(exc: CelEvaluationError, text: str, activation: Mapping[str, Any]) -> str:
+    """The evaluation error as ``dra check`` says it: a missing name with the names there are
+    and a did-you-mean, where cel-python only says ``no attribute 'x' in that domain``."""
+    from policies.claim_check import did_you_mean
+
+    message = str(exc)
+    lines = text.splitlines()
+    before = ""
+    if exc.line is not None and exc.column is not None and 1 <= exc.line <= len(lines):
+        before = lines[exc.line - 1][: exc.column - 1]
+    missing = _NO_KEY.match(message)
+    if missing is not None:
+        name = missing.group(1)
+        if _ALLOCATION_FIELD.search(before) and "allocation" in activation:
+            fields = sorted(str(k) for k in activation["allocation"])
+            return (
+                f"allocation has no field {name!r}{did_you_mean(name, fields)}; its fields: "
+                f"{', '.join(fields)}"
+            )
+        domain_field = _DOMAIN_FIELD.search(before)
+        if domain_field is None:
+            return message
+        what, domain = domain_field.groups()
+        try:  # the device in the activation (a constraint's: the first of the set)
+            device = activation.get("device") or activation["allocation"]["devices"][0]
+            names = sorted(str(k) for k in device[what][domain])
+        except (AttributeError, IndexError, KeyError, TypeError):  # not a device's name
+            return message
+        kind = "attribute" if what == "attributes" else "capacity"
+        hint = did_you_mean(name, names) or " (guard with has(...) where a device may lack it)"
+        return f"no {kind} {name!r} in {domain}{hint}"
+    undeclared = _UNDECLARED.match(message)
+    if undeclared is not None:
+        hint = did_you_mean(undeclared.group(1), _function_names())
+        return message + hint if hint else message
+    return message
+
+
 def _trial(
     source: str,
     expression: Expression,
@@ -282,7 +336,8 @@ def _trial(
                 f"{_excerpt(expression.text, None, None)}"
             )
         return (
-            f"{_where(source, expression.field, exc.line, exc.column)}: {exc} "
+            f"{_where(source, expression.field, exc.line, exc.column)}: "
+            f"{_plain_message(exc, expression.text, activation)} "
             f"(trial evaluation on {on}): {_excerpt(expression.text, exc.line, exc.column)}"
         )
     return None

@@ -51,7 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="write to this file instead of <output-dir>/<vendor>-<class>.<format>; '-': stdout",
     )
     gen.add_argument("--dry-run", action="store_true", help="print the spec; write nothing")
-    gen.add_argument("--format", choices=["yaml", "json"], default="yaml")
+    gen.add_argument(
+        "--format", choices=["yaml", "json"], default="yaml", help="spec format (default: yaml)"
+    )
     gen.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default: nvidia.com)")
     gen.add_argument("--class", dest="cls", default="gpu", help="CDI class (default: gpu)")
     gen.add_argument(
@@ -98,13 +100,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "validate",
         help="check CDI spec files",
         description="Check CDI spec files against cdigen's strict schema and the CDI library's "
-        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any. "
+        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any; "
+        "exit 2 for a file that cannot be read. "
         "A directory means the *.yaml and *.json files in it, as runtimes read it; with no "
         "argument the runtimes' spec dirs (/etc/cdi, /var/run/cdi; missing ones are skipped). "
         "A pattern the shell left unexpanded (no file matched it) is reported and skipped.",
         epilog="examples: cdigen validate; cdigen validate /etc/cdi/nvidia.com-gpu.yaml",
     )
-    val.add_argument("files", nargs="*", metavar="FILE|DIR")
+    val.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE|DIR",
+        help="spec files, or directories of them (default: /etc/cdi /var/run/cdi)",
+    )
     val.set_defaults(func=run_validate)
 
     lst = sub.add_parser(
@@ -287,7 +295,8 @@ def run_validate(args: argparse.Namespace) -> int:
     """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
     from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
     from cdigen.cdi.specdir import spec_files as spec_paths
-    from cdigen.cdi.validate import file_problems
+    from cdigen.cdi.validate import file_problems, refuse_dangling_link
+    from cdigen.fileio import read_text
 
     files: list[str] = []
     if not args.files:
@@ -309,6 +318,8 @@ def run_validate(args: argparse.Namespace) -> int:
         elif not Path(arg).exists() and any(c in arg for c in "*?["):
             notes.append(f"no files match {arg}")
         else:
+            refuse_dangling_link(arg)  # one that cannot be read is bad input: exit 2
+            read_text(arg, what="CDI spec")
             files.append(arg)
     if not files:  # one line that says why, not a note per argument and then an error
         raise InputError(

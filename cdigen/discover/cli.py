@@ -142,10 +142,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     _add_output(topo)
     topo.set_defaults(func=run_topo)
-    topo_sub = topo.add_subparsers(dest="topo_command", metavar="import")
+    # the help is the group's, not the choice's: argparse would list 'import' twice
+    topo_sub = topo.add_subparsers(
+        dest="topo_command",
+        metavar="import",
+        help="turn a saved 'nvidia-smi topo -m' output into a node file",
+    )
     imp = topo_sub.add_parser(
         "import",
-        help="turn a saved 'nvidia-smi topo -m' output into a node file",
         description="Parse the text 'nvidia-smi topo -m' printed (tabs or spaces; NIC rows, "
         "the legend and '#' lines are ignored) into a node file. NV# pairs get # NVLinks and an "
         "unknown PCIe level. NUMA nodes come from the 'NUMA Affinity' column, or else are "
@@ -172,7 +176,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     imp.add_argument("--name", default="", help="a label for the node (default: the file name)")
     imp.add_argument("--driver-version", default="", metavar="V", help="e.g. 550.54.15")
     imp.add_argument("--cuda-driver-version", default="", metavar="V", help="e.g. 12.4")
-    imp.add_argument("--format", dest="import_format", choices=["yaml", "json"], default="yaml")
+    imp.add_argument(
+        "--format",
+        dest="import_format",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="node file format (default: yaml)",
+    )
     _add_output(imp)
     imp.set_defaults(func=run_topo_import)
 

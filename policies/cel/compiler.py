@@ -197,6 +197,53 @@ def _allocation_fields(tree: Any) -> frozenset[str] | None:
     return frozenset(fields)
 
 
+_CLOSER = {"(": ")", "[": "]", "{": "}"}
+
+
+def bracket_problem(text: str) -> CelCompileError | None:
+    """The first unbalanced bracket outside string literals, said plainly (the parser only says
+    where it gave up, often the end of the text); None when they balance."""
+    opened: list[tuple[str, int]] = []
+    quote, index = "", 0
+    while index < len(text):
+        char = text[index]
+        if quote:
+            if char == "\\":
+                index += 1
+            elif char == quote:
+                quote = ""
+        elif char in "\"'":
+            quote = char
+        elif char in _CLOSER:
+            opened.append((char, index))
+        elif char in ")]}":
+            line, column = _line_column(text, index)
+            if not opened:
+                return CelCompileError(f"syntax error: {char!r} closes nothing", line, column)
+            opener, at = opened.pop()
+            if _CLOSER[opener] != char:
+                where = _line_column(text, at)
+                return CelCompileError(
+                    f"syntax error: {char!r} where {_CLOSER[opener]!r} should close the "
+                    f"{opener!r} at line {where[0]}, column {where[1]}",
+                    line,
+                    column,
+                )
+        index += 1
+    if opened:
+        opener, at = opened[-1]
+        line, column = _line_column(text, at)
+        return CelCompileError(
+            f"syntax error: missing {_CLOSER[opener]!r} to close this {opener!r}", line, column
+        )
+    return None
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
 def compile_expression(
     text: str, variables: frozenset[str] = frozenset({"device", "allocation"})
 ) -> CelProgram:
@@ -212,6 +259,9 @@ def compile_expression(
     try:
         ast = env.compile(text)
     except CELParseError as exc:
+        unbalanced = bracket_problem(text)
+        if unbalanced is not None:
+            raise unbalanced from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "syntax error"
         raise CelCompileError(f"syntax error near {first[:80]!r}", exc.line, exc.column) from None
     except RecursionError:

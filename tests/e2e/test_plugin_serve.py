@@ -208,7 +208,15 @@ def test_missing_cdi_name_is_unhealthy_until_the_spec_has_it(tmp_path: Path) -> 
     finally:
         plugin.stop()
         kubelet.stop()
-    assert "is not defined in" in plugin.logs()
+    # one line for the 8 GPUs (was one each), with a hint that works without a driver (was
+    # 'cdigen generate --output-dir DIR', which would try NVML)
+    lines = [line for line in plugin.logs().splitlines() if "not defined in" in line]
+    assert len(lines) == 1, lines
+    assert " ERROR: CDI names nvidia.com/gpu=" in lines[0] and " and 5 more are " in lines[0]
+    assert lines[0].endswith(
+        f"8 device(s) advertised Unhealthy until the spec has them (run 'cdigen generate --node "
+        f"{NODE_SRC} --output-dir {empty_spec_dir}')"
+    )
 
 
 POLICY = """\
@@ -332,7 +340,9 @@ def test_allocate_each_strategy(tmp_path: Path, spec_dir: Path, node: Node, stra
 def test_json_logs_are_one_object_per_line(tmp_path: Path, spec_dir: Path) -> None:
     kubelet = KubeletSimulator(tmp_path / "plugins").start()
     plugin = ServedPlugin(
-        tmp_path, "--node", NODE_SRC, "--spec-dir", str(spec_dir), "--log-format", "json"
+        tmp_path,
+        *("--node", NODE_SRC, "--spec-dir", str(spec_dir), "--log-format", "json"),
+        *("--log-level", "debug"),
     )
     try:
         kubelet.wait_registered(RESOURCE, timeout_s=20)
@@ -343,8 +353,11 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path, spec_dir: Path) -> No
     records = [json.loads(line) for line in plugin.logs().splitlines()]
     assert {"time", "level", "logger", "msg"} <= set(records[0])
     allocated = [r for r in records if r["msg"].startswith(f"Allocate {RESOURCE}: [GPU-")]
-    assert len(allocated) == 1 and allocated[0]["level"] == "info"
+    assert len(allocated) == 1 and allocated[0]["level"] == "debug"
     assert "-> cdi_devices=[nvidia.com/gpu=GPU-" in allocated[0]["msg"]
+    # the calls since the last summary, logged at stop
+    summary = [r for r in records if r["msg"].startswith(f"Allocate {RESOURCE}: 1 call(s) in ")]
+    assert len(summary) == 1 and summary[0]["level"] == "info"
     assert any("signal SIGTERM" in r["msg"] for r in records)
 
 
@@ -364,3 +377,34 @@ def test_plugin_started_before_the_kubelet_registers_when_it_appears(
             assert len(kubelet.wait_devices(RESOURCE, lambda d: len(d) == 8)) == 8
     finally:
         assert plugin.stop() == 0
+
+
+def test_recorded_requests_replay_to_the_answers_the_kubelet_got(
+    tmp_path: Path, spec_dir: Path, node: Node
+) -> None:
+    """Rough edge 5 of issue 26: ``policy replay`` took recorded kubelet requests, but nothing
+    recorded them."""
+    recorded = tmp_path / "requests.jsonl"
+    kubelet = KubeletSimulator(tmp_path / "plugins").start()
+    plugin = ServedPlugin(
+        tmp_path,
+        "--node",
+        NODE_SRC,
+        "--spec-dir",
+        str(spec_dir),
+        "--record-requests",
+        str(recorded),
+    )
+    uuids = [g.uuid for g in node.gpus]
+    try:
+        kubelet.wait_registered(RESOURCE, timeout_s=20)
+        answers = [
+            kubelet.preferred(RESOURCE, uuids, 2),
+            kubelet.preferred(RESOURCE, uuids[1:7], 4, must_include=[uuids[3]]),
+            kubelet.preferred(RESOURCE, uuids[::2], 1),
+        ]
+    finally:
+        plugin.stop()
+        kubelet.stop()
+    replayed = cdigen("policy", "replay", "--node", NODE_SRC, "--requests", str(recorded))
+    assert [json.loads(line)["devices"] for line in replayed.stdout.splitlines()] == answers

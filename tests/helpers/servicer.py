@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from cdigen.model import Gpu, Node
 from plugin.health import HealthBoard
@@ -49,7 +50,12 @@ class Harness:
     """A servicer on a real socket plus a kubelet simulator in one temp plugin dir."""
 
     def __init__(
-        self, plugin_dir: Path, *, strategy: str = "cdi-cri", edits: object = None
+        self,
+        plugin_dir: Path,
+        *,
+        strategy: str = "cdi-cri",
+        edits: object = None,
+        **service_options: Any,
     ) -> None:
         self.plugin_dir = plugin_dir
         self.board = HealthBoard(UUIDS)
@@ -66,6 +72,7 @@ class Harness:
                 edits=edits,  # type: ignore[arg-type]
                 stop=stop,
                 watch_tick_s=0.05,
+                **service_options,
             )
 
         self.server = ResourceServer(plugin_dir, make)

@@ -113,7 +113,7 @@ def test_validate_flags_names_runtimes_ignore(
 
 
 def test_validate_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(tmp_path / "nope.yaml")]) == 1
+    assert main(["validate", str(tmp_path / "nope.yaml")]) == 2  # bad input
     assert "CDI spec not found" in capsys.readouterr().err
 
 

@@ -5,8 +5,8 @@ limit); value flags get empty, negative, huge, non-numeric, unicode and multi-li
 
 Each must end in exit 2 and ONE line on stderr (argparse's usage line may come first), never a
 traceback, a hang or a huge allocation. The checkers (``validate``, ``policy check``) list one
-line per problem and a summary, exit 1. Cases already pinned elsewhere (test_hostile_input,
-test_fuzz_inputs, test_cli_*) are not repeated.
+line per problem and a summary, exit 1; a file they cannot read is exit 2. Cases already pinned
+elsewhere (test_hostile_input, test_fuzz_inputs, test_cli_*) are not repeated.
 """
 
 from __future__ import annotations
@@ -222,23 +222,43 @@ def test_a_bad_file_is_one_line_and_exit_2(
     assert bad in line or "--class" in line, line  # the error names the file (or the flag)
 
 
+UNREADABLE = ("missing", "dir", "binary", "badutf8", "huge", "loop")  # read_text refuses them
+
+
 @pytest.mark.parametrize(
     ("command", "kind"),
     [
         (command, kind)
         for command in (["validate"], ["policy", "check"])
         for kind in BAD_FILES
-        if (command, kind) != (["validate"], "dir")  # its specs: test_validate_an_empty_dir
+        if kind not in UNREADABLE
     ],
 )
 def test_the_checkers_list_a_bad_file_as_a_problem_exit_1(
     scratch: dict[str, str], capsys: pytest.CaptureFixture[str], command: list[str], kind: str
 ) -> None:
-    """validate and policy check report a file they cannot use as one problem of the check."""
+    """validate and policy check report a file they can read but not use as one problem of
+    the check; one they cannot read is bad input (exit 2, as for every other subcommand)."""
     code, out, err = run_main([*command, scratch[kind]], capsys)
     lines = err.splitlines()
     assert (code, out, len(lines)) == (1, "", 2), err
     assert lines[0].startswith(f"{scratch[kind]}: ") and lines[1].startswith("cdigen: ")
+
+
+@pytest.mark.parametrize(
+    ("command", "kind"),
+    [
+        (c, k)
+        for c in (["validate"], ["policy", "check"])
+        for k in UNREADABLE
+        if (c, k) != (["validate"], "dir")
+    ],
+)
+def test_the_checkers_refuse_a_file_they_cannot_read_exit_2(
+    scratch: dict[str, str], capsys: pytest.CaptureFixture[str], command: list[str], kind: str
+) -> None:
+    line = assert_one_line_exit_2([*command, scratch[kind]], capsys)
+    assert scratch[kind] in line, line
 
 
 def test_validate_an_empty_dir_is_one_line(

@@ -143,5 +143,19 @@ def test_validate_a_missing_file_is_still_a_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = os.path.join(tmp_path, "gone.yaml")
-    assert main(["validate", missing]) == 1
-    assert f"{missing}: CDI spec not found" in capsys.readouterr().err
+    assert main(["validate", missing]) == 2  # bad input, as for every subcommand
+    assert (
+        capsys.readouterr().err == f"cdigen: error: {missing}: CDI spec not found; check the path\n"
+    )
+
+
+def test_validate_a_glob_that_matched_nothing_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rough edge 12 of issue 26: 'note: no files match …' then 'error: no files match …'."""
+    pattern = f"{tmp_path}/*.json"  # as the shell passes it when nothing matched
+    assert main(["validate", pattern]) == 2
+    assert capsys.readouterr().err == (
+        f"cdigen: error: no files match {pattern}; name CDI spec files, or directories that hold "
+        "*.yaml or *.json specs\n"
+    )

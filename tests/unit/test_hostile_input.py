@@ -163,7 +163,7 @@ def test_endless_and_blocking_files_are_refused(tmp_path: Path, what: str) -> No
         preexec_fn=_limited,
     )
     kind = "a character device" if what == "/dev/zero" else "a pipe"
-    assert (done.returncode, done.stdout) == (1, "")
+    assert (done.returncode, done.stdout) == (2, "")  # a file that cannot be read: bad input
     assert f"{path}: expected a CDI spec, found {kind}" in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import time
 from pathlib import Path
 
 import grpc
@@ -10,6 +13,7 @@ import pytest
 
 from plugin.health import SOURCE_NODE
 from plugin.kubelet import socket_name
+from plugin.requests import RequestRecorder
 from plugin.service import (
     ContainerEdits,
     DeviceNodeEdit,
@@ -87,7 +91,7 @@ def test_each_request_logs_one_line_with_request_and_answer(
     assert len(preferred) == 1 and preferred[0].levelno == logging.DEBUG
     assert f"must=[{UUIDS[1]}] size=2 -> [{UUIDS[1]},{UUIDS[5]}]" in preferred[0].getMessage()
     assert "link score 0" in preferred[0].getMessage()
-    assert len(allocated) == 1 and allocated[0].levelno == logging.INFO
+    assert len(allocated) == 1 and allocated[0].levelno == logging.DEBUG
     assert allocated[0].getMessage() == (
         f"Allocate {RESOURCE}: [{UUIDS[1]},{UUIDS[5]}] -> "
         f"cdi_devices=[nvidia.com/gpu={UUIDS[1]},nvidia.com/gpu={UUIDS[5]}] (cdi-cri)"
@@ -168,3 +172,76 @@ def test_stop_removes_the_socket_and_ends_the_stream(harness: Harness) -> None:
     path = harness.server.socket_path
     harness.server.stop()
     assert not path.exists()
+
+
+def test_allocate_logs_a_summary_each_interval_not_a_line_per_call(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22: one INFO line per Allocate filled 14.8 MB in 58 s under load."""
+    caplog.set_level(logging.INFO, logger="cdigen")
+    with Harness(tmp_path, summary_interval_s=0.3) as h:
+        for _ in range(5):
+            h.kubelet.allocate(RESOURCE, [[UUIDS[0]]])
+        with pytest.raises(grpc.RpcError):
+            h.kubelet.allocate(RESOURCE, [["GPU-not-here"]])
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not _summaries(caplog):
+            time.sleep(0.05)
+        time.sleep(0.7)  # two more intervals without a call: no more lines
+        summaries = _summaries(caplog)
+    assert len(summaries) == 1, summaries
+    assert re.fullmatch(
+        rf"Allocate {RESOURCE}: 6 call\(s\) in [\d.]+ s, 1 error\(s\), "
+        r"median [\d.]+ ms, slowest [\d.]+ ms",
+        summaries[0],
+    ), summaries
+    assert not [r for r in caplog.records if r.getMessage().startswith(f"Allocate {RESOURCE}: [")]
+
+
+def _summaries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "call(s) in " in r.getMessage()]
+
+
+def test_must_include_outside_the_available_list_is_the_requests_fault(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22: was ERROR 'allocation policy gave an invalid answer', blaming the policy. The
+    kubelet lists must-include devices among the available ones; NVIDIA's plugin includes them
+    whatever the list says, and so do we, with one warning naming them."""
+    caplog.set_level(logging.INFO, logger="cdigen")
+    chosen = harness.kubelet.preferred(RESOURCE, UUIDS[2:6], 2, must_include=[UUIDS[0]])
+    assert chosen[0] == UUIDS[0] and len(chosen) == 2 and chosen[1] in UUIDS[2:6]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert lines == [
+        (
+            "WARNING",
+            f"preferred allocation for {RESOURCE}: must-include device(s) {UUIDS[0]} not in the "
+            "request's available list; answering with them included",
+        )
+    ]
+
+
+def test_record_requests_writes_what_replay_reads(tmp_path: Path) -> None:
+    recorder = RequestRecorder(tmp_path / "requests.jsonl")
+    with Harness(tmp_path / "plugins", recorder=recorder) as h:
+        h.kubelet.preferred(RESOURCE, UUIDS[:4], 2, must_include=[UUIDS[1]])
+        h.kubelet.preferred(RESOURCE, UUIDS[4:], 1)
+    recorder.close()
+    lines = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"available": UUIDS[:4], "mustInclude": [UUIDS[1]], "size": 2},
+        {"available": UUIDS[4:], "mustInclude": [], "size": 1},
+    ]
+
+
+def test_record_requests_stops_at_its_size_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = RequestRecorder(tmp_path / "requests.jsonl", max_bytes=100)
+    for _ in range(3):
+        recorder.record(["a" * 30], [], 1)
+    recorder.close()
+    assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {tmp_path / 'requests.jsonl'}: recording stopped, it reached 100 bytes"
+    ]

@@ -164,6 +164,29 @@ def test_replay_bad_lines_name_the_line(
     assert len(out.splitlines()) == 1  # the good line before it was answered
 
 
+def test_replay_reports_every_bad_line_and_answers_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: replay stopped at the first bad line."""
+    requests = tmp_path / "requests.jsonl"
+    good = '{"available": ["0", "1", "2", "3"], "size": 2}'
+    lines = [good, "{not json", good, '{"available": ["0"], "size": 5}', "", good]
+    requests.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    code, out, err = run(
+        ["policy", "replay", "--node", "builtin:dgx1-v100", "--requests", str(requests)], capsys
+    )
+    assert code == 2
+    assert [json.loads(line)["devices"] for line in out.splitlines()] == [["2", "3"]] * 3
+    assert err.splitlines() == [
+        f"cdigen: error: {requests}:2: invalid JSON at column 2: Expecting property name "
+        "enclosed in double quotes",
+        f"cdigen: error: {requests}:4: request for 5 devices but only 1 are available; ask for "
+        "at most as many devices as are available",
+        f"cdigen: error: {requests}: 2 of 5 request lines could not be answered (listed "
+        "above); the others were",
+    ]
+
+
 def test_simulate_prints_both_engines(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(
         ["policy", "simulate", "--node", "builtin:dgx1-v100", "--seed", "1", "--steps", "300"],
@@ -181,3 +204,45 @@ def test_simulate_is_deterministic_per_seed(capsys: pytest.CaptureFixture[str]) 
     args = ["policy", "simulate", "--node", "builtin:pcie-8x4090", "--seed", "7", "--steps", "200"]
     first = run(args, capsys)[1]
     assert run(args, capsys)[1] == first
+
+
+def test_simulate_output_explains_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """Was: ``(1 GPUs)``, ``jobs placed (multi-GPU) 10 (0)``, a best-link share of 100.0% with no
+    multi-GPU job, and ``pods (admitted) 560 (504)`` with nothing saying which was which."""
+    code, out, _ = run(["policy", "simulate", "--node", "builtin:rtx4090", "--steps", "50"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("node rtx4090 (1 GPU), ")
+    assert [line.split()[-2:] for line in lines if "of them multi-GPU" in line] == [["0", "0"]]
+    assert lines[-1].split() == [
+        "link",
+        "scores,",
+        "NUMA",
+        "spans",
+        "n/a",
+        "(no",
+        "multi-GPU",
+        "jobs)",
+    ]
+    assert "%" not in "".join(lines[1:])
+
+    args = [
+        "policy",
+        "simulate",
+        "--node",
+        "builtin:pcie-8x4090",
+        "--slice-mib",
+        "1024",
+        "--steps",
+        "1000",
+    ]
+    code, out, _ = run(args, capsys)
+    rows = {line[:44].strip(): line[44:].split() for line in out.splitlines()[2:]}
+    arrived, admitted = rows["pods that arrived"], rows["admitted"]
+    rejected, refused = (
+        rows["rejected: fewer free shares than asked"],
+        rows["refused in Allocate: slices on 2+ GPUs"],
+    )
+    for column in (0, 1):  # every pod that arrived is admitted, rejected or refused
+        parts = (admitted, rejected, refused)
+        assert int(arrived[column]) == sum(int(p[column]) for p in parts)

@@ -114,6 +114,44 @@ def test_cel_typo_in_a_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "policy check failed" in err
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (
+            "productName.startsWith",
+            "productNmae.startsWith",
+            "spec.selector (line 1, column 114): no attribute 'productNmae' in gpu.nvidia.com (did "
+            "you mean 'productName'?) (trial evaluation on a sample A100)",
+        ),
+        (
+            ".startsWith(",
+            ".startWith(",
+            "spec.selector (line 1, column 126): undeclared reference to 'startWith' (did you mean "
+            "'startsWith'?) (trial evaluation on a sample A100)",
+        ),
+        (
+            "allocation.numaNodes.size() == 1",
+            "allocation.numaNode.size() == 1",
+            "spec.constraints[0] (line 1, column 12): allocation has no field 'numaNode' (did you "
+            "mean 'numaNodes'?); its fields: devices, linkScore, minPairNVLinks, numaNodes, size "
+            "(trial evaluation on a sample A100)",
+        ),
+        (
+            '.memory.compareTo(quantity("40Gi"))',
+            '.memory.compareTo(quantity("40Gi")',
+            "spec.selector (line 1, column 51): syntax error: missing ')' to close this '(': ",
+        ),
+    ],
+    ids=["attribute", "function", "allocation-field", "missing-paren"],
+)
+def test_cel_mistakes_say_what_was_meant(tmp_path: Path, old: str, new: str, message: str) -> None:
+    """Rough edge 6 of issue 26: was 'no attribute ... in that domain (guard with has(...))'
+    for every misspelt name, no did-you-mean, and 'syntax error near ...' for a missing ')'."""
+    assert old in GOOD
+    problems = _check(tmp_path, GOOD.replace(old, new))
+    assert len(problems) == 1 and message in problems[0], problems
+
+
 def test_wrong_variable_for_the_field(tmp_path: Path) -> None:
     problems = _check(
         tmp_path, GOOD.replace("allocation.numaNodes.size() == 1", "device.driver == 'x'")

@@ -274,7 +274,7 @@ def test_dangling_spec_symlink_is_named_as_such(
     link.symlink_to(tmp_path / "gone.yaml")
     expected = f"{link}: dangling symbolic link to '{tmp_path / 'gone.yaml'}'"
 
-    assert main(["validate", str(link)]) == 1
+    assert main(["validate", str(link)]) == 2  # a file that cannot be read: bad input
     assert expected in capsys.readouterr().err
 
     assert main(generate_args(fake, out)) == 2
