@@ -97,6 +97,44 @@ class ExactSearch:
                     self._tables.popitem(last=False)
         return table
 
+    def best_plain(self, table: Table, k: int, avail: int, must: int) -> int:
+        """The mask of the best ``k``-set within ``avail`` holding ``must`` (table masks), or
+        -1, for whole GPUs under a policy without constraints: :meth:`best` with its terms as
+        ints. Sets of one static rank tie on terms 1-4 (5 is 0 here), then rank on what they
+        leave free (6, 7), then on the links they cut (8): score(avail) - score(set) -
+        score(rest); the earliest in the walk wins equal ones (9)."""
+        guard = (((1 << len(table.universe)) - 1) & ~avail) | must
+        rank = table.static_rank
+        left_sets, left_pairs, score = table.left_best_set, table.left_pairs, table.score
+        best = best_rank = best_set = best_pairs = -1
+        best_cut: int | None = None
+        for mask in table.order[k]:
+            if mask & guard != must:
+                continue
+            rest = avail ^ mask
+            if best < 0:
+                best, best_rank = mask, rank[mask]
+                best_set, best_pairs = left_sets[rest], left_pairs[rest]
+                continue
+            if rank[mask] != best_rank:
+                break
+            left_set = left_sets[rest]
+            if left_set < best_set:
+                continue
+            pairs = left_pairs[rest]
+            if left_set == best_set:
+                if pairs < best_pairs:
+                    continue
+                if pairs == best_pairs:
+                    if best_cut is None:
+                        best_cut = score[avail] - score[best] - score[avail ^ best]
+                    cut = score[avail] - score[mask] - score[rest]
+                    if cut < best_cut:
+                        best, best_cut = mask, cut
+                    continue
+            best, best_set, best_pairs, best_cut = mask, left_set, pairs, None
+        return best
+
     def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
         """The best set by the objective; the table must cover ``query.available``."""
         table = self.table_for(query.available)

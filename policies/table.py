@@ -42,11 +42,12 @@ class Table:
         count = len(self.universe)
         weights = [[topology.scores[p][q] for q in self.universe] for p in self.universe]
         numa_ids: dict[int | None, int] = {}
-        numa_bit = []
+        numa_bit: list[int] = []
         for p in self.universe:
             numa = topology.numa[p]
             numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
         fail_mask = sum(1 << self.bit_of[p] for p in fail_positions if p in self.bit_of)
+        self.fail_mask = fail_mask
         size = 1 << count
         score = [0] * size
         numa_bits = [0] * size
@@ -67,6 +68,9 @@ class Table:
             reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
         self.score = score
         self.numa_bits = numa_bits
+        # this table's NUMA bit -> the node's NUMA node, and NUMA bit sets -> sorted nodes
+        self._numa_of_bit = {1 << b: n for n, b in numa_ids.items() if n is not None}
+        self._numa_nodes: dict[int, tuple[int, ...]] = {}
         self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
         self._min_pair: list[int] | None = None
         self._popcounts: list[int] | None = None
@@ -87,6 +91,15 @@ class Table:
             masks.sort(key=static_of.__getitem__)  # ... then, stable, terms 1, 3 and 4 first
             self.order.append(masks)
             self.static.append([static_of[m] for m in masks])
+        # the static terms as one int per mask, in the same order: equal iff the terms are
+        low, high = min(score), max(score)
+        spans = max(self.numa_span) + 1
+        self.static_rank = [
+            ((f * (high - low + 1)) + (high - s)) * spans + n
+            for f, s, n in zip(
+                (popcount(m & fail_mask) for m in range(size)), score, self.numa_span, strict=True
+            )
+        ]
         self.weights = weights
         self.left_best_set = _best_set_within(score, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
@@ -94,6 +107,15 @@ class Table:
     def left_free(self, free: int) -> tuple[int, int]:
         """What the free devices ``free`` offer the next request: best set, best pairing."""
         return self.left_best_set[free], self.left_pairs[free]
+
+    def numa_nodes(self, mask: int) -> tuple[int, ...]:
+        """The known NUMA nodes of a mask's GPUs, sorted (as ``Topology.numa_nodes``)."""
+        numa = self.numa_bits[mask]
+        nodes = self._numa_nodes.get(numa)
+        if nodes is None:
+            nodes = tuple(sorted(n for b, n in self._numa_of_bit.items() if b & numa))
+            self._numa_nodes[numa] = nodes
+        return nodes
 
     def mask_of(self, positions: Sequence[int]) -> int:
         """The table mask of GPU positions (all must be in the universe)."""
