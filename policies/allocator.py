@@ -130,9 +130,9 @@ class Allocator:
                 self._position_bits[p] = 1 << table.bit_of[p]
             for gpu in topo.gpus:
                 for name in (gpu.uuid, str(gpu.index)):
-                    p = self.position_of(name)
-                    if p in self._position_bits and share_kind(name) == "gpu":
-                        self._id_bits[name] = self._position_bits[p]
+                    named = self.position_of(name)
+                    if named in self._position_bits and share_kind(name) == "gpu":
+                        self._id_bits[name] = self._position_bits[named]
         self._memo: dict[tuple[tuple[str, ...], tuple[str, ...], int], AllocationAnswer] = {}
         self._position_memo: dict[
             tuple[tuple[int, ...], tuple[int, ...], int, bool], PositionAnswer
