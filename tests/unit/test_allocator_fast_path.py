@@ -1,0 +1,94 @@
+"""The engine's fast path (whole GPUs, no constraints) answers as its general path does.
+
+A constraint that every set passes sends the same requests through the general path (the one
+for replicas, slices and constrained policies): the answers, facts and fallback reasons must
+be the same, on every request of a node, by IDs and by GPU positions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdigen.discover import load_node
+from policies.allocator import AllocationRequest, Allocator
+from policies.policy import load_policy
+
+PASSING_CONSTRAINT = "  constraints:\n    - allocation.size >= 1\n"
+NOT_GPU_3 = '  selector: device.attributes["cdigen.dev"].index != 3\n'
+
+
+def _policy(tmp_path: Path, name: str, spec: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"apiVersion: cdigen/v1alpha1\nkind: AllocationPolicy\nmetadata: {{name: {name}}}\n"
+        f"spec:\n{spec}",
+        encoding="utf-8",
+    )
+    return path
+
+
+def _every_request(count: int) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
+    out = []
+    for mask in range(1, 1 << count):
+        free = tuple(i for i in range(count) if mask >> i & 1)
+        for size in range(1, len(free) + 1):
+            for must in [(), *((p,) for p in free)]:
+                out.append((free, must, size))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "selector"),
+    [("dgx1-v100", ""), ("dgx-a100", ""), ("pcie-8x4090", ""), ("dgx1-v100", NOT_GPU_3)],
+)
+def test_the_fast_path_answers_as_the_general_path(
+    tmp_path: Path, name: str, selector: str
+) -> None:
+    node = load_node(f"builtin:{name}")
+    fast = Allocator(node, load_policy(_policy(tmp_path, "fast", selector or "  {}\n")))
+    general = Allocator(
+        node, load_policy(_policy(tmp_path, "general", selector + PASSING_CONSTRAINT))
+    )
+    assert fast._plain and not general._plain  # the paths under test
+    uuid = {g.index: g.uuid for g in node.gpus}
+    for free, must, size in _every_request(len(node.gpus)):
+        by_index = AllocationRequest(tuple(map(str, free)), tuple(map(str, must)), size)
+        expected = general.prefer(by_index)
+        assert fast.prefer(by_index) == expected, (free, must, size)
+        by_uuid = AllocationRequest(
+            tuple(uuid[i] for i in free), tuple(uuid[i] for i in must), size
+        )
+        answer = fast.prefer(by_uuid)
+        assert answer.devices == tuple(uuid[int(i)] for i in expected.devices)
+        placed = fast.prefer_positions(free, [free.index(m) for m in must], size)
+        assert tuple(free[n] for n in placed.devices) == tuple(map(int, expected.devices))
+        assert (placed.link_score, placed.numa_nodes, placed.fallback_reason) == (
+            expected.link_score,
+            expected.numa_nodes,
+            expected.fallback_reason,
+        )
+    if selector:  # the selector's fallback reason comes out of the fast path too
+        assert fast.prefer(AllocationRequest(("3",), (), 1)).fallback_reason == (
+            "1 chosen device(s) fail the policy selector"
+        )
+
+
+def test_requests_off_the_fast_path_still_answer(tmp_path: Path) -> None:
+    """Repeated, unknown and unusable IDs, a repeated GPU, must-include IDs outside the
+    available ones or more of them than the size: the general path answers, with its reason."""
+    node = load_node("builtin:dgx1-v100")
+    allocator = Allocator(node)
+    uuid0 = node.gpus[0].uuid
+    cases = [
+        (("0", "1", "2"), ("5",), 2, "are not available"),
+        (("0", "1", "2"), ("0", "1", "2"), 2, "must-include IDs for a request of 2"),
+        (("0", "1", "bogus"), (), 2, None),
+        (("0", uuid0, "1"), (), 2, None),
+    ]
+    for available, must, size, reason in cases:
+        answer = allocator.prefer(AllocationRequest(available, must, size))
+        assert len(answer.devices) == size
+        if reason is not None:
+            assert answer.fallback_reason is not None and reason in answer.fallback_reason
