@@ -144,7 +144,7 @@ class ExactSearch:
         avail = table.mask_of(query.available)
         must = table.mask_of(query.must)
         busy = ((1 << len(table.universe)) - 1) & ~avail
-        order, static = table.order[k], table.static[k]
+        order = table.order[k]
         capacity_of: BitSums | None = None
         needed = query.needed
         shares = query.shares
@@ -166,12 +166,12 @@ class ExactSearch:
         constraints = objective.constrained
         fields = objective.fact_fields
         arrays = table.fact_arrays(fields) if constraints and fields is not None else None
-        for idx, mask in enumerate(order):
+        for mask in order:
             if mask & busy or mask & must != must:
                 continue
             if capacity_of is not None and capacity_of(mask) < needed:
                 continue
-            fails, neg_score, span = static[idx]
+            fails, neg_score, span = table.static_terms(mask)
             if best_key is not None:
                 if fails > best_key[0]:
                     break

@@ -7,8 +7,11 @@ the objective), and the subsets of each size sorted by the static part of the ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
+from itertools import repeat
+from math import comb
+from operator import add, rshift, sub
 
 from policies.graph import Topology
 from policies.objective import NEXT_SET_SIZE, StaticTerms, static_terms
@@ -48,24 +51,17 @@ class Table:
             numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
         fail_mask = sum(1 << self.bit_of[p] for p in fail_positions if p in self.bit_of)
         self.fail_mask = fail_mask
-        size = 1 << count
-        score = [0] * size
-        numa_bits = [0] * size
-        reverse = [0] * size
-        for mask in range(1, size):
-            low = mask & -mask
-            bit = low.bit_length() - 1
-            rest = mask ^ low
-            row = weights[bit]
-            gain = 0
-            r = rest
-            while r:
-                lb = r & -r
-                gain += row[lb.bit_length() - 1]
-                r ^= lb
-            score[mask] = score[rest] + gain
-            numa_bits[mask] = numa_bits[rest] | numa_bit[bit]
-            reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
+        # Every per-mask list is built by doubling over the highest bit: the masks with bit b
+        # set are those below 1 << b with b added, so each step is one list operation in C.
+        score, numa_bits, sizes = [0], [0], [0]
+        for b in range(count):
+            row = weights[b]
+            gain = [0]  # the link score of bit b to each subset of the bits below it
+            for j in range(b):
+                gain += list(map(row[j].__add__, gain))
+            score += list(map(add, score, gain))
+            numa_bits += list(map(numa_bit[b].__or__, numa_bits))
+            sizes += list(map((1).__add__, sizes))
         self.score = score
         self.numa_bits = numa_bits
         # this table's NUMA bit -> the node's NUMA node, and NUMA bit sets -> sorted nodes
@@ -73,36 +69,50 @@ class Table:
         self._numa_nodes: dict[int, tuple[int, ...]] = {}
         self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
         self._min_pair: list[int] | None = None
-        self._popcounts: list[int] | None = None
+        self._popcounts = sizes
         # constraint results by this table's raw fact arrays (see Objective.mask_ok)
         self.ok_cache: dict[tuple[int, ...], bool] = {}
-        self.numa_span = [popcount(b) for b in numa_bits]
-        by_size: list[list[int]] = [[] for _ in range(count + 1)]
-        for mask in range(size):
-            by_size[popcount(mask)].append(mask)
-        # the terms of the objective a set has whatever the request, then term 9 (positions)
-        static_of = [
-            static_terms(popcount(m & fail_mask), score[m], self.numa_span[m]) for m in range(size)
-        ]
-        self.order: list[list[int]] = []
-        self.static: list[list[StaticTerms]] = []
-        for masks in by_size:
-            masks.sort(key=reverse.__getitem__, reverse=True)  # term 9 (no two equal) ...
-            masks.sort(key=static_of.__getitem__)  # ... then, stable, terms 1, 3 and 4 first
-            self.order.append(masks)
-            self.static.append([static_of[m] for m in masks])
-        # the static terms as one int per mask, in the same order: equal iff the terms are
+        self.numa_span = list(map(int.bit_count, numa_bits))
+        # One sort key per mask, as a packed int, high bits first: its size; its static rank,
+        # terms 1, 3 and 4 (static_terms) as one int, (fails * R + high - score) * S + span;
+        # term 9, positions ascending (the bit-reversed mask descending); the mask itself.
+        # All but the score and the span add up over the mask's bits: built by doubling too.
         low, high = min(score), max(score)
-        spans = max(self.numa_span) + 1
-        self.static_rank = [
-            ((f * (high - low + 1)) + (high - s)) * spans + n
-            for f, s, n in zip(
-                (popcount(m & fail_mask) for m in range(size)), score, self.numa_span, strict=True
+        spread, spans = high - low + 1, len(numa_ids) + 1
+        shift = 2 * count
+        rank_bits = ((fail_mask.bit_count() + 1) * spread * spans).bit_length()
+        full = (1 << count) - 1
+        key = [((high * spans) << shift) + (full << count)]
+        for b in range(count):
+            step = (1 << (rank_bits + shift)) + (((fail_mask >> b & 1) * spread * spans) << shift)
+            step += (1 << b) - (1 << (count - 1 - b) << count)
+            key += list(map(step.__add__, key))
+        span_key = [nodes.bit_count() << shift for nodes in range(1 << len(numa_ids))]
+        key = list(
+            map(
+                sub,
+                map(add, key, map(span_key.__getitem__, numa_bits)),
+                map((spans << shift).__mul__, score),
             )
-        ]
+        )
+        # the static rank (above it the size, equal within an order list): ties are equal
+        self.static_rank = list(map(rshift, key, repeat(shift)))
+        key.sort()
+        ordered = list(map(full.__and__, key))
+        self.order: list[list[int]] = []
+        start = 0
+        for k in range(count + 1):
+            self.order.append(ordered[start : start + comb(count, k)])
+            start += comb(count, k)
         self.weights = weights
-        self.left_best_set = _best_set_within(score, count, NEXT_SET_SIZE)
+        self.left_best_set = _best_set_within(score, sizes, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
+
+    def static_terms(self, mask: int) -> StaticTerms:
+        """Terms 1, 3 and 4 of the objective for a mask (what :attr:`static_rank` orders)."""
+        return static_terms(
+            (mask & self.fail_mask).bit_count(), self.score[mask], self.numa_span[mask]
+        )
 
     def left_free(self, free: int) -> tuple[int, int]:
         """What the free devices ``free`` offer the next request: best set, best pairing."""
@@ -140,8 +150,6 @@ class Table:
             if name == "numaNodes":
                 out.append(self.numa_bits)
             elif name == "size":
-                if self._popcounts is None:
-                    self._popcounts = [popcount(m) for m in range(len(self.score))]
                 out.append(self._popcounts)
             elif name == "linkScore":
                 out.append(self.score)
@@ -152,22 +160,35 @@ class Table:
         return out
 
 
-def _best_set_within(score: list[int], count: int, k: int) -> list[int]:
-    """For every mask: the highest link score of a ``k``-subset of it (0 if it has fewer)."""
-    best = [0] * (1 << count)
-    for mask in range(1, 1 << count):
-        bits = mask.bit_count()
-        if bits == k:
-            best[mask] = score[mask]
-        elif bits > k:  # a k-subset misses at least one bit of the mask
-            top, rest = 0, mask
-            while rest:
-                low = rest & -rest
-                rest ^= low
-                if best[mask ^ low] > top:
-                    top = best[mask ^ low]
-            best[mask] = top
-    return best
+def _max_into(target: list[int], values: Iterable[int]) -> list[int]:
+    """The elementwise maximum of ``target`` and ``values``."""
+    return [t if t >= v else v for t, v in zip(target, values, strict=False)]  # same lengths
+
+
+def _subsets_with_bit(count: int, bit: int) -> list[tuple[slice, slice]]:
+    """The masks below ``1 << count`` holding ``bit``, as slices, each with the slice of the
+    same masks without it: strided when that takes fewer slices, else contiguous blocks."""
+    half, step = 1 << bit, 2 << bit
+    if half <= (1 << count) // step:
+        return [(slice(j + half, None, step), slice(j, None, step)) for j in range(half)]
+    return [
+        (slice(start + half, start + step), slice(start, start + half))
+        for start in range(0, 1 << count, step)
+    ]
+
+
+def _best_set_within(score: list[int], sizes: list[int], count: int, k: int) -> list[int]:
+    """For every mask: the highest link score of a ``k``-subset of it (0 if it has fewer, and
+    at least 0 if it has more)."""
+    floor = min(score) - 1  # below every set's score: "no k-subset here yet"
+    best = [s if n == k else floor for s, n in zip(score, sizes, strict=True)]
+    for bit in range(count):  # the maximum over subsets, one bit at a time
+        for with_bit, without in _subsets_with_bit(count, bit):
+            best[with_bit] = _max_into(best[with_bit], best[without])
+    return [
+        v if n == k else (v if v > 0 else 0) if n > k else 0
+        for v, n in zip(best, sizes, strict=True)
+    ]
 
 
 def _min_pair_within(nvlinks: list[list[int]], count: int) -> list[int]:
@@ -190,21 +211,20 @@ def _min_pair_within(nvlinks: list[list[int]], count: int) -> list[int]:
 
 
 def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:
-    """For every mask: the highest total link score of disjoint pairs in it (a best matching)."""
-    best = [0] * (1 << count)
-    for mask in range(3, 1 << count):
-        low = mask & -mask
-        rest = mask ^ low
-        row = weights[low.bit_length() - 1]
-        top = best[rest]  # the lowest device stays unpaired
-        others = rest
-        while others:
-            partner = others & -others
-            others ^= partner
-            value = row[partner.bit_length() - 1] + best[rest ^ partner]
-            if value > top:
-                top = value
-        best[mask] = top
+    """For every mask: the highest total link score of disjoint pairs in it (a best matching).
+
+    By the highest bit h of a mask: h stays unpaired, or pairs with a bit j of the rest r,
+    best[h + r] = max(best[r], weights[h][j] + best[r - j]); per (h, j) one slice operation.
+    """
+    best = [0]
+    for h in range(count):
+        row = weights[h]
+        top = best[:]  # h unpaired
+        for j in range(h):
+            add_j = row[j].__add__
+            for with_j, without in _subsets_with_bit(h, j):
+                top[with_j] = _max_into(top[with_j], map(add_j, best[without]))
+        best += top
     return best
 
 
