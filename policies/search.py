@@ -16,6 +16,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import combinations
+from math import comb
 from typing import Any, Protocol
 
 from policies.objective import Head, Objective, head
@@ -106,33 +108,45 @@ class ExactSearch:
         guard = (((1 << len(table.universe)) - 1) & ~avail) | must
         rank = table.static_rank
         left_sets, left_pairs, score = table.left_best_set, table.left_pairs, table.score
+        # no set leaving avail.bit_count() - k free can beat one that reaches all three
+        bound = table.rest_bounds(avail.bit_count() - k)
         best = best_rank = best_set = best_pairs = -1
         best_cut: int | None = None
-        for mask in table.order[k]:
-            if mask & guard != must:
+        walk = table.order[k]
+        free, more = avail & ~must, k - must.bit_count()
+        fits = comb(free.bit_count(), more)
+        if 8 * fits * fits < len(walk):
+            # Few sets fit (the walk would skip about len(walk) / fits before the first): list
+            # them instead. Combinations of ascending bits come in term-9 order; a stable sort
+            # by rank makes it the walk's.
+            walk = list(map(must.__add__, map(sum, combinations(_bit_values(free), more))))
+            walk.sort(key=rank.__getitem__)
+        for mask in walk:
+            if mask & guard != must:  # a busy GPU, or a must-include one missing
                 continue
             rest = avail ^ mask
             if best < 0:
                 best, best_rank = mask, rank[mask]
                 best_set, best_pairs = left_sets[rest], left_pairs[rest]
-                continue
-            if rank[mask] != best_rank:
+            elif rank[mask] != best_rank:
                 break
-            left_set = left_sets[rest]
-            if left_set < best_set:
-                continue
-            pairs = left_pairs[rest]
-            if left_set == best_set:
-                if pairs < best_pairs:
+            else:
+                left_set = left_sets[rest]
+                if left_set < best_set:
                     continue
-                if pairs == best_pairs:
-                    if best_cut is None:
-                        best_cut = score[avail] - score[best] - score[avail ^ best]
-                    cut = score[avail] - score[mask] - score[rest]
-                    if cut < best_cut:
-                        best, best_cut = mask, cut
-                    continue
-            best, best_set, best_pairs, best_cut = mask, left_set, pairs, None
+                pairs = left_pairs[rest]
+                if left_set == best_set:
+                    if pairs < best_pairs:
+                        continue
+                    if pairs == best_pairs:
+                        if best_cut is None:
+                            best_cut = score[avail] - score[best] - score[avail ^ best]
+                        cut = score[avail] - score[mask] - score[rest]
+                        if cut >= best_cut:
+                            continue
+                best, best_set, best_pairs, best_cut = mask, left_set, pairs, None
+            if best_set == bound[0] and best_pairs == bound[1] and score[rest] == bound[2]:
+                break
         return best
 
     def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
@@ -212,6 +226,16 @@ class ExactSearch:
         if best_key[0]:
             notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
         return table.positions(best_mask)
+
+
+def _bit_values(mask: int) -> list[int]:
+    """The set bits of ``mask`` as values (1 << b), lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
+    return out
 
 
 class GreedySearch:

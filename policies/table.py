@@ -7,7 +7,7 @@ the objective), and the subsets of each size sorted by the static part of the ob
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import repeat
 from math import comb
@@ -107,6 +107,19 @@ class Table:
         self.weights = weights
         self.left_best_set = _best_set_within(score, sizes, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
+        self._rest_bounds = [
+            (
+                max(map(self.left_best_set.__getitem__, masks)),
+                max(map(self.left_pairs.__getitem__, masks)),
+                max(map(score.__getitem__, masks)),
+            )
+            for masks in self.order
+        ]
+
+    def rest_bounds(self, size: int) -> tuple[int, int, int]:
+        """The highest best set, best pairing and link score of any ``size``-mask: a set that
+        leaves all three free cannot be beaten on terms 6-8."""
+        return self._rest_bounds[size]
 
     def static_terms(self, mask: int) -> StaticTerms:
         """Terms 1, 3 and 4 of the objective for a mask (what :attr:`static_rank` orders)."""
@@ -160,7 +173,7 @@ class Table:
         return out
 
 
-def _max_into(target: list[int], values: Iterable[int]) -> list[int]:
+def _max_into(target: list[int], values: list[int]) -> list[int]:
     """The elementwise maximum of ``target`` and ``values``."""
     return [t if t >= v else v for t, v in zip(target, values, strict=False)]  # same lengths
 
@@ -221,9 +234,12 @@ def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:
         row = weights[h]
         top = best[:]  # h unpaired
         for j in range(h):
-            add_j = row[j].__add__
+            w = row[j]
             for with_j, without in _subsets_with_bit(h, j):
-                top[with_j] = _max_into(top[with_j], map(add_j, best[without]))
+                top[with_j] = [
+                    t if t >= (v := x + w) else v
+                    for t, x in zip(top[with_j], best[without], strict=False)  # same lengths
+                ]
         best += top
     return best
 

@@ -7,6 +7,7 @@ be the same, on every request of a node, by IDs and by GPU positions.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,25 @@ def test_the_fast_path_answers_as_the_general_path(
         assert fast.prefer(AllocationRequest(("3",), (), 1)).fallback_reason == (
             "1 chosen device(s) fail the policy selector"
         )
+
+
+def test_the_fast_path_answers_as_the_general_path_on_16_gpus(tmp_path: Path) -> None:
+    """Random requests on a 16-GPU node, where ties run to thousands of sets and the fast
+    path lists the few sets that fit instead of walking its table."""
+    node = load_node("builtin:dgx2-v100")
+    fast = Allocator(node)
+    policy = load_policy(_policy(tmp_path, "general", PASSING_CONSTRAINT))
+    general = Allocator(node, policy, tables_of=fast)  # one table build (no selector in either)
+    rng = random.Random(16)
+    for _ in range(150):
+        free = sorted(rng.sample(range(16), rng.randint(1, 16)))
+        size = rng.randint(1, len(free))
+        must = sorted(rng.sample(free, rng.randint(0, min(2, size))))
+        request = AllocationRequest(tuple(map(str, free)), tuple(map(str, must)), size)
+        assert fast.prefer(request) == general.prefer(request), (free, must, size)
+    for size in range(1, 17):  # the free node: every set ties on the links
+        request = AllocationRequest(tuple(map(str, range(16))), (), size)
+        assert fast.prefer(request) == general.prefer(request), size
 
 
 def test_requests_off_the_fast_path_still_answer(tmp_path: Path) -> None:
