@@ -41,7 +41,7 @@ from policies.placement import DeviceGroups, assign, choose_gpus
 from policies.policy import Policy, builtin_policy
 from policies.search import ExactSearch, GreedySearch, Search
 from policies.shares import gpu_part, share_kind
-from policies.table import EXACT_LIMIT, Table
+from policies.table import EXACT_LIMIT
 
 __all__ = [
     "CONSTRAINT_BUDGET_S",
@@ -121,13 +121,13 @@ class Allocator:
         # The fast path (whole GPUs, every one usable and known, a full table, no constraints):
         # whole-GPU IDs and positions -> their table bit, read off position_of so that both
         # paths agree on what an ID names.
-        table = self.exact.full_table
-        self._plain = table is not None and not self.objective.constrained
+        universe = self.exact.universe
+        self._plain = universe is not None and not self.objective.constrained
         self._id_bits: dict[str, int] = {}
         self._position_bits: dict[int, int] = {}
-        if table is not None:
+        if universe is not None:
             for p in self.good:
-                self._position_bits[p] = 1 << table.bit_of[p]
+                self._position_bits[p] = 1 << universe.bit_of[p]
             for gpu in topo.gpus:
                 for name in (gpu.uuid, str(gpu.index)):
                     named = self.position_of(name)
@@ -215,16 +215,15 @@ class Allocator:
                 must += bit_of[m]
             if must.bit_count() != len(must_ids):
                 return None
-        table = self.exact.full_table
-        assert table is not None
-        best = self.exact.best_plain(table, size, avail, must)
+        best = self.exact.best_plain(size, avail, must)
         if best < 0:
             return None
+        _, score, numa_nodes, fails = self.exact.facts(best)
         return AllocationAnswer(
             tuple(compress(available, map(best.__and__, bits))),
-            table.score[best],
-            table.numa_nodes(best),
-            _selector_note(table, best),
+            score,
+            numa_nodes,
+            _selector_note(fails),
         )
 
     def _plain_positions(
@@ -243,17 +242,16 @@ class Allocator:
             must_mask |= bits[m]
         if must_mask.bit_count() != len(must):
             return None
-        table = self.exact.full_table
-        assert table is not None
-        best = self.exact.best_plain(table, size, avail, must_mask)
+        best = self.exact.best_plain(size, avail, must_mask)
         if best < 0:
             return None
+        positions, score, numa_nodes, fails = self.exact.facts(best)
         return PositionAnswer(
             tuple(compress(range(len(bits)), map(best.__and__, bits))),
-            table.positions(best),
-            table.score[best],
-            table.numa_nodes(best),
-            _selector_note(table, best),
+            positions,
+            score,
+            numa_nodes,
+            _selector_note(fails),
         )
 
     # ------------------------------------------------------------------ IDs (the string path)
@@ -438,9 +436,8 @@ def _check_size(size: int, available: int) -> None:
         )
 
 
-def _selector_note(table: Table, best: int) -> str | None:
-    """The fast path's fallback reason: the chosen GPUs failing the selector, if any."""
-    fails = (best & table.fail_mask).bit_count()
+def _selector_note(fails: int) -> str | None:
+    """The fast path's fallback reason: ``fails`` chosen GPUs fail the selector, if any."""
     if not fails:
         return None
     reason = f"{fails} chosen device(s) fail the policy selector"

@@ -7,8 +7,9 @@ the objective), and the subsets of each size sorted by the static part of the ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from itertools import repeat
 from math import comb
 from operator import add, rshift, sub
@@ -34,23 +35,56 @@ def bits(mask: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Universe:
+    """The GPUs of a table, by bit: their positions, pair scores, NUMA nodes (as bits of this
+    universe's own numbering) and which fail the selector."""
+
+    positions: tuple[int, ...]
+    bit_of: Mapping[int, int]
+    weights: list[list[int]]
+    numa_bit: list[int]
+    numa_ids: Mapping[int | None, int]
+    fail_mask: int
+
+    @classmethod
+    def of(
+        cls, topology: Topology, universe: Sequence[int], fail_positions: AbstractSet[int]
+    ) -> Universe:
+        """The universe of GPU positions ``universe`` of ``topology``."""
+        positions = tuple(universe)
+        bit_of = {p: b for b, p in enumerate(positions)}
+        numa_ids: dict[int | None, int] = {}
+        numa_bit: list[int] = []
+        for p in positions:
+            numa = topology.numa[p]
+            numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
+        return cls(
+            positions=positions,
+            bit_of=bit_of,
+            weights=[[topology.scores[p][q] for q in positions] for p in positions],
+            numa_bit=numa_bit,
+            numa_ids=numa_ids,
+            fail_mask=sum(1 << bit_of[p] for p in fail_positions if p in bit_of),
+        )
+
+    def positions_of(self, mask: int) -> tuple[int, ...]:
+        """The GPU positions of a mask, ascending."""
+        return tuple(sorted(self.positions[b] for b in bits(mask)))
+
+
 class Table:
     """Every subset of ``universe`` (GPU positions) scored, and sorted per size by static key."""
 
     def __init__(
         self, topology: Topology, universe: Sequence[int], fail_positions: AbstractSet[int]
     ) -> None:
-        self.universe = tuple(universe)
-        self.bit_of = {p: b for b, p in enumerate(self.universe)}
+        parts = Universe.of(topology, universe, fail_positions)
+        self.universe = parts.positions
+        self.bit_of = parts.bit_of
         count = len(self.universe)
-        weights = [[topology.scores[p][q] for q in self.universe] for p in self.universe]
-        numa_ids: dict[int | None, int] = {}
-        numa_bit: list[int] = []
-        for p in self.universe:
-            numa = topology.numa[p]
-            numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
-        fail_mask = sum(1 << self.bit_of[p] for p in fail_positions if p in self.bit_of)
-        self.fail_mask = fail_mask
+        weights, numa_bit, numa_ids = parts.weights, parts.numa_bit, parts.numa_ids
+        fail_mask = self.fail_mask = parts.fail_mask
         # Every per-mask list is built by doubling over the highest bit: the masks with bit b
         # set are those below 1 << b with b added, so each step is one list operation in C.
         score, numa_bits, sizes = [0], [0], [0]

@@ -112,3 +112,20 @@ def test_requests_off_the_fast_path_still_answer(tmp_path: Path) -> None:
         assert len(answer.devices) == size
         if reason is not None:
             assert answer.fallback_reason is not None and reason in answer.fallback_reason
+
+
+def test_a_16_gpu_nvswitch_node_answers_whole_gpus_without_its_subset_table() -> None:
+    """dgx2-v100's GPUs fall into two classes (one per NUMA node, every pair on NVSwitch):
+    whole-GPU requests are searched by counts, and the 2^16-set table waits for a request
+    over shares."""
+    node = load_node("builtin:dgx2-v100")
+    allocator = Allocator(node)
+    assert allocator.exact.classes is not None
+    answer = allocator.prefer(AllocationRequest(tuple(map(str, range(16))), ("9",), 8))
+    assert answer.devices == tuple(map(str, range(8, 16)))  # one NUMA node, with GPU 9
+    assert answer.numa_nodes == (1,) and answer.fallback_reason is None
+    assert allocator.exact._full is not None and allocator.exact._full.built is None
+    uuid = node.gpus[0].uuid
+    replicas = AllocationRequest((f"{uuid}::0", f"{uuid}::1", "3"), (), 2)
+    assert len(allocator.prefer(replicas).devices) == 2
+    assert allocator.exact._full.built is not None
