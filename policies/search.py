@@ -86,14 +86,15 @@ class ExactSearch:
         # node's GPUs fall into few classes; the table is then built on first need (the
         # general path: shares, explain), else now, not on a kubelet call.
         self.classes: ClassSearch | None = None
-        if self._full is not None:
-            parts = self._full.universe
-            if len(parts.positions) >= CLASS_MIN_GPUS and not objective.constrained:
-                classes = ClassSearch(parts)
-                if classes.states() <= CLASS_STATES:
-                    self.classes = classes
-            if self.classes is None:
-                self._full.get()
+        self._universe = self._full.universe if self._full is not None else None
+        if not objective.constrained and len(good) >= CLASS_MIN_GPUS:
+            # above EXACT_LIMIT GPUs there is no table: the classes of the usable GPUs
+            parts = self._universe or Universe.of(topo, good, objective.table_fails)
+            classes = ClassSearch(parts)
+            if classes.states() <= CLASS_STATES:
+                self.classes, self._universe = classes, parts
+        if self._full is not None and self.classes is None:
+            self._full.get()
         fields = objective.fact_fields
         if self._full is not None and fields and "minPairNVLinks" in fields:
             self._full.get().min_pair_nvlinks(0)  # build its table now, not on a kubelet call
@@ -106,13 +107,14 @@ class ExactSearch:
 
     @property
     def universe(self) -> Universe | None:
-        """The GPUs of the full table by bit (without building it), or None."""
-        return self._full.universe if self._full is not None else None
+        """The GPUs of the full table by bit (without building it), or above EXACT_LIMIT
+        GPUs those of the class search; None when neither exists."""
+        return self._universe
 
     def facts(self, mask: int) -> tuple[tuple[int, ...], int, tuple[int, ...], int]:
-        """A full-table mask's GPU positions, link score, NUMA nodes and selector failures."""
-        assert self._full is not None
-        table = self._full.built
+        """A mask's GPU positions, link score, NUMA nodes and selector failures (masks over
+        :attr:`universe`)."""
+        table = self._full.built if self._full is not None else None
         if table is not None:
             return (
                 table.positions(mask),
@@ -120,7 +122,8 @@ class ExactSearch:
                 table.numa_nodes(mask),
                 (mask & table.fail_mask).bit_count(),
             )
-        parts = self._full.universe
+        parts = self._universe
+        assert parts is not None
         positions = parts.positions_of(mask)
         topo = self.objective.topology
         return (
@@ -289,10 +292,10 @@ def _bit_values(mask: int) -> list[int]:
     return out
 
 
-# Above this many GPUs a node's interchangeable GPUs are searched by counts (ClassSearch) when
+# From this many GPUs a node's interchangeable GPUs are searched by counts (ClassSearch) when
 # that takes at most CLASS_STATES count vectors.
 CLASS_MIN_GPUS = 9
-CLASS_STATES = 1024
+CLASS_STATES = 4096
 
 
 class _FullTable:
@@ -357,6 +360,8 @@ class ClassSearch:
         self._static: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._left: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._pairs: dict[tuple[int, ...], int] = {}
+        self._sets: dict[tuple[int, ...], int] = {}
+        self._scores: dict[tuple[int, ...], int] = {}
 
     def states(self) -> int:
         """How many count vectors a request may have to look at, at most."""
@@ -365,8 +370,14 @@ class ClassSearch:
             total *= len(bits) + 1
         return total
 
-    def score(self, counts: Sequence[int]) -> int:
-        """The link score of a set taking ``counts`` GPUs of each class."""
+    def score(self, counts: tuple[int, ...]) -> int:
+        """The link score of a set taking ``counts`` GPUs of each class (cached)."""
+        found = self._scores.get(counts)
+        if found is None:
+            found = self._scores[counts] = self._score(counts)
+        return found
+
+    def _score(self, counts: tuple[int, ...]) -> int:
         weight = self.weight
         total = 0
         for c, x in enumerate(counts):
@@ -384,14 +395,31 @@ class ClassSearch:
         if found is None:
             size = sum(counts)
             best_set = 0
-            if size >= NEXT_SET_SIZE:
-                best_set = max(
-                    self.score(part) for part in _vectors(counts, [0] * len(counts), NEXT_SET_SIZE)
-                )
-                if size > NEXT_SET_SIZE and best_set < 0:
-                    best_set = 0
+            if size == NEXT_SET_SIZE:
+                best_set = self.score(counts)
+            elif size > NEXT_SET_SIZE:
+                best_set = max(0, self._best_set(counts))
             found = (best_set, self._pairing(counts), self.score(counts))
             self._left[counts] = found
+        return found
+
+    def _best_set(self, counts: tuple[int, ...]) -> int:
+        """The highest link score of NEXT_SET_SIZE of ``counts`` GPUs (at least that many):
+        the best over the vectors one GPU smaller."""
+        if sum(counts) == NEXT_SET_SIZE:
+            return self.score(counts)
+        found = self._sets.get(counts)
+        if found is None:
+            rest = list(counts)
+            for c, x in enumerate(counts):
+                if x:
+                    rest[c] -= 1
+                    value = self._best_set(tuple(rest))
+                    rest[c] += 1
+                    if found is None or value > found:
+                        found = value
+            assert found is not None
+            self._sets[counts] = found
         return found
 
     def _pairing(self, counts: tuple[int, ...]) -> int:
