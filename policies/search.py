@@ -92,6 +92,7 @@ class ExactSearch:
             parts = self._universe or Universe.of(topo, good, objective.table_fails)
             classes = ClassSearch(parts)
             if classes.states() <= CLASS_STATES:
+                classes.prepare()
                 self.classes, self._universe = classes, parts
         if self._full is not None and self.classes is None:
             self._full.get()
@@ -362,6 +363,11 @@ class ClassSearch:
         self._pairs: dict[tuple[int, ...], int] = {}
         self._sets: dict[tuple[int, ...], int] = {}
         self._scores: dict[tuple[int, ...], int] = {}
+
+    def prepare(self) -> None:
+        """Compute what every count vector leaves free now, not on a kubelet call."""
+        for counts in product(*[range(len(bits) + 1) for bits in self.bits]):
+            self.left(counts)
 
     def states(self) -> int:
         """How many count vectors a request may have to look at, at most."""
