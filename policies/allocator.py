@@ -218,7 +218,7 @@ class Allocator:
         best = self.exact.best_plain(size, avail, must)
         if best < 0:
             return None
-        _, score, numa_nodes, fails = self.exact.facts(best)
+        score, numa_nodes, fails = self.exact.facts(best)
         return AllocationAnswer(
             tuple(compress(available, map(best.__and__, bits))),
             score,
@@ -245,10 +245,11 @@ class Allocator:
         best = self.exact.best_plain(size, avail, must_mask)
         if best < 0:
             return None
-        positions, score, numa_nodes, fails = self.exact.facts(best)
+        score, numa_nodes, fails = self.exact.facts(best)
+        assert self.exact.universe is not None
         return PositionAnswer(
             tuple(compress(range(len(bits)), map(best.__and__, bits))),
-            positions,
+            self.exact.universe.positions_of(best),
             score,
             numa_nodes,
             _selector_note(fails),

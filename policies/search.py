@@ -112,23 +112,17 @@ class ExactSearch:
         GPUs those of the class search; None when neither exists."""
         return self._universe
 
-    def facts(self, mask: int) -> tuple[tuple[int, ...], int, tuple[int, ...], int]:
-        """A mask's GPU positions, link score, NUMA nodes and selector failures (masks over
+    def facts(self, mask: int) -> tuple[int, tuple[int, ...], int]:
+        """A mask's link score, NUMA nodes and selector failures (masks over
         :attr:`universe`)."""
         table = self._full.built if self._full is not None else None
         if table is not None:
-            return (
-                table.positions(mask),
-                table.score[mask],
-                table.numa_nodes(mask),
-                (mask & table.fail_mask).bit_count(),
-            )
+            return table.score[mask], table.numa_nodes(mask), (mask & table.fail_mask).bit_count()
         parts = self._universe
         assert parts is not None
         positions = parts.positions_of(mask)
         topo = self.objective.topology
         return (
-            positions,
             topo.set_score(positions),
             topo.numa_nodes(positions),
             (mask & parts.fail_mask).bit_count(),
@@ -158,8 +152,8 @@ class ExactSearch:
         score(rest); the earliest in the walk wins equal ones (9)."""
         if self.classes is not None:
             return self.classes.best(k, avail, must)
-        table = self.full_table
-        assert table is not None
+        assert self._full is not None
+        table = self._full.built or self._full.get()
         guard = (((1 << len(table.universe)) - 1) & ~avail) | must
         rank = table.static_rank
         left_sets, left_pairs, score = table.left_best_set, table.left_pairs, table.score
