@@ -87,7 +87,14 @@ class ExactSearch:
         # general path: shares, explain), else now, not on a kubelet call.
         self.classes: ClassSearch | None = None
         self._universe = self._full.universe if self._full is not None else None
-        if not objective.constrained and len(good) >= CLASS_MIN_GPUS:
+        if (
+            tables_of is not None
+            and tables_of.classes is not None
+            and tables_of._universe is self._universe
+            and not objective.constrained
+        ):  # another health state over the same table: the same classes
+            self.classes = tables_of.classes
+        elif not objective.constrained and len(good) >= CLASS_MIN_GPUS:
             # above EXACT_LIMIT GPUs there is no table: the classes of the usable GPUs
             parts = self._universe or Universe.of(topo, good, objective.table_fails)
             classes = ClassSearch(parts)

@@ -7,6 +7,7 @@ be the same, on every request of a node, by IDs and by GPU positions.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -129,3 +130,23 @@ def test_a_16_gpu_nvswitch_node_answers_whole_gpus_without_its_subset_table() ->
     replicas = AllocationRequest((f"{uuid}::0", f"{uuid}::1", "3"), (), 2)
     assert len(allocator.prefer(replicas).devices) == 2
     assert allocator.exact._full.built is not None
+
+
+def test_a_health_change_keeps_the_classes_and_answers_as_a_fresh_engine() -> None:
+    node = load_node("builtin:dgx2-v100")
+    engine = Allocator(node)
+    sick = dataclasses.replace(
+        node,
+        gpus=tuple(dataclasses.replace(g, healthy=g.index not in (8, 9)) for g in node.gpus),
+    )
+    derived, fresh = engine.for_health(sick), Allocator(sick)
+    assert derived.exact.classes is engine.exact.classes  # not recomputed
+    rng = random.Random(8)
+    healthy = [i for i in range(16) if i not in (8, 9)]  # the kubelet offers only these
+    for _ in range(100):
+        free = sorted(rng.sample(healthy, rng.randint(1, len(healthy))))
+        size = rng.randint(1, len(free))
+        must = sorted(rng.sample(free, rng.randint(0, min(1, size))))
+        request = AllocationRequest(tuple(map(str, free)), tuple(map(str, must)), size)
+        assert derived.prefer(request) == fresh.prefer(request), (free, must, size)
+    assert engine.exact._full is not None and engine.exact._full.built is None
