@@ -4,7 +4,11 @@
   the order of a :class:`~policies.table.Table` (sorted by the static terms of the objective),
   skips sets that use busy GPUs or miss a must-include GPU, and stops as soon as no later set
   can win; ties are compared on the rest of the objective. Tables are built once per node (or,
-  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached).
+  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached). Whole-GPU
+  requests under a policy without constraints take :meth:`ExactSearch.best_plain`: the same
+  walk on ints, or, on a node whose GPUs fall into few classes of interchangeable GPUs (any
+  size), :class:`ClassSearch`, which ranks how many GPUs a set takes from each class and needs
+  no table (the table is then built on first need).
 - :class:`GreedySearch` (above): a greedy construction followed by 1-swap local search on the
   objective key, O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not
   guaranteed optimal; there fragmentation is the links cut alone (no subset tables).
