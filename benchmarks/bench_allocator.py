@@ -15,13 +15,21 @@ jobs) and NUMA-span excess, ours beside the baseline, "(behind)" where ours is l
 Every cookbook policy (docs/policies) on 16 GPUs (issue 13, goal p99 <= 20 ms), wall clock and
 CPU time of the thread.
 
-    python benchmarks/bench_allocator.py [--quick] [--cookbook]
+Engine speed (issue 27; ``--engine`` runs only this): CPU time (``time.process_time_ns``, which
+a busy shared machine does not inflate) beside wall time, with the load average. 8 GPUs: every
+request of a node (each available set, size, no or one must-include GPU: 5,632, the requests
+recorded from go-gpuallocator) first sight and warm, beside go-gpuallocator's figures from
+issue 27 (its real Go code, measured there; not run here). 16 GPUs: engine build, random
+requests first sight, and the worst request (a free node, every size; the random ones).
+
+    python benchmarks/bench_allocator.py [--quick] [--cookbook] [--engine]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import random
 import statistics
 import sys
@@ -334,15 +342,107 @@ def cookbook(quick: bool) -> None:
         report("    CPU time", cpu)
 
 
+# go-gpuallocator's figures in issue 27 (its Go code, CPU time, every request of these nodes)
+GO_FIRST_SIGHT_US = {"p50": 1.5, "p99": "48-59"}
+ENGINE_NODES = ("dgx1-v100", "dgx-a100", "pcie-8x4090")
+LARGE_NODE_DIR = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nodes"
+LARGE_NODES = ("pcie-20gpu-2socket", "nvswitch-24gpu", "pcie-24gpu-2socket", "nvswitch-32gpu")
+
+
+def every_request(node: Node) -> list[AllocationRequest]:
+    """Each non-empty available set, each size up to it, with no must-include GPU and with
+    each available one as must-include: the requests recorded from go-gpuallocator."""
+    ids = [str(g.index) for g in sorted(node.gpus, key=lambda g: g.index)]
+    out = []
+    for mask in range(1, 1 << len(ids)):
+        free = tuple(i for n, i in enumerate(ids) if mask >> n & 1)
+        for size in range(1, len(free) + 1):
+            for must in [(), *((i,) for i in free)]:
+                out.append(AllocationRequest(free, must, size))
+    return out
+
+
+def cpu_and_wall(call: Callable[[], object]) -> tuple[float, float]:
+    """CPU and wall time of one call, in µs."""
+    cpu, wall = time.process_time_ns(), time.perf_counter_ns()
+    call()
+    return (time.process_time_ns() - cpu) / 1000, (time.perf_counter_ns() - wall) / 1000
+
+
+def report_cpu(label: str, samples: Sequence[tuple[float, float]], unit: str = "µs") -> None:
+    cpu = [c for c, _ in samples]
+    wall = [w for _, w in samples]
+    scale = 1000 if unit == "ms" else 1
+    print(
+        f"{label:48} CPU p50 {statistics.median(cpu) / scale:7.1f} p99 "
+        f"{percentile(cpu, 0.99) / scale:7.1f} max {max(cpu) / scale:7.1f} {unit}   wall p50 "
+        f"{statistics.median(wall) / scale:7.1f} p99 {percentile(wall, 0.99) / scale:7.1f}"
+    )
+
+
+def engine(quick: bool) -> None:
+    """Issue 27: first sight and warm on 8 GPUs, the 16-GPU engine build and worst request."""
+    print(
+        "== engine speed (issue 27): CPU time beside wall; load average "
+        + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    )
+    print(
+        f"{'':4}go-gpuallocator (issue 27, its Go code, not run here): first sight p50 "
+        f"{GO_FIRST_SIGHT_US['p50']} µs, p99 {GO_FIRST_SIGHT_US['p99']} µs"
+    )
+    for name in ENGINE_NODES:
+        node = load_node(f"builtin:{name}")
+        requests = every_request(node)
+        allocator = Allocator(node)
+        first = [cpu_and_wall(lambda r=r, a=allocator: a.prefer(r)) for r in requests]
+        warm = [cpu_and_wall(lambda r=r, a=allocator: a.prefer(r)) for r in requests]
+        report_cpu(f"8 GPUs ({name}), every request, first sight", first)
+        report_cpu("    the same, warm (memoized)", warm)
+    default = builtin_policy("default")
+    big = load_node(f"builtin:{SIXTEEN_GPU_SAMPLE}")
+    builds = [cpu_and_wall(lambda: Allocator(big, default)) for _ in range(2 if quick else 5)]
+    report_cpu(f"16 GPUs ({SIXTEEN_GPU_SAMPLE}): engine build", builds, "ms")
+    allocator = Allocator(big, default)
+    free = tuple(str(g.index) for g in big.gpus)
+    whole = [
+        cpu_and_wall(lambda k=k: allocator.prefer(AllocationRequest(free, (), k)))
+        for k in range(1, len(free) + 1)
+    ]
+    report_cpu("16 GPUs, a free node, every size, first sight", whole)
+    requests = random_requests(big, 300 if quick else 2000, seed=27)
+    times = [cpu_and_wall(lambda r=r: allocator.prefer(r)) for r in requests]
+    report_cpu("16 GPUs, random requests, first sight", times)
+    worst = max(c for c, _ in [*whole, *times])
+    print(f"{'16 GPUs: worst request (CPU)':48} {worst / 1000:.2f} ms (goal <= 2 ms)")
+    uuid = big.gpus[0].uuid
+    shares = AllocationRequest((f"{uuid}::0", f"{uuid}::1", "3"), (), 2)
+    engines = [Allocator(big, default) for _ in range(2 if quick else 3)]
+    first_shared = [cpu_and_wall(lambda a=a: a.prefer(shares)) for a in engines]
+    report_cpu("16 GPUs, first request over shares (table)", first_shared, "ms")
+    for name in LARGE_NODES:
+        node = load_node(str(LARGE_NODE_DIR / f"{name}.yaml"))
+        builds = [cpu_and_wall(lambda n=node: Allocator(n, default)) for _ in range(3)]
+        report_cpu(f"{len(node.gpus)} GPUs ({name}): engine build", builds, "ms")
+        allocator = Allocator(node, default)
+        requests = random_requests(node, 300 if quick else 1000, seed=len(node.gpus))
+        times = [cpu_and_wall(lambda r=r, a=allocator: a.prefer(r)) for r in requests]
+        report_cpu(f"{len(node.gpus)} GPUs, random requests, first sight", times)
+
+
 def main() -> None:
     gc.disable()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests; skip quality")
     parser.add_argument("--cookbook", action="store_true", help="only the cookbook policies")
+    parser.add_argument("--engine", action="store_true", help="only the engine speed (issue 27)")
     args = parser.parse_args()
+    if args.engine:
+        engine(args.quick)
+        return
     cookbook(args.quick)
     if args.cookbook:
         return
+    engine(args.quick)
     speed(args.quick)
     sharing(args.quick)
     jobs(args.quick)

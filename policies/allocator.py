@@ -24,6 +24,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import TypeVar
 
 from cdigen.errors import AllocationError
@@ -117,6 +118,21 @@ class Allocator:
             self.objective, self.good, tables_of.exact if tables_of is not None else None
         )
         self.greedy = GreedySearch(self.objective)
+        # The fast path (whole GPUs, every one usable and known, a full table, no constraints):
+        # whole-GPU IDs and positions -> their table bit, read off position_of so that both
+        # paths agree on what an ID names.
+        universe = self.exact.universe
+        self._plain = universe is not None and not self.objective.constrained
+        self._id_bits: dict[str, int] = {}
+        self._position_bits: dict[int, int] = {}
+        if universe is not None:
+            for p in self.good:
+                self._position_bits[p] = 1 << universe.bit_of[p]
+            for gpu in topo.gpus:
+                for name in (gpu.uuid, str(gpu.index)):
+                    named = self.position_of(name)
+                    if named in self._position_bits and share_kind(name) == "gpu":
+                        self._id_bits[name] = self._position_bits[named]
         self._memo: dict[tuple[tuple[str, ...], tuple[str, ...], int], AllocationAnswer] = {}
         self._position_memo: dict[
             tuple[tuple[int, ...], tuple[int, ...], int, bool], PositionAnswer
@@ -145,7 +161,9 @@ class Allocator:
         key = (tuple(available), tuple(must), size, slices)
         answer = self._position_memo.get(key)
         if answer is None:
-            answer = self._budgeted(lambda: self._solve_positions(*key))
+            answer = self._plain_positions(*key) if self._plain and not slices else None
+            if answer is None:
+                answer = self._budgeted(lambda: self._solve_positions(*key))
             if len(self._position_memo) >= MEMO_LIMIT:
                 self._position_memo.clear()
             self._position_memo[key] = answer
@@ -156,7 +174,9 @@ class Allocator:
         key = (request.available, request.must_include, request.size)
         answer = self._memo.get(key)
         if answer is None:
-            answer = self._budgeted(lambda: self._solve_ids(request))
+            answer = self._plain_ids(request) if self._plain else None
+            if answer is None:
+                answer = self._budgeted(lambda: self._solve_ids(request))
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = answer
@@ -168,6 +188,72 @@ class Allocator:
             return solve()
         finally:
             self.objective.end_request()
+
+    # ------------------------------------------------------------------ the fast path
+
+    def _plain_ids(self, request: AllocationRequest) -> AllocationAnswer | None:
+        """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
+        among them (at most ``size``), else None: the general path answers the rest."""
+        available, size = request.available, request.size
+        bit_of = self._id_bits
+        try:
+            bits = list(map(bit_of.__getitem__, available))
+        except KeyError:  # not a whole usable GPU
+            return None
+        avail = sum(bits)
+        # n distinct bits sum to n set bits; a GPU named twice gives fewer
+        if avail.bit_count() != len(bits) or not 0 < size <= len(bits):
+            return None
+        must = 0
+        must_ids = request.must_include
+        if must_ids:
+            if len(must_ids) > size:
+                return None
+            for m in must_ids:
+                if m not in available:
+                    return None
+                must += bit_of[m]
+            if must.bit_count() != len(must_ids):
+                return None
+        best = self.exact.best_plain(size, avail, must)
+        if best < 0:
+            return None
+        score, numa_nodes, fails = self.exact.facts(best)
+        return AllocationAnswer(
+            tuple(compress(available, map(best.__and__, bits))),
+            score,
+            numa_nodes,
+            _selector_note(fails),
+        )
+
+    def _plain_positions(
+        self, available: tuple[int, ...], must: tuple[int, ...], size: int, slices: bool
+    ) -> PositionAnswer | None:
+        """:meth:`_plain_ids` for devices as GPU positions (one device per GPU)."""
+        get = self._position_bits.get
+        bits = [get(p, 0) for p in available]
+        avail = sum(bits)
+        if avail.bit_count() != len(bits) or not 0 < size <= len(bits) or len(must) > size:
+            return None
+        must_mask = 0
+        for m in must:
+            if not 0 <= m < len(bits):
+                return None
+            must_mask |= bits[m]
+        if must_mask.bit_count() != len(must):
+            return None
+        best = self.exact.best_plain(size, avail, must_mask)
+        if best < 0:
+            return None
+        score, numa_nodes, fails = self.exact.facts(best)
+        assert self.exact.universe is not None
+        return PositionAnswer(
+            tuple(compress(range(len(bits)), map(best.__and__, bits))),
+            self.exact.universe.positions_of(best),
+            score,
+            numa_nodes,
+            _selector_note(fails),
+        )
 
     # ------------------------------------------------------------------ IDs (the string path)
 
@@ -349,6 +435,15 @@ def _check_size(size: int, available: int) -> None:
             f"request for {size} devices but only {available} are available",
             hint="ask for at most as many devices as are available",
         )
+
+
+def _selector_note(fails: int) -> str | None:
+    """The fast path's fallback reason: ``fails`` chosen GPUs fail the selector, if any."""
+    if not fails:
+        return None
+    reason = f"{fails} chosen device(s) fail the policy selector"
+    log.info("preferred allocation fallback: %s", reason)
+    return reason
 
 
 def _answer_facts(

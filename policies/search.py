@@ -4,7 +4,11 @@
   the order of a :class:`~policies.table.Table` (sorted by the static terms of the objective),
   skips sets that use busy GPUs or miss a must-include GPU, and stops as soon as no later set
   can win; ties are compared on the rest of the objective. Tables are built once per node (or,
-  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached).
+  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached). Whole-GPU
+  requests under a policy without constraints take :meth:`ExactSearch.best_plain`: the same
+  walk on ints, or, on a node whose GPUs fall into few classes of interchangeable GPUs (any
+  size), :class:`ClassSearch`, which ranks how many GPUs a set takes from each class and needs
+  no table (the table is then built on first need).
 - :class:`GreedySearch` (above): a greedy construction followed by 1-swap local search on the
   objective key, O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not
   guaranteed optimal; there fragmentation is the links cut alone (no subset tables).
@@ -15,11 +19,15 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+from itertools import combinations, product
+from math import comb
 from typing import Any, Protocol
 
-from policies.objective import Head, Objective, head
-from policies.table import EXACT_LIMIT, BitSums, Table, degrees
+from policies.graph import Topology
+from policies.objective import NEXT_SET_SIZE, Head, Objective, head
+from policies.table import EXACT_LIMIT, BitSums, Table, Universe, degrees
 
 MAX_SWAP_PASSES = 4
 TABLE_CACHE = 8  # tables kept for sets of available GPUs on nodes above the limit
@@ -64,22 +72,72 @@ class ExactSearch:
         self.objective = objective
         topo = objective.topology
         universe = objective.error_free if len(objective.error_free) <= EXACT_LIMIT else good
-        shared = tables_of.full_table if tables_of is not None else None
-        if shared is not None and set(good) <= set(shared.universe):
-            self.full_table: Table | None = shared
+        shared = tables_of._full if tables_of is not None else None
+        self._full: _FullTable | None
+        if shared is not None and set(good) <= set(shared.universe.positions):
+            self._full = shared
         elif len(universe) <= EXACT_LIMIT:
-            self.full_table = Table(topo, universe, objective.table_fails)
+            self._full = _FullTable(topo, universe, objective.table_fails)
         else:
-            self.full_table = None
+            self._full = None
         self._tables: OrderedDict[tuple[int, ...], Table]
         self._tables_lock: threading.Lock
         if tables_of is not None:  # by available GPUs, health-blind too: shared, with its lock
             self._tables, self._tables_lock = tables_of._tables, tables_of._tables_lock
         else:
             self._tables, self._tables_lock = OrderedDict(), threading.Lock()
+        # Whole-GPU requests under a policy without constraints search by counts when the
+        # node's GPUs fall into few classes; the table is then built on first need (the
+        # general path: shares, explain), else now, not on a kubelet call.
+        self.classes: ClassSearch | None = None
+        self._universe = self._full.universe if self._full is not None else None
+        if (
+            tables_of is not None
+            and tables_of.classes is not None
+            and tables_of._universe is self._universe
+            and not objective.constrained
+        ):  # another health state over the same table: the same classes
+            self.classes = tables_of.classes
+        elif not objective.constrained and len(good) >= CLASS_MIN_GPUS:
+            # above EXACT_LIMIT GPUs there is no table: the classes of the usable GPUs
+            parts = self._universe or Universe.of(topo, good, objective.table_fails)
+            classes = ClassSearch(parts)
+            if classes.states() <= CLASS_STATES:
+                classes.prepare()
+                self.classes, self._universe = classes, parts
+        if self._full is not None and self.classes is None:
+            self._full.get()
         fields = objective.fact_fields
-        if self.full_table is not None and fields and "minPairNVLinks" in fields:
-            self.full_table.min_pair_nvlinks(0)  # build its table now, not on a kubelet call
+        if self._full is not None and fields and "minPairNVLinks" in fields:
+            self._full.get().min_pair_nvlinks(0)  # build its table now, not on a kubelet call
+
+    @property
+    def full_table(self) -> Table | None:
+        """The table of every GPU without a discovery error (None above EXACT_LIMIT GPUs),
+        built on first use where the class search makes that later."""
+        return self._full.get() if self._full is not None else None
+
+    @property
+    def universe(self) -> Universe | None:
+        """The GPUs of the full table by bit (without building it), or above EXACT_LIMIT
+        GPUs those of the class search; None when neither exists."""
+        return self._universe
+
+    def facts(self, mask: int) -> tuple[int, tuple[int, ...], int]:
+        """A mask's link score, NUMA nodes and selector failures (masks over
+        :attr:`universe`)."""
+        table = self._full.built if self._full is not None else None
+        if table is not None:
+            return table.score[mask], table.numa_nodes(mask), (mask & table.fail_mask).bit_count()
+        parts = self._universe
+        assert parts is not None
+        positions = parts.positions_of(mask)
+        topo = self.objective.topology
+        return (
+            topo.set_score(positions),
+            topo.numa_nodes(positions),
+            (mask & parts.fail_mask).bit_count(),
+        )
 
     def table_for(self, available: Sequence[int]) -> Table | None:
         """The table covering ``available``, or None when it is too large for one."""
@@ -97,6 +155,60 @@ class ExactSearch:
                     self._tables.popitem(last=False)
         return table
 
+    def best_plain(self, k: int, avail: int, must: int) -> int:
+        """The mask of the best ``k``-set within ``avail`` holding ``must`` (table masks), or
+        -1, for whole GPUs under a policy without constraints: :meth:`best` with its terms as
+        ints. Sets of one static rank tie on terms 1-4 (5 is 0 here), then rank on what they
+        leave free (6, 7), then on the links they cut (8): score(avail) - score(set) -
+        score(rest); the earliest in the walk wins equal ones (9)."""
+        if self.classes is not None:
+            return self.classes.best(k, avail, must)
+        assert self._full is not None
+        table = self._full.built or self._full.get()
+        guard = (((1 << len(table.universe)) - 1) & ~avail) | must
+        rank = table.static_rank
+        left_sets, left_pairs, score = table.left_best_set, table.left_pairs, table.score
+        # no set leaving avail.bit_count() - k free can beat one that reaches all three
+        bound = table.rest_bounds(avail.bit_count() - k)
+        best = best_rank = best_set = best_pairs = -1
+        best_cut: int | None = None
+        walk = table.order[k]
+        free, more = avail & ~must, k - must.bit_count()
+        fits = comb(free.bit_count(), more)
+        if 8 * fits * fits < len(walk):
+            # Few sets fit (the walk would skip about len(walk) / fits before the first): list
+            # them instead. Combinations of ascending bits come in term-9 order; a stable sort
+            # by rank makes it the walk's.
+            walk = list(map(must.__add__, map(sum, combinations(_bit_values(free), more))))
+            walk.sort(key=rank.__getitem__)
+        for mask in walk:
+            if mask & guard != must:  # a busy GPU, or a must-include one missing
+                continue
+            rest = avail ^ mask
+            if best < 0:
+                best, best_rank = mask, rank[mask]
+                best_set, best_pairs = left_sets[rest], left_pairs[rest]
+            elif rank[mask] != best_rank:
+                break
+            else:
+                left_set = left_sets[rest]
+                if left_set < best_set:
+                    continue
+                pairs = left_pairs[rest]
+                if left_set == best_set:
+                    if pairs < best_pairs:
+                        continue
+                    if pairs == best_pairs:
+                        if best_cut is None:
+                            best_cut = score[avail] - score[best] - score[avail ^ best]
+                        cut = score[avail] - score[mask] - score[rest]
+                        if cut >= best_cut:
+                            continue
+                best, best_set, best_pairs, best_cut = mask, left_set, pairs, None
+            if best_set == bound[0] and best_pairs == bound[1] and score[rest] == bound[2]:
+                break
+        return best
+
     def best(self, query: SetQuery, notes: list[str]) -> tuple[int, ...] | None:
         """The best set by the objective; the table must cover ``query.available``."""
         table = self.table_for(query.available)
@@ -106,7 +218,7 @@ class ExactSearch:
         avail = table.mask_of(query.available)
         must = table.mask_of(query.must)
         busy = ((1 << len(table.universe)) - 1) & ~avail
-        order, static = table.order[k], table.static[k]
+        order = table.order[k]
         capacity_of: BitSums | None = None
         needed = query.needed
         shares = query.shares
@@ -128,12 +240,12 @@ class ExactSearch:
         constraints = objective.constrained
         fields = objective.fact_fields
         arrays = table.fact_arrays(fields) if constraints and fields is not None else None
-        for idx, mask in enumerate(order):
+        for mask in order:
             if mask & busy or mask & must != must:
                 continue
             if capacity_of is not None and capacity_of(mask) < needed:
                 continue
-            fails, neg_score, span = static[idx]
+            fails, neg_score, span = table.static_terms(mask)
             if best_key is not None:
                 if fails > best_key[0]:
                     break
@@ -174,6 +286,256 @@ class ExactSearch:
         if best_key[0]:
             notes.append(f"{best_key[0]} chosen device(s) fail the policy selector")
         return table.positions(best_mask)
+
+
+def _bit_values(mask: int) -> list[int]:
+    """The set bits of ``mask`` as values (1 << b), lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low)
+        mask ^= low
+    return out
+
+
+# From this many GPUs a node's interchangeable GPUs are searched by counts (ClassSearch) when
+# that takes at most CLASS_STATES count vectors.
+CLASS_MIN_GPUS = 9
+CLASS_STATES = 4096
+
+
+class _FullTable:
+    """The table of a node's GPUs, built once on first use, shared by health states."""
+
+    def __init__(
+        self, topology: Topology, universe: Sequence[int], fails: AbstractSet[int]
+    ) -> None:
+        self.universe = Universe.of(topology, universe, fails)
+        self._args = (topology, universe, fails)
+        self.built: Table | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Table:
+        """The table, built now if not yet."""
+        table = self.built
+        if table is None:
+            with self._lock:  # the plugin calls prefer() from several gRPC threads
+                if self.built is None:
+                    self.built = Table(*self._args)
+                table = self.built
+        return table
+
+
+class ClassSearch:
+    """The exact search for whole GPUs by counts: GPUs that are interchangeable (the same
+    selector result and NUMA node, and the same link score to every other GPU) form classes,
+    and every objective term but the last depends only on how many a set takes from each.
+
+    So the best set is found among count vectors, each standing for its earliest set (term 9:
+    in each class, its must-include GPUs and then its lowest available ones). Masks are over
+    the table's universe (bit b: ``universe[b]``); answers equal :meth:`ExactSearch.best_plain`.
+    """
+
+    def __init__(self, universe: Universe) -> None:
+        count = len(universe.positions)
+        members: list[list[int]] = []  # bits per class
+        for b in range(count):
+            for group in members:
+                if _twins(universe, group[0], b):
+                    group.append(b)
+                    break
+            else:
+                members.append([b])
+        self.masks = tuple(sum(1 << b for b in group) for group in members)
+        self.bits = tuple(tuple(1 << b for b in group) for group in members)
+        first = [group[0] for group in members]
+        self.weight = tuple(
+            tuple(
+                universe.weights[a][group[1]]
+                if a == group[0] and len(group) > 1
+                else universe.weights[a][group[0]]
+                if a != group[0]
+                else 0
+                for group in members
+            )
+            for a in first
+        )
+        self.fails = tuple(universe.fail_mask >> a & 1 for a in first)
+        self.numa = tuple(universe.numa_bit[a] for a in first)
+        # per count vector, filled on first use: static terms, what is left free, pairings
+        self._static: dict[tuple[int, ...], tuple[int, int, int]] = {}
+        self._left: dict[tuple[int, ...], tuple[int, int, int]] = {}
+        self._pairs: dict[tuple[int, ...], int] = {}
+        self._sets: dict[tuple[int, ...], int] = {}
+        self._scores: dict[tuple[int, ...], int] = {}
+
+    def prepare(self) -> None:
+        """Compute what every count vector leaves free now, not on a kubelet call."""
+        for counts in product(*[range(len(bits) + 1) for bits in self.bits]):
+            self.left(counts)
+
+    def states(self) -> int:
+        """How many count vectors a request may have to look at, at most."""
+        total = 1
+        for bits in self.bits:
+            total *= len(bits) + 1
+        return total
+
+    def score(self, counts: tuple[int, ...]) -> int:
+        """The link score of a set taking ``counts`` GPUs of each class (cached)."""
+        found = self._scores.get(counts)
+        if found is None:
+            found = self._scores[counts] = self._score(counts)
+        return found
+
+    def _score(self, counts: tuple[int, ...]) -> int:
+        weight = self.weight
+        total = 0
+        for c, x in enumerate(counts):
+            if x:
+                row = weight[c]
+                total += x * (x - 1) // 2 * row[c]
+                for d in range(c + 1, len(counts)):
+                    total += x * counts[d] * row[d]
+        return total
+
+    def left(self, counts: tuple[int, ...]) -> tuple[int, int, int]:
+        """What ``counts`` GPUs left free offer: the best NEXT_SET_SIZE-set, the best pairing,
+        the link score (cached)."""
+        found = self._left.get(counts)
+        if found is None:
+            size = sum(counts)
+            best_set = 0
+            if size == NEXT_SET_SIZE:
+                best_set = self.score(counts)
+            elif size > NEXT_SET_SIZE:
+                best_set = max(0, self._best_set(counts))
+            found = (best_set, self._pairing(counts), self.score(counts))
+            self._left[counts] = found
+        return found
+
+    def _best_set(self, counts: tuple[int, ...]) -> int:
+        """The highest link score of NEXT_SET_SIZE of ``counts`` GPUs (at least that many):
+        the best over the vectors one GPU smaller."""
+        if sum(counts) == NEXT_SET_SIZE:
+            return self.score(counts)
+        found = self._sets.get(counts)
+        if found is None:
+            rest = list(counts)
+            for c, x in enumerate(counts):
+                if x:
+                    rest[c] -= 1
+                    value = self._best_set(tuple(rest))
+                    rest[c] += 1
+                    if found is None or value > found:
+                        found = value
+            assert found is not None
+            self._sets[counts] = found
+        return found
+
+    def _pairing(self, counts: tuple[int, ...]) -> int:
+        """The best total link score of disjoint pairs among ``counts`` GPUs (a best matching):
+        a GPU of the first class present stays unpaired or pairs with one of some class."""
+        if sum(counts) < 2:
+            return 0
+        found = self._pairs.get(counts)
+        if found is None:
+            c = next(n for n, x in enumerate(counts) if x)
+            rest = list(counts)
+            rest[c] -= 1
+            found = self._pairing(tuple(rest))
+            for d, x in enumerate(rest):
+                if x:
+                    rest[d] -= 1
+                    found = max(found, self.weight[c][d] + self._pairing(tuple(rest)))
+                    rest[d] += 1
+            self._pairs[counts] = found
+        return found
+
+    def best(self, k: int, avail: int, must: int) -> int:
+        """The mask of the best ``k``-set within ``avail`` holding ``must``, or -1."""
+        have = tuple([(avail & m).bit_count() for m in self.masks])
+        need = [(must & m).bit_count() for m in self.masks]
+        all_left = self.score(have)
+        best_key: tuple[int, int, int, int, int, int] | None = None
+        best: tuple[int, ...] = ()
+        tied: list[tuple[int, ...]] = []
+        for counts in _vectors(have, need, k):
+            static = self._static.get(counts)
+            if static is None:
+                static = self._static[counts] = self._static_terms(counts)
+            left_set, left_pairs, left_score = self.left(
+                tuple([h - x for h, x in zip(have, counts, strict=True)])
+            )
+            key = (*static, -left_set, -left_pairs, all_left + static[1] - left_score)
+            if best_key is None or key < best_key:
+                best_key, best, tied = key, counts, []
+            elif key == best_key:
+                tied.append(counts)
+        if best_key is None:
+            return -1
+        # term 9 among count vectors equal on the rest: the earliest of their earliest sets
+        return min(
+            (self._earliest(counts, avail, must, need) for counts in [best, *tied]),
+            key=_ascending_bits,
+        )
+
+    def _static_terms(self, counts: tuple[int, ...]) -> tuple[int, int, int]:
+        """Terms 1, 3 and 4 (static_terms) of a set taking ``counts`` of each class."""
+        numa = 0
+        for c, x in enumerate(counts):
+            if x:
+                numa |= self.numa[c]
+        fails = sum(f * x for f, x in zip(self.fails, counts, strict=True))
+        return (fails, -self.score(counts), numa.bit_count())
+
+    def _earliest(self, counts: tuple[int, ...], avail: int, must: int, need: list[int]) -> int:
+        """The earliest set (term 9) taking ``counts``: in each class its must-include GPUs,
+        then its lowest available others."""
+        mask = must
+        for c, x in enumerate(counts):
+            extra = x - need[c]
+            for bit in self.bits[c]:
+                if not extra:
+                    break
+                if bit & avail and not bit & must:
+                    mask |= bit
+                    extra -= 1
+        return mask
+
+
+def _twins(universe: Universe, a: int, b: int) -> bool:
+    """Whether bits ``a`` and ``b`` are interchangeable for the objective."""
+    if (universe.fail_mask >> a & 1) != (universe.fail_mask >> b & 1):
+        return False
+    if universe.numa_bit[a] != universe.numa_bit[b]:
+        return False
+    row_a, row_b = universe.weights[a], universe.weights[b]
+    return all(row_a[x] == row_b[x] for x in range(len(row_a)) if x not in (a, b))
+
+
+def _vectors(have: Sequence[int], need: Sequence[int], k: int) -> list[tuple[int, ...]]:
+    """The count vectors x with need <= x <= have, elementwise, summing to ``k``."""
+    if not have:
+        return [()] if k == 0 else []
+    ranges = [range(n, h + 1) for n, h in zip(need[:-1], have[:-1], strict=True)]
+    low, high = need[-1], have[-1]
+    out = []
+    for first in product(*ranges):
+        last = k - sum(first)
+        if low <= last <= high:
+            out.append((*first, last))
+    return out
+
+
+def _ascending_bits(mask: int) -> tuple[int, ...]:
+    """The bit numbers of ``mask``, ascending (term 9 compares these)."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return tuple(out)
 
 
 class GreedySearch:

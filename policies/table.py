@@ -7,8 +7,12 @@ the objective), and the subsets of each size sorted by the static part of the ob
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from itertools import repeat
+from math import comb
+from operator import add, rshift, sub
 
 from policies.graph import Topology
 from policies.objective import NEXT_SET_SIZE, StaticTerms, static_terms
@@ -31,69 +35,144 @@ def bits(mask: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Universe:
+    """The GPUs of a table, by bit: their positions, pair scores, NUMA nodes (as bits of this
+    universe's own numbering) and which fail the selector."""
+
+    positions: tuple[int, ...]
+    bit_of: Mapping[int, int]
+    weights: list[list[int]]
+    numa_bit: list[int]
+    numa_ids: Mapping[int | None, int]
+    fail_mask: int
+
+    @classmethod
+    def of(
+        cls, topology: Topology, universe: Sequence[int], fail_positions: AbstractSet[int]
+    ) -> Universe:
+        """The universe of GPU positions ``universe`` of ``topology``."""
+        positions = tuple(universe)
+        bit_of = {p: b for b, p in enumerate(positions)}
+        numa_ids: dict[int | None, int] = {}
+        numa_bit: list[int] = []
+        for p in positions:
+            numa = topology.numa[p]
+            numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
+        return cls(
+            positions=positions,
+            bit_of=bit_of,
+            weights=[[topology.scores[p][q] for q in positions] for p in positions],
+            numa_bit=numa_bit,
+            numa_ids=numa_ids,
+            fail_mask=sum(1 << bit_of[p] for p in fail_positions if p in bit_of),
+        )
+
+    def positions_of(self, mask: int) -> tuple[int, ...]:
+        """The GPU positions of a mask, ascending."""
+        return tuple(sorted(self.positions[b] for b in bits(mask)))
+
+
 class Table:
     """Every subset of ``universe`` (GPU positions) scored, and sorted per size by static key."""
 
     def __init__(
         self, topology: Topology, universe: Sequence[int], fail_positions: AbstractSet[int]
     ) -> None:
-        self.universe = tuple(universe)
-        self.bit_of = {p: b for b, p in enumerate(self.universe)}
+        parts = Universe.of(topology, universe, fail_positions)
+        self.universe = parts.positions
+        self.bit_of = parts.bit_of
         count = len(self.universe)
-        weights = [[topology.scores[p][q] for q in self.universe] for p in self.universe]
-        numa_ids: dict[int | None, int] = {}
-        numa_bit = []
-        for p in self.universe:
-            numa = topology.numa[p]
-            numa_bit.append(0 if numa is None else 1 << numa_ids.setdefault(numa, len(numa_ids)))
-        fail_mask = sum(1 << self.bit_of[p] for p in fail_positions if p in self.bit_of)
-        size = 1 << count
-        score = [0] * size
-        numa_bits = [0] * size
-        reverse = [0] * size
-        for mask in range(1, size):
-            low = mask & -mask
-            bit = low.bit_length() - 1
-            rest = mask ^ low
-            row = weights[bit]
-            gain = 0
-            r = rest
-            while r:
-                lb = r & -r
-                gain += row[lb.bit_length() - 1]
-                r ^= lb
-            score[mask] = score[rest] + gain
-            numa_bits[mask] = numa_bits[rest] | numa_bit[bit]
-            reverse[mask] = reverse[rest] | (1 << (count - 1 - bit))
+        weights, numa_bit, numa_ids = parts.weights, parts.numa_bit, parts.numa_ids
+        fail_mask = self.fail_mask = parts.fail_mask
+        # Every per-mask list is built by doubling over the highest bit: the masks with bit b
+        # set are those below 1 << b with b added, so each step is one list operation in C.
+        score, numa_bits, sizes = [0], [0], [0]
+        for b in range(count):
+            row = weights[b]
+            gain = [0]  # the link score of bit b to each subset of the bits below it
+            for j in range(b):
+                gain += list(map(row[j].__add__, gain))
+            score += list(map(add, score, gain))
+            numa_bits += list(map(numa_bit[b].__or__, numa_bits))
+            sizes += list(map((1).__add__, sizes))
         self.score = score
         self.numa_bits = numa_bits
+        # this table's NUMA bit -> the node's NUMA node, and NUMA bit sets -> sorted nodes
+        self._numa_of_bit = {1 << b: n for n, b in numa_ids.items() if n is not None}
+        self._numa_nodes: dict[int, tuple[int, ...]] = {}
         self._nvlinks = [[topology.nvlinks[p][q] for q in self.universe] for p in self.universe]
         self._min_pair: list[int] | None = None
-        self._popcounts: list[int] | None = None
+        self._popcounts = sizes
         # constraint results by this table's raw fact arrays (see Objective.mask_ok)
         self.ok_cache: dict[tuple[int, ...], bool] = {}
-        self.numa_span = [popcount(b) for b in numa_bits]
-        by_size: list[list[int]] = [[] for _ in range(count + 1)]
-        for mask in range(size):
-            by_size[popcount(mask)].append(mask)
-        # the terms of the objective a set has whatever the request, then term 9 (positions)
-        static_of = [
-            static_terms(popcount(m & fail_mask), score[m], self.numa_span[m]) for m in range(size)
-        ]
+        self.numa_span = list(map(int.bit_count, numa_bits))
+        # One sort key per mask, as a packed int, high bits first: its size; its static rank,
+        # terms 1, 3 and 4 (static_terms) as one int, (fails * R + high - score) * S + span;
+        # term 9, positions ascending (the bit-reversed mask descending); the mask itself.
+        # All but the score and the span add up over the mask's bits: built by doubling too.
+        low, high = min(score), max(score)
+        spread, spans = high - low + 1, len(numa_ids) + 1
+        shift = 2 * count
+        rank_bits = ((fail_mask.bit_count() + 1) * spread * spans).bit_length()
+        full = (1 << count) - 1
+        key = [((high * spans) << shift) + (full << count)]
+        for b in range(count):
+            step = (1 << (rank_bits + shift)) + (((fail_mask >> b & 1) * spread * spans) << shift)
+            step += (1 << b) - (1 << (count - 1 - b) << count)
+            key += list(map(step.__add__, key))
+        span_key = [nodes.bit_count() << shift for nodes in range(1 << len(numa_ids))]
+        key = list(
+            map(
+                sub,
+                map(add, key, map(span_key.__getitem__, numa_bits)),
+                map((spans << shift).__mul__, score),
+            )
+        )
+        # the static rank (above it the size, equal within an order list): ties are equal
+        self.static_rank = list(map(rshift, key, repeat(shift)))
+        key.sort()
+        ordered = list(map(full.__and__, key))
         self.order: list[list[int]] = []
-        self.static: list[list[StaticTerms]] = []
-        for masks in by_size:
-            masks.sort(key=reverse.__getitem__, reverse=True)  # term 9 (no two equal) ...
-            masks.sort(key=static_of.__getitem__)  # ... then, stable, terms 1, 3 and 4 first
-            self.order.append(masks)
-            self.static.append([static_of[m] for m in masks])
+        start = 0
+        for k in range(count + 1):
+            self.order.append(ordered[start : start + comb(count, k)])
+            start += comb(count, k)
         self.weights = weights
-        self.left_best_set = _best_set_within(score, count, NEXT_SET_SIZE)
+        self.left_best_set = _best_set_within(score, sizes, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
+        self._rest_bounds = [
+            (
+                max(map(self.left_best_set.__getitem__, masks)),
+                max(map(self.left_pairs.__getitem__, masks)),
+                max(map(score.__getitem__, masks)),
+            )
+            for masks in self.order
+        ]
+
+    def rest_bounds(self, size: int) -> tuple[int, int, int]:
+        """The highest best set, best pairing and link score of any ``size``-mask: a set that
+        leaves all three free cannot be beaten on terms 6-8."""
+        return self._rest_bounds[size]
+
+    def static_terms(self, mask: int) -> StaticTerms:
+        """Terms 1, 3 and 4 of the objective for a mask (what :attr:`static_rank` orders)."""
+        return static_terms(
+            (mask & self.fail_mask).bit_count(), self.score[mask], self.numa_span[mask]
+        )
 
     def left_free(self, free: int) -> tuple[int, int]:
         """What the free devices ``free`` offer the next request: best set, best pairing."""
         return self.left_best_set[free], self.left_pairs[free]
+
+    def numa_nodes(self, mask: int) -> tuple[int, ...]:
+        """The known NUMA nodes of a mask's GPUs, sorted (as ``Topology.numa_nodes``)."""
+        numa = self.numa_bits[mask]
+        nodes = self._numa_nodes.get(numa)
+        if nodes is None:
+            nodes = tuple(sorted(n for b, n in self._numa_of_bit.items() if b & numa))
+            self._numa_nodes[numa] = nodes
+        return nodes
 
     def mask_of(self, positions: Sequence[int]) -> int:
         """The table mask of GPU positions (all must be in the universe)."""
@@ -118,8 +197,6 @@ class Table:
             if name == "numaNodes":
                 out.append(self.numa_bits)
             elif name == "size":
-                if self._popcounts is None:
-                    self._popcounts = [popcount(m) for m in range(len(self.score))]
                 out.append(self._popcounts)
             elif name == "linkScore":
                 out.append(self.score)
@@ -130,22 +207,35 @@ class Table:
         return out
 
 
-def _best_set_within(score: list[int], count: int, k: int) -> list[int]:
-    """For every mask: the highest link score of a ``k``-subset of it (0 if it has fewer)."""
-    best = [0] * (1 << count)
-    for mask in range(1, 1 << count):
-        bits = mask.bit_count()
-        if bits == k:
-            best[mask] = score[mask]
-        elif bits > k:  # a k-subset misses at least one bit of the mask
-            top, rest = 0, mask
-            while rest:
-                low = rest & -rest
-                rest ^= low
-                if best[mask ^ low] > top:
-                    top = best[mask ^ low]
-            best[mask] = top
-    return best
+def _max_into(target: list[int], values: list[int]) -> list[int]:
+    """The elementwise maximum of ``target`` and ``values``."""
+    return [t if t >= v else v for t, v in zip(target, values, strict=False)]  # same lengths
+
+
+def _subsets_with_bit(count: int, bit: int) -> list[tuple[slice, slice]]:
+    """The masks below ``1 << count`` holding ``bit``, as slices, each with the slice of the
+    same masks without it: strided when that takes fewer slices, else contiguous blocks."""
+    half, step = 1 << bit, 2 << bit
+    if half <= (1 << count) // step:
+        return [(slice(j + half, None, step), slice(j, None, step)) for j in range(half)]
+    return [
+        (slice(start + half, start + step), slice(start, start + half))
+        for start in range(0, 1 << count, step)
+    ]
+
+
+def _best_set_within(score: list[int], sizes: list[int], count: int, k: int) -> list[int]:
+    """For every mask: the highest link score of a ``k``-subset of it (0 if it has fewer, and
+    at least 0 if it has more)."""
+    floor = min(score) - 1  # below every set's score: "no k-subset here yet"
+    best = [s if n == k else floor for s, n in zip(score, sizes, strict=True)]
+    for bit in range(count):  # the maximum over subsets, one bit at a time
+        for with_bit, without in _subsets_with_bit(count, bit):
+            best[with_bit] = _max_into(best[with_bit], best[without])
+    return [
+        v if n == k else (v if v > 0 else 0) if n > k else 0
+        for v, n in zip(best, sizes, strict=True)
+    ]
 
 
 def _min_pair_within(nvlinks: list[list[int]], count: int) -> list[int]:
@@ -168,21 +258,23 @@ def _min_pair_within(nvlinks: list[list[int]], count: int) -> list[int]:
 
 
 def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:
-    """For every mask: the highest total link score of disjoint pairs in it (a best matching)."""
-    best = [0] * (1 << count)
-    for mask in range(3, 1 << count):
-        low = mask & -mask
-        rest = mask ^ low
-        row = weights[low.bit_length() - 1]
-        top = best[rest]  # the lowest device stays unpaired
-        others = rest
-        while others:
-            partner = others & -others
-            others ^= partner
-            value = row[partner.bit_length() - 1] + best[rest ^ partner]
-            if value > top:
-                top = value
-        best[mask] = top
+    """For every mask: the highest total link score of disjoint pairs in it (a best matching).
+
+    By the highest bit h of a mask: h stays unpaired, or pairs with a bit j of the rest r,
+    best[h + r] = max(best[r], weights[h][j] + best[r - j]); per (h, j) one slice operation.
+    """
+    best = [0]
+    for h in range(count):
+        row = weights[h]
+        top = best[:]  # h unpaired
+        for j in range(h):
+            w = row[j]
+            for with_j, without in _subsets_with_bit(h, j):
+                top[with_j] = [
+                    t if t >= (v := x + w) else v
+                    for t, x in zip(top[with_j], best[without], strict=False)  # same lengths
+                ]
+        best += top
     return best
 
 

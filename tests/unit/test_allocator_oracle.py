@@ -110,6 +110,34 @@ def test_prefer_is_the_oracles_best_on_the_whole_objective(name: str) -> None:
         assert _ask(allocator, available, must, size) == expected, (available, must, size)
 
 
+LARGE_NODES = Path(__file__).resolve().parent.parent / "fixtures" / "nodes"
+
+
+@pytest.mark.parametrize(
+    "name", ["pcie-20gpu-2socket", "nvswitch-24gpu", "nvswitch-32gpu", "pcie-24gpu-2socket"]
+)
+def test_prefer_is_the_oracles_best_above_16_gpus(name: str) -> None:
+    """Nodes of 20-32 GPUs (searched by classes of interchangeable GPUs), on sampled requests
+    the brute force can afford: up to 12 available GPUs; more, with at most three left over
+    or (up to 18 available) one GPU chosen."""
+    node = load_node(str(LARGE_NODES / f"{name}.yaml"))
+    allocator, oracle = Allocator(node), Oracle(node)
+    assert allocator.exact.classes is not None
+    rng = random.Random(name)
+    indexes = [g.index for g in node.gpus]
+    for _ in range(12):
+        available = sorted(rng.sample(indexes, rng.randint(1, len(indexes))))
+        if len(available) <= 12:
+            size = rng.randint(1, len(available))
+        elif len(available) <= 18 and rng.random() < 0.3:
+            size = 1
+        else:
+            size = rng.randint(len(available) - 3, len(available))
+        must = sorted(rng.sample(available, rng.randint(0, min(2, size))))
+        expected = oracle.ranking(available, must, size)[0][1]
+        assert _ask(allocator, available, must, size) == expected, (available, must, size)
+
+
 def _explain(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
     assert main(["policy", "explain", "--format", "json", "--alternatives", "40", *args]) == 0
     return json.loads(capsys.readouterr().out)
