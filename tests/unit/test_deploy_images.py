@@ -99,6 +99,16 @@ def test_the_image_is_named_localhost_cdigen_v_version() -> None:
     assert 'tag="${1:-localhost/cdigen:v$version}"' in build
 
 
+def test_the_install_docs_overlay_renames_the_image(tmp_path: Path) -> None:
+    """The ``images:`` override docs/install.md shows, in an overlay of deploy/kubernetes."""
+    doc = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    block = doc.split("```yaml\nresources: [<path>/deploy/kubernetes]\n", 1)[1].split("```")[0]
+    overlay = yaml.safe_load(block)
+    overlay["resources"] = [os.path.relpath(DEPLOY / "kubernetes", tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay), encoding="utf-8")
+    assert images(render(tmp_path)) == {"mirror.example.com/cdigen:v0.1.0"}
+
+
 @pytest.mark.parametrize("path", ["Dockerfile", "deploy/image/Containerfile"])
 def test_image_builds_carry_oci_version_revision_and_source(path: str) -> None:
     text = (REPO / path).read_text(encoding="utf-8")
