@@ -137,3 +137,18 @@ def test_daemonsets_keep_the_node_labels_in_an_nfd_feature_file(directory: str) 
     # the flag is one the command takes
     args = build_parser().parse_args(argv[1:])
     assert str(getattr(args, "features_file", "")) == path
+
+
+def test_the_nfd_rule_sets_the_label_the_daemonsets_select_on() -> None:
+    (rule,) = render(DEPLOY / "nfd")
+    assert (rule["apiVersion"], rule["kind"]) == ("nfd.k8s-sigs.io/v1alpha1", "NodeFeatureRule")
+    (only_rule,) = rule["spec"]["rules"]
+    assert only_rule["labels"] == {"nvidia.com/gpu.present": "true"}
+    (match,) = only_rule["matchFeatures"]
+    assert match["feature"] == "pci.device"
+    assert match["matchExpressions"]["vendor"] == {"op": "In", "value": ["10de"]}
+    assert match["matchExpressions"]["class"] == {"op": "In", "value": ["0300", "0302"]}
+    for directory in ("kubernetes", "dra"):
+        (daemonset,) = [o for o in render(DEPLOY / directory) if o["kind"] == "DaemonSet"]
+        selector = daemonset["spec"]["template"]["spec"]["nodeSelector"]
+        assert selector["nvidia.com/gpu.present"] == "true"
