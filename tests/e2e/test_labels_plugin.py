@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from cdigen.discover import load_node
 from cdigen.labels import node_labels
 from cdigen.nodefile import dump_node
 from plugin.config import HealthConfig, PluginConfig
 from plugin.serve import Plugin
+from tests.cdihost import FakeHost, build_host, make_node
+from tests.helpers.dra import Harness
 from tests.helpers.mig import repartition
 from tests.kubelet_sim import KubeletSimulator
 
@@ -122,3 +126,36 @@ def test_without_features_file_nothing_is_written(tmp_path: Path) -> None:
         finally:
             plugin.stop()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plugins"]
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> FakeHost:
+    return build_host(tmp_path / "host", make_node(3, mig_gpu=2))
+
+
+def test_dra_plugin_rewrites_the_feature_file_on_health_and_mig_changes(
+    harness: Harness, tmp_path: Path
+) -> None:
+    features = tmp_path / "features.d"
+    plugin = harness.start(features_file=features / "cdigen-dra-plugin")
+    labels = nfd_read(features)
+    assert labels == node_labels(plugin.node, mig_strategy="mixed")
+    assert labels["cdigen.dev/gpu.healthy"] == "3"
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    mig_counts = {k: v for k, v in labels.items() if k.endswith(".count") and "/mig-" in k}
+    assert mig_counts  # GPU 2's MIG devices
+
+    gpu1 = plugin.node.gpus[1].uuid
+    plugin.board.set_reasons("xid", {gpu1: "critical Xid 79"})
+    assert nfd_read(features)["cdigen.dev/gpu.healthy"] == "2"
+    plugin.board.set_reasons("xid", {gpu1: None})
+    assert nfd_read(features)["cdigen.dev/gpu.healthy"] == "3"
+
+    node = plugin.node
+    gpus = list(node.gpus)
+    gpus[2] = dataclasses.replace(gpus[2], mig_enabled=False, mig_devices=())
+    assert plugin.apply_node(dataclasses.replace(node, gpus=tuple(gpus)))
+    labels = nfd_read(features)
+    assert not any("/mig-" in k for k in labels)
+    assert labels["cdigen.dev/gpu.healthy"] == "3"
+    assert os.listdir(features) == ["cdigen-dra-plugin"]
