@@ -23,6 +23,7 @@ from plugin.serve import Plugin
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
 from tests.helpers.mig import repartition
+from tests.helpers.served import ServedPlugin, cdigen
 from tests.kubelet_sim import KubeletSimulator
 
 MIXED = "builtin:dgx-a100-mig-mixed"
@@ -159,3 +160,36 @@ def test_dra_plugin_rewrites_the_feature_file_on_health_and_mig_changes(
     assert not any("/mig-" in k for k in labels)
     assert labels["cdigen.dev/gpu.healthy"] == "3"
     assert os.listdir(features) == ["cdigen-dra-plugin"]
+
+
+def test_plugin_serve_writes_the_feature_file_and_keeps_it_at_exit(tmp_path: Path) -> None:
+    features = tmp_path / "features.d"
+    served = ServedPlugin(
+        tmp_path,
+        "--node",
+        "builtin:dgx-h100",
+        "--device-list-strategy",
+        "envvar",
+        "--features-file",
+        str(features / "cdigen-device-plugin"),
+    )
+    with KubeletSimulator(served.plugin_dir) as kubelet:
+        try:
+            kubelet.wait_registered("nvidia.com/gpu")
+            wait_for(lambda: features.is_dir() and bool(os.listdir(features)))
+            labels = nfd_read(features)
+            assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+            assert labels == node_labels(load_node("builtin:dgx-h100"))
+        finally:
+            assert served.stop() == 0
+    assert nfd_read(features) == labels  # kept: see docs/labels.md, "When the plugin stops"
+    assert "node labels written to" in served.logs() and "Traceback" not in served.logs()
+
+
+def test_an_empty_features_file_path_is_one_line_exit_2() -> None:
+    result = cdigen(
+        "plugin", "serve", "--node", "builtin:rtx4090", "--features-file", "", check=False
+    )
+    assert result.returncode == 2
+    assert "--features-file" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
