@@ -32,7 +32,7 @@ _FAMILIES = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: 
 
 
 @dataclass(frozen=True)
-class Sharing:
+class LabelSharing:
     """How whole GPUs are shared, as GFD's ``gpu.replicas`` / ``gpu.sharing-strategy`` see it.
 
     ``replicas``: devices per GPU (1: not shared); ``strategy``: ``time-slicing`` or ``mps``
@@ -50,7 +50,7 @@ class Sharing:
         return self.replicas > 1
 
 
-NOT_SHARED = Sharing()
+NOT_SHARED = LabelSharing()
 
 
 def family(compute_capability: str) -> str:
@@ -126,30 +126,32 @@ def _product_group(gpus: Iterable[Gpu]) -> list[Gpu]:
 
     GFD labels one product per node; on a mixed node it picks one of the names at random."""
     ordered = sorted(gpus, key=lambda g: g.index)
-    counts = Counter(g.name for g in ordered)
-    first: dict[str, int] = {}
-    for g in ordered:
-        first.setdefault(g.name, g.index)
-    name = max(counts, key=lambda n: (counts[n], -first[n]))
+    counts = Counter(g.name for g in ordered)  # in order of first appearance: max keeps the first
+    name = max(counts, key=counts.__getitem__)
     return [g for g in ordered if g.name == name]
 
 
-def _resource(prefix: str, product: str, count: int, sharing: Sharing | None) -> dict[str, str]:
+def _resource(
+    prefix: str, product: str, count: int, sharing: LabelSharing | None
+) -> dict[str, str]:
     """GFD's base labels of one resource: product, count, replicas, sharing-strategy.
     ``sharing`` None: sharing does not apply (MIG-enabled GPUs), so replicas 0."""
-    replicas = 0 if sharing is None else sharing.replicas
-    shared = sharing is not None and sharing.shared
-    if shared and sharing is not None and not sharing.renamed:
-        product = _fit(f"{product}-SHARED")
+    replicas, strategy = 0, "none"
+    if sharing is not None:
+        replicas = sharing.replicas
+        if sharing.shared:
+            strategy = sharing.strategy
+            if not sharing.renamed:
+                product = _fit(f"{product}-SHARED")
     return {
         f"{prefix}.product": product,
         f"{prefix}.count": str(count),
         f"{prefix}.replicas": str(replicas),
-        f"{prefix}.sharing-strategy": sharing.strategy if shared and sharing else "none",
+        f"{prefix}.sharing-strategy": strategy,
     }
 
 
-def _gpu_labels(node: Node, sharing: Sharing) -> dict[str, str]:
+def _gpu_labels(node: Node, sharing: LabelSharing) -> dict[str, str]:
     group = _product_group(node.gpus)
     gpu = group[0]
     # GFD: GPUs with MIG enabled are labelled without sharing, whole ones with it
@@ -252,7 +254,7 @@ def nvlink_domain_size(node: Node) -> int:
 
 
 def node_labels(
-    node: Node, *, mig_strategy: str = "none", sharing: Sharing = NOT_SHARED
+    node: Node, *, mig_strategy: str = "none", sharing: LabelSharing = NOT_SHARED
 ) -> dict[str, str]:
     """Every label for ``node``, full keys, sorted; none for a node without GPUs (as GFD).
 

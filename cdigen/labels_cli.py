@@ -70,14 +70,14 @@ def run_labels(args: argparse.Namespace) -> int:
     import sys
 
     from cdigen.discover.cli import _load  # discover's loader: notes and GPU errors to stderr
-    from cdigen.labels import Sharing, labels_text, node_labels
+    from cdigen.labels import LabelSharing, labels_text, node_labels
 
     if not 1 <= args.replicas <= 1024:
         raise InputError(
             f"--replicas {args.replicas} is out of range",
             hint="give the replicas per GPU of the plugin's sharing config, 1 to 1024",
         )
-    sharing = Sharing(
+    sharing = LabelSharing(
         replicas=args.replicas,
         strategy=args.sharing_strategy if args.replicas > 1 else "none",
         renamed=args.shared_resource != DEFAULT_RESOURCE,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen.errors import CdigenError
-from cdigen.labels import NOT_SHARED, Sharing, feature_file_text, node_labels
+from cdigen.labels import NOT_SHARED, LabelSharing, feature_file_text, node_labels
 from plugin.defaults import DEFAULT_RESOURCE
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ DEFAULT_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 MAX_FEATURE_FILE_BYTES = 65536  # NFD skips a larger feature file
 
 
-def config_sharing(config: PluginConfig, node: Node) -> Sharing:
+def config_sharing(config: PluginConfig, node: Node) -> LabelSharing:
     """GFD's view of the config's sharing: the first GPU resource that shares whole GPUs.
 
     Replicas are per GPU; memory slices count as replicas (the fewest any GPU holds). The
@@ -48,7 +48,7 @@ def config_sharing(config: PluginConfig, node: Node) -> Sharing:
             whole = [g for g in node.gpus if not g.mig_enabled] or list(node.gpus)
             replicas = min((slice_count(g, sharing.memory_slice_mib) for g in whole), default=1)
         strategy = "mps" if sharing.mps_pipe_directory is not None else "time-slicing"
-        return Sharing(
+        return LabelSharing(
             replicas=max(replicas, 1),
             strategy=strategy,
             renamed=resource.name != DEFAULT_RESOURCE,

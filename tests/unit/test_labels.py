@@ -15,14 +15,21 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.discover.builtin import names
-from cdigen.labels import LABEL_VALUE, Sharing, family, label_problems, node_labels, product_value
+from cdigen.labels import (
+    LABEL_VALUE,
+    LabelSharing,
+    family,
+    label_problems,
+    node_labels,
+    product_value,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "labels.md"
 SHARINGS = {
-    "unshared": Sharing(),
-    "time-slicing": Sharing(replicas=4, strategy="time-slicing"),
-    "mps-renamed": Sharing(replicas=2, strategy="mps", renamed=True),
+    "unshared": LabelSharing(),
+    "time-slicing": LabelSharing(replicas=4, strategy="time-slicing"),
+    "mps-renamed": LabelSharing(replicas=2, strategy="mps", renamed=True),
 }
 # Kubernetes' label value rule, written out here rather than imported: the test checks the code's.
 K8S_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
@@ -154,12 +161,12 @@ def test_product_value_is_gfds_and_always_a_label_value() -> None:
 
 def test_sharing_labels_follow_gfd() -> None:
     node = load_node("builtin:rtx4090")
-    shared = node_labels(node, sharing=Sharing(replicas=4, strategy="time-slicing"))
+    shared = node_labels(node, sharing=LabelSharing(replicas=4, strategy="time-slicing"))
     assert shared["nvidia.com/gpu.product"] == "NVIDIA-GeForce-RTX-4090-SHARED"
     assert shared["nvidia.com/gpu.replicas"] == "4"
     assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert shared["nvidia.com/mps.capable"] == "false"
-    mps = node_labels(node, sharing=Sharing(replicas=2, strategy="mps", renamed=True))
+    mps = node_labels(node, sharing=LabelSharing(replicas=2, strategy="mps", renamed=True))
     assert mps["nvidia.com/gpu.product"] == "NVIDIA-GeForce-RTX-4090"  # renamed: no suffix
     assert mps["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert mps["nvidia.com/mps.capable"] == "true"
@@ -268,3 +275,46 @@ def test_docs_kubectl_one_liner_passes_every_label_as_one_argument(tmp_path: Pat
     assert argv[:4] == ["label", "node", "gpu-node-1", "--overwrite"]
     expected = node_labels(load_node("builtin:dgx-a100-mig-mixed"), mig_strategy="mixed")
     assert argv[4:] == [f"{k}={v}" for k, v in expected.items()]
+
+
+def test_a_node_of_several_products_is_labelled_by_the_most_common() -> None:
+    node = load_node("builtin:dgx-a100")
+    gpus = [
+        dataclasses.replace(g, name="NVIDIA A100-SXM4-40GB") if g.index < 3 else g
+        for g in node.gpus
+    ]
+    labels = node_labels(dataclasses.replace(node, gpus=tuple(gpus)))
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["nvidia.com/gpu.count"] == "5"
+
+
+def test_the_plugin_config_gives_gfds_sharing_view() -> None:
+    from plugin.config import PluginConfig, ResourceConfig
+    from plugin.labels import plugin_labels
+    from plugin.sharing import Sharing
+
+    node = load_node("builtin:rtx4090")  # 24564 MiB
+    cases = {
+        ("nvidia.com/gpu", Sharing(replicas=4)): (
+            "NVIDIA-GeForce-RTX-4090-SHARED",
+            "4",
+            "time-slicing",
+        ),
+        ("nvidia.com/gpu.shared", Sharing(replicas=4)): (
+            "NVIDIA-GeForce-RTX-4090",
+            "4",
+            "time-slicing",
+        ),
+        (
+            "nvidia.com/gpu-memory",
+            Sharing(memory_slice_mib=1024, mps_pipe_directory="/run/nvidia/mps"),
+        ): ("NVIDIA-GeForce-RTX-4090", "23", "mps"),
+    }
+    for (name, sharing), (product, replicas, strategy) in cases.items():
+        config = PluginConfig(resources=(ResourceConfig(name, sharing=sharing),))
+        labels = plugin_labels(node, config)
+        assert labels["nvidia.com/gpu.product"] == product, name
+        assert labels["nvidia.com/gpu.replicas"] == replicas, name
+        assert labels["nvidia.com/gpu.sharing-strategy"] == strategy, name
+        assert labels["nvidia.com/mps.capable"] == str(strategy == "mps").lower()
+    assert plugin_labels(node, PluginConfig())["nvidia.com/gpu.replicas"] == "1"
