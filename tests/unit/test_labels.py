@@ -3,6 +3,7 @@ table in docs/labels.md; ``cdigen labels`` as a user runs it, and the docs' kube
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -318,3 +319,21 @@ def test_the_plugin_config_gives_gfds_sharing_view() -> None:
         assert labels["nvidia.com/gpu.sharing-strategy"] == strategy, name
         assert labels["nvidia.com/mps.capable"] == str(strategy == "mps").lower()
     assert plugin_labels(node, PluginConfig())["nvidia.com/gpu.replicas"] == "1"
+
+
+def test_registering_labels_imports_no_label_code() -> None:
+    """``labels`` is a core command: registering it must stay cheap (every command starts it)."""
+    code = (
+        "import sys; from cdigen.cli import build_parser; build_parser(wings=False); "
+        "print('cdigen.labels' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
+    from cdigen.cli import build_parser
+    from cdigen.labels import MIG_STRATEGIES
+
+    sub = next(
+        a for a in build_parser(wings=False)._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    action = next(a for a in sub.choices["labels"]._actions if a.dest == "mig_strategy")
+    assert tuple(action.choices or ()) == MIG_STRATEGIES
