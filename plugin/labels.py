@@ -11,6 +11,7 @@ rewritten, atomically, only when the labels changed. It is left in place when th
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ class FeatureFile:
         self.path = Path(path) if path else None
         self._written: str | None = None  # the text last written; None: not yet
         self.writes = 0
+        self._lock = threading.Lock()  # health listeners may call from several threads
 
     def update(self, labels: Callable[[], Mapping[str, str]]) -> bool:
         """Rewrite the file with ``labels()`` if they changed; True when written. A failure is
@@ -90,26 +92,28 @@ class FeatureFile:
         when there is a file to write."""
         if self.path is None:
             return False
+        with self._lock:
+            return self._update(self.path, labels)
+
+    def _update(self, path: Path, labels: Callable[[], Mapping[str, str]]) -> bool:
         try:
             current = labels()
         except (CdigenError, ValueError) as exc:
-            log.error("node labels not computed, %s unchanged: %s", self.path, exc)
+            log.error("node labels not computed, %s unchanged: %s", path, exc)
             return False
         text = feature_file_text(current)
         if text == self._written:
             return False
         if len(text.encode("utf-8")) > MAX_FEATURE_FILE_BYTES:
-            log.warning(
-                "%s is over NFD's %d bytes: NFD skips it", self.path, MAX_FEATURE_FILE_BYTES
-            )
+            log.warning("%s is over NFD's %d bytes: NFD skips it", path, MAX_FEATURE_FILE_BYTES)
         from cdigen.fileio import atomic_write
 
         try:
-            atomic_write(self.path, text.encode("utf-8"))
+            atomic_write(path, text.encode("utf-8"))
         except CdigenError as exc:
             log.error("node labels not written: %s", exc)
             return False
         self._written = text
         self.writes += 1
-        log.info("node labels written to %s (%d labels)", self.path, len(current))
+        log.info("node labels written to %s (%d labels)", path, len(current))
         return True

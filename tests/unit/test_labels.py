@@ -337,3 +337,20 @@ def test_registering_labels_imports_no_label_code() -> None:
     )
     action = next(a for a in sub.choices["labels"]._actions if a.dest == "mig_strategy")
     assert tuple(action.choices or ()) == MIG_STRATEGIES
+
+
+def test_a_feature_file_that_cannot_be_written_is_logged_and_serving_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from plugin.config import PluginConfig
+    from plugin.labels import FeatureFile, plugin_labels
+
+    (tmp_path / "file").write_text("")
+    features = FeatureFile(tmp_path / "file" / "cdigen")  # its directory is a file
+    node = load_node("builtin:rtx4090")
+    assert not features.update(lambda: plugin_labels(node, PluginConfig()))
+    assert "node labels not written" in caplog.text
+    good = FeatureFile(tmp_path / "features.d" / "cdigen")
+    assert good.update(lambda: plugin_labels(node, PluginConfig()))
+    assert not good.update(lambda: plugin_labels(node, PluginConfig()))  # unchanged: no write
+    assert good.writes == 1
