@@ -220,7 +220,7 @@ def test_own_labels_for_nvlink_numa_and_health() -> None:
     assert node_labels(dataclasses.replace(workstation, gpus=())) == {}
 
 
-def test_cli_prints_sorted_key_value_lines_and_json() -> None:
+def test_cli_prints_sorted_key_value_lines_and_json(tmp_path: Path) -> None:
     text = run("labels", "--node", "builtin:dgx-a100")
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
@@ -228,6 +228,9 @@ def test_cli_prints_sorted_key_value_lines_and_json() -> None:
     assert "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB" in lines
     as_json = run("labels", "--node", "builtin:dgx-a100", "--format", "json")
     assert json.loads(as_json.stdout) == dict(line.split("=", 1) for line in lines)
+    node_file = tmp_path / "node.yaml"
+    assert run("discover", "--node", "builtin:dgx-a100", "-o", str(node_file)).returncode == 0
+    assert run("labels", "--node", str(node_file)).stdout == text.stdout  # a node file: the same
     mixed = run("labels", "--node", "builtin:dgx-a100-mig-mixed", "--mig-strategy", "mixed")
     assert "nvidia.com/mig.strategy=mixed" in mixed.stdout.splitlines()
     shared = run("labels", "--node", "builtin:rtx4090", "--replicas", "4")
