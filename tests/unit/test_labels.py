@@ -357,3 +357,16 @@ def test_a_feature_file_that_cannot_be_written_is_logged_and_serving_goes_on(
     assert good.update(lambda: plugin_labels(node, PluginConfig()))
     assert not good.update(lambda: plugin_labels(node, PluginConfig()))  # unchanged: no write
     assert good.writes == 1
+
+
+@pytest.mark.parametrize("name", names())
+def test_nvlink_domain_size_agrees_with_the_dra_attribute(name: str) -> None:
+    """``cdigen.dev/nvlink.domain-size`` is the biggest ``nvlinkDomain`` the DRA view publishes."""
+    from collections import Counter
+
+    from cdigen.labels import nvlink_domain_size
+    from policies.graph import nvlink_groups
+
+    node = load_node(f"builtin:{name}")
+    domains = Counter(nvlink_groups(node).domain.values())
+    assert nvlink_domain_size(node) == max(domains.values(), default=0)
