@@ -370,3 +370,18 @@ def test_nvlink_domain_size_agrees_with_the_dra_attribute(name: str) -> None:
     node = load_node(f"builtin:{name}")
     domains = Counter(nvlink_groups(node).domain.values())
     assert nvlink_domain_size(node) == max(domains.values(), default=0)
+
+
+def test_the_console_samples_in_docs_labels_md_are_what_cdigen_prints() -> None:
+    """Each ``$ cdigen labels ...`` block of docs/labels.md (with an optional ``| grep -E``)."""
+    blocks = re.findall(
+        r"```console\n\$ (cdigen labels [^\n|]*)(?:\| grep -E '([^']*)')?\n(.*?)```",
+        DOC.read_text(encoding="utf-8"),
+        re.S,
+    )
+    assert len(blocks) >= 2
+    for command, pattern, shown in blocks:
+        result = run(*command.split()[1:])
+        assert result.returncode == 0, result.stderr
+        lines = [ln for ln in result.stdout.splitlines() if not pattern or re.search(pattern, ln)]
+        assert shown.splitlines() == lines, command
