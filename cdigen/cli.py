@@ -20,7 +20,7 @@ from typing import Any, TextIO, cast
 from cdigen import __version__, logs
 from cdigen.errors import EXIT_BAD_INPUT, CdigenError, CheckFailed
 
-CORE_COMMAND_MODULES = ("cdigen.discover.cli", "cdigen.cdi.cli")
+CORE_COMMAND_MODULES = ("cdigen.discover.cli", "cdigen.cdi.cli", "cdigen.labels_cli")
 ENTRY_POINT_GROUP = "cdigen.commands"
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]

@@ -98,6 +98,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="append every GetPreferredAllocation request of the kubelet to FILE, one JSON "
         "object a line, as 'cdigen policy replay --requests' reads them (stops at 64 MiB)",
     )
+    serve.add_argument(
+        "--features-file",
+        metavar="PATH",
+        help="keep the node labels (docs/labels.md) in this Node Feature Discovery feature file, "
+        "e.g. /etc/kubernetes/node-feature-discovery/features.d/cdigen (default off)",
+    )
     serve.set_defaults(func=_serve)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
@@ -160,10 +166,12 @@ def _serve(args: argparse.Namespace) -> int:
         "driver_root": args.driver_root,
         "dev_root": args.dev_root,
         "host_root": args.host_root,
+        "features_file": args.features_file,
     }
     for flag, value in (
         ("--plugin-dir", args.plugin_dir),
         ("--policy-dir", args.policy_dir),
+        ("--features-file", args.features_file),
         *(("--spec-dir", d) for d in args.spec_dir or ()),
     ):
         if value == "":  # Path("") would be the current directory

@@ -75,6 +75,7 @@ class PluginConfig:
     rescan_interval_s: float = 30.0  # how often NVML is asked for a new MIG layout
     sysfs_root: str = "/sys"  # NVML discovery: NUMA fallback
     proc_root: str = "/proc"  # NVML discovery: driver/nvidia-caps/mig-minors
+    features_file: Path | None = None  # NFD feature file kept current with the node labels
 
     @property
     def gpu_resource(self) -> str:
@@ -291,7 +292,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
     for name, value in overrides.items():
         if value is None:
             continue
-        if name in ("plugin_dir", "policy_dir"):
+        if name in ("plugin_dir", "policy_dir", "features_file"):
             changes[name] = Path(value)
         elif name == "spec_dirs":
             changes[name] = tuple(Path(v) for v in value)

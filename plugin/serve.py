@@ -27,6 +27,7 @@ from plugin.health import (
     node_reasons,
 )
 from plugin.kubelet import Registrar
+from plugin.labels import FeatureFile, plugin_labels
 from plugin.layout import (
     AllocatorCache,
     Layout,
@@ -90,6 +91,7 @@ class Plugin:
         self._policies: PolicySet | None = None  # loaded at start
         self._allocators = AllocatorCache()  # engines by (node, policy); new with each policy set
         self.layout: Layout = plan_layout(self.node, config, None)  # swapped whole, never edited
+        self.features = FeatureFile(config.features_file)  # node labels for NFD (--features-file)
         self.metrics: PluginMetrics | None = None
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:
@@ -161,6 +163,7 @@ class Plugin:
         """Put ``layout`` in force: one assignment, so gRPC threads see old or new, whole.
         ``announce``: log and export its policies (a reload or new resources)."""
         self.layout = layout
+        self.features.update(lambda: plugin_labels(layout.node, self.config))  # if changed
         if announce:
             names = layout.policy_names()
             if self.metrics is not None:

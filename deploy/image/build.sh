@@ -5,7 +5,12 @@
 # pip's cache makes reruns fast). Needs root, mmdebstrap, podman and runc (apt-get install
 # mmdebstrap podman runc). About 40 s of CPU for the root, 20 s for the wheels, 30 s to build.
 #
-#   deploy/image/build.sh [TAG]          (default TAG: cdigen:<version from pyproject.toml>)
+#   deploy/image/build.sh [TAG]   (default TAG: localhost/cdigen:v<version from pyproject.toml>,
+#                                  the name the manifests in deploy/ use: deploy/image/images.txt)
+#
+# The image's OCI labels: org.opencontainers.image.version (pyproject.toml),
+# .revision (the checkout's commit, "-dirty" after it when files differ from it) and .source
+# (SOURCE, default the checkout's origin remote; "unknown" without one).
 #
 # Environment: PODMAN (default "podman"; e.g. "podman --root DIR --runroot DIR --storage-driver
 # vfs" for a private store), PYTHON (default python3, used for `pip wheel`), SUITE (default
@@ -13,7 +18,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' "$repo/pyproject.toml" | head -1)"
-tag="${1:-cdigen:$version}"
+tag="${1:-localhost/cdigen:v$version}"
+revision="$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)"
+if [ "$revision" != unknown ] && [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  revision="$revision-dirty"
+fi
+source_url="${SOURCE:-$(git -C "$repo" remote get-url origin 2>/dev/null || echo unknown)}"
 podman_cmd=(${PODMAN:-podman})
 python="${PYTHON:-python3}"
 suite="${SUITE:-bookworm}"
@@ -57,6 +67,7 @@ cp "$repo/deploy/image/Containerfile" "$work/context/Containerfile"
 say "wheels ready after $(( $(date +%s) - start )) s; building $tag"
 # --layers=false: one container for the whole build and one commit at the end (no intermediate
 # image per instruction, which on the vfs storage driver is a full copy of the root each).
-"${podman_cmd[@]}" build --quiet --layers=false --network none --build-arg "BASE=$base" -t "$tag" \
-  "$work/context" >/dev/null
+"${podman_cmd[@]}" build --quiet --layers=false --network none --build-arg "BASE=$base" \
+  --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
+  -t "$tag" "$work/context" >/dev/null
 say "built $tag in $(( $(date +%s) - start )) s"

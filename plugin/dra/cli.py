@@ -69,6 +69,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="give up on an API server call after this long (default 5)",
     )
     serve.add_argument(
+        "--features-file",
+        metavar="PATH",
+        help="keep the node labels (docs/labels.md) in this Node Feature Discovery feature file, "
+        "e.g. /etc/kubernetes/node-feature-discovery/features.d/cdigen-dra-plugin (default off)",
+    )
+    serve.add_argument(
         "--health-address",
         metavar="HOST:PORT",
         help="serve /healthz here: 200 once registered with the kubelet, else 503, with what "
@@ -399,6 +405,7 @@ def _serve(args: argparse.Namespace) -> int:
         sysfs_root=args.sysfs_root,
         host_root=args.host_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
+        features_file=Path(args.features_file) if args.features_file else None,
         capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")
         if args.capability_devices is not None
         else (),

@@ -43,6 +43,7 @@ from plugin.dra.service import (
 )
 from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.health import HealthBoard, node_reasons
+from plugin.labels import FeatureFile, dra_labels
 from plugin.xid import XidHealth
 from policies.device_view import DRA_DRIVER, DeviceView, device_views
 from policies.dra_order import ordered_views
@@ -91,6 +92,7 @@ class DraOptions:
     taint_xids: Mapping[int, str] = field(default_factory=lambda: dict(DEFAULT_TAINT_XIDS))
     # driver capabilities claims may ask for beyond the node-wide ones (GpuConfig, docs/dra.md)
     capability_devices: tuple[str, ...] = ()
+    features_file: Path | None = None  # NFD feature file kept current with the node labels
 
     @property
     def checkpoint(self) -> Path:
@@ -174,6 +176,7 @@ class DraPlugin:
         self._taint_lock = threading.Lock()
         self.taints: dict[str, list[TaintDoc]] = {}
         self._published = False
+        self.features = FeatureFile(options.features_file)  # node labels for NFD
         self.board.subscribe(self._on_health)
 
     def _views(self, node: Node) -> list[DeviceView]:
@@ -347,6 +350,8 @@ class DraPlugin:
 
     def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
         """A health change: republish the slices when the device taints change."""
+        views, strategy = self.views, self.options.mig_strategy
+        self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
         with self._taint_lock:
             taints = self.device_taints(reasons)
             if taints == self.taints:

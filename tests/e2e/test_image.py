@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -184,6 +185,44 @@ def test_image_starts_cdigen_help_by_default(image: Image) -> None:
     assert config["Entrypoint"] == ["cdigen"]
     assert config["Cmd"] == ["--help"]
     assert config["User"] == "65532:65532"
+
+
+def test_image_carries_oci_version_revision_and_source(image: Image) -> None:
+    """build.sh fills the OCI labels: the version of pyproject.toml, this checkout's commit."""
+    result = image.podman("image", "inspect", "--format", "{{json .Labels}}", image.tag)
+    assert result.returncode == 0, result.stderr
+    labels = json.loads(result.stdout)
+    project = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    version = project.split('\nversion = "', 1)[1].split('"', 1)[0]
+    assert labels["org.opencontainers.image.version"] == version
+    # a commit of this checkout (the image is reused while the sources stay the same, so not
+    # necessarily HEAD), or "unknown" outside git
+    commit = labels["org.opencontainers.image.revision"].removesuffix("-dirty")
+    if commit != "unknown":
+        assert re.fullmatch(r"[0-9a-f]{40}", commit), commit
+        known = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"])
+        assert known.returncode == 0, f"{commit} is no commit of this checkout"
+    assert labels["org.opencontainers.image.source"]
+
+
+def test_saved_image_keeps_the_name_the_manifests_use(image: Image, tmp_path: Path) -> None:
+    """``podman save`` (what docs/install.md loads with ``ctr -n k8s.io images import``) keeps
+    the localhost/ name, so the runtime finds the image the DaemonSet names."""
+    name = "localhost/cdigen:v" + image.tag.rsplit("-", 1)[-1]  # a v-tag of this build
+    assert image.podman("tag", image.tag, name).returncode == 0
+    try:
+        archive = tmp_path / "cdigen.tar"
+        result = image.podman("save", "-o", str(archive), name, timeout=300)
+        assert result.returncode == 0, result.stderr
+        import tarfile
+
+        with tarfile.open(archive) as tar:
+            manifest = tar.extractfile("manifest.json")
+            assert manifest is not None
+            (entry,) = json.load(manifest)
+        assert entry["RepoTags"] == [name]
+    finally:
+        image.podman("untag", image.tag, name)
 
 
 def test_help_runs_in_the_image(checks: dict[str, Check]) -> None:

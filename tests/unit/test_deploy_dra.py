@@ -26,6 +26,7 @@ DEVICE_PLUGIN_BASE = REPO / "deploy" / "kubernetes" / "base"
 KUBERNETES_VERSIONS = ("1.34", "1.35")
 DRIVER = "gpu.cdigen.dev"
 KUBELET_DIR = "/var/lib/kubelet"
+NFD_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
@@ -184,10 +185,12 @@ def test_strict_validation_catches_a_misspelt_device_class_field(
 def test_uses_the_device_plugins_image(plugin: dict[str, Any]) -> None:
     daemonset = (DEVICE_PLUGIN_BASE / "daemonset.yaml").read_text(encoding="utf-8")
     names = {c["image"] for c in _pod_containers(yaml.safe_load(daemonset))}
-    assert plugin["image"].split(":")[0] in names
     theirs = yaml.safe_load((DEVICE_PLUGIN_BASE / "kustomization.yaml").read_text("utf-8"))
     ours = yaml.safe_load((DRA_DIR / "kustomization.yaml").read_text("utf-8"))
     assert ours["images"] == theirs["images"]
+    (image,) = ours["images"]
+    assert image["name"] in names
+    assert plugin["image"] == f"{image['newName']}:{image['newTag']}"
 
 
 def test_command_parses_with_the_real_cli(argv: list[str]) -> None:
@@ -268,9 +271,15 @@ def test_the_host_installed_driver_is_read_through_host_root(
     # NVML's library comes from --driver-root under --host-root (cdigen loads it): no preload
     assert "LD_PRELOAD" not in yaml.safe_dump(plugin)
     assert {e["name"] for e in plugin["env"]} == {"NODE_NAME"}
-    # nothing of the host is writable except the kubelet's plugin dirs and the CDI dir
+    # nothing of the host is writable except the kubelet's plugin dirs, the CDI dir and NFD's
+    # feature files (the node labels, docs/labels.md)
     writable = {p for p, m in mounts(plugin).items() if not m.get("readOnly", False)}
-    assert writable == {f"{KUBELET_DIR}/plugins", f"{KUBELET_DIR}/plugins_registry", "/var/run/cdi"}
+    assert writable == {
+        f"{KUBELET_DIR}/plugins",
+        f"{KUBELET_DIR}/plugins_registry",
+        "/var/run/cdi",
+        NFD_FEATURES_DIR,
+    }
 
 
 def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: list[str]) -> None:
