@@ -93,6 +93,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="serve Prometheus /metrics and /healthz here (e.g. 127.0.0.1:9465; default off)",
     )
     serve.set_defaults(func=_serve)
+    from plugin import config_cli
+
+    config_cli.register(plugin_sub)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
 
