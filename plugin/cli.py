@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -32,6 +33,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_node_source(serve, defaults=False)
     serve.add_argument("--config", metavar="FILE", help="plugin config file (YAML)")
+    serve.add_argument(
+        "--config-dir",
+        metavar="DIR",
+        help="named configs, one file each (a ConfigMap mounted there); the node label "
+        "--config-label chooses one, switched live (instead of --config; needs --node-name)",
+    )
+    serve.add_argument(
+        "--default-config",
+        metavar="NAME",
+        help="the config of a node without the label (default: the only one, else 'default')",
+    )
+    serve.add_argument(
+        "--config-label",
+        metavar="KEY",
+        default="cdigen.dev/device-plugin.config",
+        help="node label naming the config (default %(default)s; NVIDIA's "
+        "nvidia.com/device-plugin.config is read when it is absent)",
+    )
+    serve.add_argument(
+        "--config-poll-interval",
+        type=float,
+        metavar="SECONDS",
+        default=5.0,
+        help="how often the node label and the chosen file are checked (default 5)",
+    )
+    serve.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node's Kubernetes name, for --config-dir (default: $NODE_NAME)",
+    )
+    serve.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="for --config-dir: how to reach the API server (default: the in-cluster config)",
+    )
     serve.add_argument(
         "--plugin-dir",
         metavar="DIR",
@@ -105,6 +141,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "e.g. /etc/kubernetes/node-feature-discovery/features.d/cdigen (default off)",
     )
     serve.set_defaults(func=_serve)
+    from plugin import config_cli
+
+    config_cli.register(plugin_sub)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
 
@@ -178,6 +217,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise InputError(
                 "the path is empty", where=flag, hint="give a directory, or leave the flag out"
             )
+    if args.config_dir is not None:
+        return _serve_named_configs(args, flags)
     config = load_config(args.config, flags=flags)
     make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
     setup_logging(config.log_level, config.log_format)
@@ -187,3 +228,53 @@ def _serve(args: argparse.Namespace) -> int:
         record_requests=args.record_requests,
     )
     return serve_until_signalled(plugin)
+
+
+def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int:
+    """``plugin serve --config-dir``: the node label's config, switched live."""
+    from pathlib import Path
+
+    from cdigen.errors import InputError
+    from plugin.config import PluginConfig, load_config
+    from plugin.dra.kube import api_client
+    from plugin.node_config import ConfigSwitcher, NamedConfigs, NodeLabels
+    from plugin.serve import Plugin, make_plugin_dir, open_nvml, serve_until_signalled
+
+    if args.config is not None:
+        raise InputError(
+            "--config and --config-dir both given",
+            where="plugin serve",
+            hint="use --config for one config, --config-dir for named configs chosen by label",
+        )
+    if not args.node_name:
+        raise InputError(
+            "no node name: --config-dir reads this node's labels",
+            where="--node-name",
+            hint="pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)",
+        )
+    if not 0 < args.config_poll_interval <= 3600:
+        raise InputError(
+            f"expected seconds in (0, 3600], got {args.config_poll_interval}",
+            where="--config-poll-interval",
+        )
+    configs = NamedConfigs.open(Path(args.config_dir), args.default_config, args.config_label)
+
+    def load(path: Path) -> PluginConfig:
+        return load_config(path, flags=flags)
+
+    default_path = configs.path(configs.default)
+    assert default_path is not None
+    first = load(default_path)  # a bad default is one line and exit 2, before anything starts
+    labels = NodeLabels(api_client(args.kubeconfig), args.node_name)
+    make_plugin_dir(first.plugin_dir)
+    setup_logging(first.log_level, first.log_format)
+    # NVML once for the process: every named config serves the same node
+    nvml = open_nvml(first.node, first.driver_root, first.host_root)
+    switcher = ConfigSwitcher(
+        configs,
+        labels,
+        load,
+        lambda config: Plugin(config, nvml=nvml, record_requests=args.record_requests),
+        interval_s=args.config_poll_interval,
+    )
+    return serve_until_signalled(switcher)

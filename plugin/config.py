@@ -137,6 +137,8 @@ ENV_VARS = {
     "CDIGEN_MIG_STRATEGY": "mig_strategy",
     "CDIGEN_GENERATE_SPECS": "generate_specs",  # true/false
     "CDIGEN_CAPABILITIES": "capabilities",  # comma-separated, as generate --capabilities
+    "CDIGEN_DRIVER_ROOT": "driver_root",
+    "CDIGEN_DEV_ROOT": "dev_root",
 }
 
 
@@ -403,21 +405,51 @@ def load_config(
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> PluginConfig:
-    """Merge defaults, the config file, ``CDIGEN_*`` variables and flags, in rising precedence."""
+    """Merge defaults, the config file, ``CDIGEN_*`` variables and flags, in rising precedence.
+
+    NVIDIA's environment names stand in for ours where they mean the same (one deprecation
+    warning each); NVIDIA's config format is refused with the command that converts it.
+    """
     from cdigen.fileio import read_document
-    from cdigen.schemas import validate
 
     config = PluginConfig()
     if path is not None:
         doc = read_document(path, what="plugin config file")
-        if doc is None:
-            doc = {}
-        validate(doc, "plugin-config", where=str(path))
-        try:
-            config = _apply(config, _from_file(doc))
-        except InputError as exc:  # the checks beyond the schema (sharing): name the file too
-            where = f"{path}: {exc.where}" if exc.where else str(path)
-            raise InputError(exc.message, where=where, hint=exc.hint) from None
-    config = _apply(config, _from_env(os.environ if env is None else env))
+        config = config_from_document({} if doc is None else doc, where=str(path))
+    config = _apply(config, _from_env(_with_nvidia_env(os.environ if env is None else env)))
     config = _apply(config, dict(flags or {}))
     return _validate(config)
+
+
+def config_from_document(doc: Any, *, where: str) -> PluginConfig:
+    """The settings a config document asks for over the defaults (not yet validated as a
+    whole: :func:`load_config` does that after env and flags)."""
+    from cdigen.schemas import validate
+    from plugin.nvidia_config import convert_hint, is_nvidia_config
+
+    if is_nvidia_config(doc):
+        raise InputError(
+            "this is NVIDIA's device-plugin config format (version/flags/sharing), not cdigen's",
+            where=where,
+            hint=convert_hint(where),
+        )
+    validate(doc, "plugin-config", where=where)
+    try:
+        return _apply(PluginConfig(), _from_file(doc))
+    except InputError as exc:  # the checks beyond the schema (sharing): name the file too
+        at = f"{where}: {exc.where}" if exc.where else where
+        raise InputError(exc.message, where=at, hint=exc.hint) from None
+
+
+def _with_nvidia_env(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with NVIDIA's variable names read as ours, each use logged as deprecated."""
+    from plugin.nvidia_config import NVIDIA_ENV_VARS, nvidia_env
+
+    if not any(env.get(name) for name in NVIDIA_ENV_VARS):
+        return env
+    import logging
+
+    mapped, lines = nvidia_env(env)
+    for line in lines:
+        logging.getLogger("cdigen.plugin").warning("%s", line)
+    return {**env, **mapped}

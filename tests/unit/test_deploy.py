@@ -29,8 +29,9 @@ LAYOUT_ROOTS = {
     "host-driver": {"--host-root=/host", "--driver-root=/", "--dev-root=/"},
     "containerized-driver": {"--driver-root=/run/nvidia/driver", "--dev-root=/"},
 }
-# Components that are no driver layout, and the one layout each works with (listed before it).
-FEATURES = {"mps": "host-driver"}
+# Components that are no driver layout, and the one layout each works with (listed before it;
+# None: any).
+FEATURES: dict[str, str | None] = {"mps": "host-driver", "node-configs": None}
 
 
 def _tool(name: str) -> str:
@@ -171,7 +172,7 @@ def test_every_combination_of_components(combination: tuple[str, ...], tmp_path:
         assert result.returncode != 0
         assert "test" in result.stderr, result.stderr
         return
-    if any(layouts != [FEATURES[c]] for c in combination if c in FEATURES):
+    if any(layouts != [FEATURES[c]] for c in combination if FEATURES.get(c) is not None):
         # e.g. MPS without the host driver: no /host to run the daemon in, refused by a test
         assert result.returncode != 0
         assert "test" in result.stderr, result.stderr
@@ -192,7 +193,7 @@ def test_every_combination_of_components(combination: tuple[str, ...], tmp_path:
 
 def test_components_cover_every_driver_layout() -> None:
     assert set(COMPONENTS) == set(LAYOUT_ROOTS) | set(FEATURES)
-    assert set(FEATURES.values()) <= set(LAYOUT_ROOTS)
+    assert set(FEATURES.values()) - {None} <= set(LAYOUT_ROOTS)
     assert set(SHIPPED.values()) == set(LAYOUT_ROOTS)
 
 
@@ -612,3 +613,45 @@ def test_device_plugin_and_dra_mps_daemons_are_the_same() -> None:
     plugin = _mps_daemon(KUSTOMIZE_DIR / "components" / "mps")
     dra = _mps_daemon(REPO / "deploy" / "dra" / "components" / "mps")
     assert plugin == dra
+
+
+# -- per-node configs ------------------------------------------------------------------------------
+
+
+def test_node_configs_component_wires_the_named_configs_the_plugin_reads(tmp_path: Path) -> None:
+    from plugin.config import load_config
+    from plugin.node_config import NamedConfigs
+
+    component = KUSTOMIZE_DIR / "components" / "node-configs"
+    objects = render(overlay(tmp_path, ["host-driver", "node-configs"]))
+    pod = pod_of(objects)
+    plugin = containers(pod)["plugin"]
+    config_dir = next(a for a in plugin["command"] if a.startswith("--config-dir="))
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["named-configs"] == config_dir.split("=", 1)[1]
+    assert not any(a.startswith("--config=") for a in plugin["command"])
+    assert pod["automountServiceAccountToken"] is True
+    assert plugin["env"] == [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    ]
+    role = only(objects, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    binding = only(objects, "ClusterRoleBinding")
+    sa = only(objects, "ServiceAccount")
+    assert binding["subjects"][0]["name"] == sa["metadata"]["name"]
+    assert binding["subjects"][0]["namespace"] == sa["metadata"]["namespace"]
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    named = configmaps["cdigen-plugin-configs"]
+    assert named["metadata"]["namespace"] == only(objects, "DaemonSet")["metadata"]["namespace"]
+    # the ConfigMap as the kubelet mounts it: every file loads as a plugin config, and a node
+    # without the label serves "default", the base's config
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    for name, text in named["data"].items():
+        (mounted / name).write_text(text)
+        load_config(mounted / name, flags={})
+    assert NamedConfigs.open(mounted, None, "cdigen.dev/device-plugin.config").default == "default"
+    strip = lambda text: [ln for ln in text.splitlines() if not ln.startswith("#")]  # noqa: E731
+    assert strip((component / "default.yaml").read_text()) == strip(
+        (BASE_DIR / "plugin-config.yaml").read_text()
+    )
