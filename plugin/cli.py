@@ -219,6 +219,16 @@ def _serve(args: argparse.Namespace) -> int:
             )
     if args.config_dir is not None:
         return _serve_named_configs(args, flags)
+    for flag, value in (
+        ("--kubeconfig", args.kubeconfig),
+        ("--default-config", args.default_config),
+    ):
+        if value is not None:
+            raise InputError(
+                "only read with --config-dir (named configs chosen by node label)",
+                where=f"{flag}: {value}",
+                hint=f"add --config-dir DIR, or leave {flag} out",
+            )
     config = load_config(args.config, flags=flags)
     make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
     setup_logging(config.log_level, config.log_format)

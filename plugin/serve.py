@@ -41,7 +41,7 @@ from plugin.requests import RequestRecorder
 from plugin.resources import AdvertisedDevice, Resource
 from plugin.server import ResourceServer, make_plugin_dir, stop_servers
 from plugin.service import DevicePluginService
-from plugin.sharing import ShareAllocation, advisory_warning
+from plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
 from plugin.specs import write_specs
 from plugin.xid import XidHealth
 from policies.policy_set import PolicySet, load_policy_set
@@ -274,6 +274,9 @@ class Plugin:
             )
             if warning:
                 log.warning("%s", warning)
+            if resource.sharing is not None:
+                for line in no_slices_warnings(self.node, resource.sharing, resource.name):
+                    log.warning("%s", line)
             self._start_server(resource.name)
         self._poller.start()
         if self._xid is not None:

@@ -25,6 +25,7 @@ from cdigen.model import Gpu, Node
 from policies.shares import (
     MAX_REPLICAS,
     gpu_part,
+    no_slices_reason,
     replica_ids,
     share_kind,
     slice_count,
@@ -199,6 +200,16 @@ def share_devices(node: Node, sharing: Sharing) -> tuple[ShareDevice, ...]:
         if not gpu.mig_enabled
         for share in shares_of_gpu(gpu, sharing)
     )
+
+
+def no_slices_warnings(node: Node, sharing: Sharing, resource: str) -> tuple[str, ...]:
+    """One start-up warning per whole GPU that holds no memory slice of ``resource``."""
+    if sharing.memory_slice_mib is None:
+        return ()
+    reasons = (
+        no_slices_reason(g, sharing.memory_slice_mib) for g in node.gpus if not g.mig_enabled
+    )
+    return tuple(f"{resource}: {reason}" for reason in reasons if reason)
 
 
 def shares_by_gpu(devices: Iterable[ShareDevice]) -> dict[str, tuple[str, ...]]:

@@ -245,7 +245,7 @@ def _expand_shares(
 ) -> tuple[str, ...]:
     """With --replicas or --slice-mib: each GPU (``0``) becomes all its shares, ``0=5`` its
     last 5 (as if the first ones were taken); share IDs (``0::slice-3``) stay as they are."""
-    from policies.shares import replica_ids, share_kind, slice_count, slice_ids
+    from policies.shares import no_slices_reason, replica_ids, share_kind, slice_count, slice_ids
 
     replicas, slice_mib = check_share_flags(args)
     if replicas is None and slice_mib is None:
@@ -264,6 +264,9 @@ def _expand_shares(
                 hint="use GPU indexes or UUIDs from 'cdigen discover'",
             )
         gpu = allocator.topology.gpus[position]
+        reason = no_slices_reason(gpu, slice_mib) if slice_mib is not None else None
+        if reason is not None:
+            raise InputError(reason, where=f"--available {gpu_id} with --slice-mib {slice_mib}")
         shares = (
             replica_ids(gpu_id, replicas)
             if replicas is not None

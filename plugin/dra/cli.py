@@ -151,8 +151,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "replaces the default list (48, 79, 95 NoExecute; 64, 94 NoSchedule); "
         "--taint-xid none taints on no Xid",
     )
-    serve.add_argument("--log-level", dest="dra_log_level", choices=LOG_LEVELS, default="info")
-    serve.add_argument("--log-format", dest="dra_log_format", choices=LOG_FORMATS, default="text")
+    serve.add_argument(
+        "--log-level",
+        dest="dra_log_level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="least severe log records written to stderr (default info)",
+    )
+    serve.add_argument(
+        "--log-format",
+        dest="dra_log_format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text lines, or one JSON object a line for a log collector (default text)",
+    )
     serve.set_defaults(func=_serve)
 
     explain = dra_sub.add_parser(
@@ -177,8 +189,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="FILE",
         help="DeviceClass manifest(s); repeatable",
     )
-    explain.add_argument("--driver-name", default=DEFAULT_DRIVER)
-    explain.add_argument("--mig-strategy", choices=MIG_STRATEGIES, default="mixed")
+    explain.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER,
+        help=f"the driver the claim asks, as in `dra serve` (default {DEFAULT_DRIVER})",
+    )
+    explain.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        default="mixed",
+        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` (default mixed)",
+    )
     explain.add_argument("--memory-step", metavar="QUANTITY", help="as `dra serve --memory-step`")
     explain.set_defaults(func=_explain)
 
@@ -189,8 +210,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "ResourceClaims, ResourceClaimTemplates and DeviceClasses against the attributes "
         "and capacities this driver publishes. Exit 1 when a check fails, 2 for bad input.",
     )
-    check.add_argument("files", nargs="+", metavar="FILE")
-    check.add_argument("--driver-name", default=DEFAULT_DRIVER)
+    check.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="YAML files of ResourceClaims, ResourceClaimTemplates and DeviceClasses",
+    )
+    check.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER,
+        help=f"the driver whose attributes the selectors may name (default {DEFAULT_DRIVER})",
+    )
     check.set_defaults(func=_check)
     dra.set_defaults(func=lambda args: _usage(dra))
 

@@ -293,3 +293,26 @@ def test_why_a_gpu_of_unknown_memory_has_no_slices() -> None:
     )
     assert no_slices_reason(known.gpus[0], 1024) is None
     assert "less than one 32768 MiB slice" in str(no_slices_reason(known.gpus[0], 32768))
+
+
+def test_explain_and_the_plugin_say_why_a_gpu_has_no_slices(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: ``request for 3 devices but only 0 are available`` and nothing in the plugin log."""
+    from cdigen.discover import load_node
+    from plugin.sharing import Sharing, no_slices_warnings
+
+    node_file = tmp_path / "node.yaml"
+    code = main(
+        ["topo", "import", str(TOPOLOGIES / "pcie-8x4090-2socket-allsys.txt"),
+         "--gpu-name", "RTX 4090", "-o", str(node_file)]
+    )  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    argv = ["policy", "explain", "--node", str(node_file), "--available", "0,1"]
+    code = main([*argv, "--size", "3", "--slice-mib", "1024"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "--available 0 with --slice-mib 1024" in err and "memoryBytes: 0" in err
+    warnings = no_slices_warnings(load_node(str(node_file)), Sharing(memory_slice_mib=1024), "r")
+    assert len(warnings) == 8 and warnings[0].startswith("r: GPU 0 has memoryBytes: 0")
