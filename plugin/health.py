@@ -320,6 +320,7 @@ class SpecDirWatcher:
         self._node_source = node_source  # the plugin's --node, for the fix hint
         self._board = board
         self._checked: object = None  # the cache state last checked
+        self._said: tuple[str, ...] = ()  # the missing names last logged: said once, not per check
 
     @property
     def spec_dirs(self) -> tuple[Path, ...]:
@@ -376,8 +377,9 @@ class SpecDirWatcher:
             for d, gone in missing.items()
         }
         absent = [(d, gone) for d, gone in missing.items() if gone]
-        if absent:  # one line for all: a node without its spec would log one per GPU
-            names = [n for _, gone in absent for n in gone]
+        names = [n for _, gone in absent for n in gone]
+        if absent and tuple(names) != self._said:  # one line for all, not one per GPU or check
+            self._said = tuple(names)
             caps = list(dict.fromkeys(c for c in map(capability_of, names) if c))
             node = (
                 "" if self._node_source == "nvml" else f" --node {shlex.quote(self._node_source)}"
@@ -395,6 +397,8 @@ class SpecDirWatcher:
                 self.spec_dirs[0] if self.spec_dirs else "DIR",
                 f" --capability-devices {','.join(caps)}" if caps else "",
             )
+        if not absent:
+            self._said = ()
         self._board.set_reasons(SOURCE_SPEC, reasons)
         return {d: g for d, g in missing.items() if g}
 
