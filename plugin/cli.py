@@ -246,7 +246,7 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
 
     from cdigen.errors import InputError
     from plugin.config import PluginConfig, load_config
-    from plugin.dra.kube import api_client
+    from plugin.kubeapi import api_client
     from plugin.node_config import ConfigSwitcher, NamedConfigs, NodeLabels
     from plugin.serve import Plugin, make_plugin_dir, open_nvml, serve_until_signalled
 

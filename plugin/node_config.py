@@ -270,7 +270,7 @@ class NodeLabels:
         """The Node's labels, or None when the API server cannot give them."""
         import json
 
-        from plugin.dra.kube import api_error
+        from plugin.kubeapi import api_error
 
         try:
             response: Any = self._core.read_node(

@@ -394,8 +394,9 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.discover.nvml import start_nvml
     from cdigen.errors import InputError
     from plugin.cli import setup_logging
-    from plugin.dra.kube import KubeApi, api_client
+    from plugin.dra.kube import KubeApi
     from plugin.dra.serve import DraOptions, DraPlugin, serve_until_signalled
+    from plugin.kubeapi import api_client
 
     if not args.node_name:
         raise InputError(

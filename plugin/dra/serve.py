@@ -28,7 +28,7 @@ from cdigen.cdi.spec import SpecOptions
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
-from plugin.dra.kube import SliceApi, SlicePublisher, api_error
+from plugin.dra.kube import SliceApi, SlicePublisher
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import Preparer
 from plugin.dra.service import (
@@ -43,6 +43,7 @@ from plugin.dra.service import (
 )
 from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.health import HealthBoard, node_reasons
+from plugin.kubeapi import api_error
 from plugin.labels import FeatureFile, dra_labels
 from plugin.xid import XidHealth
 from policies.device_view import DRA_DRIVER, DeviceView, device_views

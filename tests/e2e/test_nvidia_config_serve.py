@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
+from tests.helpers.nvidia_configs import MIG_MIXED, MPS, RENAMED, TIME_SLICING
 from tests.helpers.served import ServedPlugin, cdigen
 from tests.kubelet_sim import KubeletSimulator
-from tests.unit.test_nvidia_config import MIG_MIXED, MPS, RENAMED, TIME_SLICING
 
 
 def _expected(node: str, case: str) -> dict[str, int]:

@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from cdigen.cli import main
 from cdigen.fileio import DEFAULT_MAX_INPUT_BYTES
+from tests.helpers.cli import error_lines, run_main
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = str(REPO / "cdigen" / "discover" / "data" / "dgx1-v100.yaml")
@@ -65,34 +64,6 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def fill(argv: list[str], files: dict[str, str], bad: str) -> list[str]:
     """``argv`` with ``{F}`` the bad file and ``{name}`` the scratch paths."""
     return [a.replace("{F}", bad).format(**files) if "{" in a else a for a in argv]
-
-
-def error_lines(err: str) -> list[str]:
-    """stderr less argparse's usage block and the servers' timestamped log lines."""
-    return [
-        line
-        for line in err.splitlines()
-        if line.strip() and not line.startswith(("usage:", " ")) and not line[:4].isdigit()
-    ]
-
-
-def _took_too_long(signum: int, frame: object) -> None:
-    raise TimeoutError("still running after 20 s: the bad input was taken (a server started?)")
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """``main(argv)`` in-process, stopped by SIGALRM after 20 s (a server that started)."""
-    previous = signal.signal(signal.SIGALRM, _took_too_long)
-    signal.alarm(20)
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse
-        code = exc.code if isinstance(exc.code, int) else 2
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_one_line_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

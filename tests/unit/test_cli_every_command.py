@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from cdigen.cli import build_parser
-from tests.unit.test_cli_bad_input import CLAIM, error_lines, run_main
+from tests.helpers.cli import error_lines, run_main
+
+REPO = Path(__file__).resolve().parents[2]
+CLAIM = str(REPO / "deploy" / "dra" / "examples" / "two-gpus-one-numa-node.yaml")
 
 A100 = "builtin:dgx-a100"
 # Values for required arguments that are not files; a new required one must be added here.

@@ -14,65 +14,7 @@ import yaml
 from cdigen.cli import main
 from plugin.config import load_config
 from plugin.nvidia_config import nvidia_env
-
-TIME_SLICING = """\
-version: v1
-flags:
-  migStrategy: none
-  failOnInitError: true
-  nvidiaDriverRoot: /
-  plugin:
-    passDeviceSpecs: false
-    deviceListStrategy: envvar
-    deviceIDStrategy: uuid
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 10
-"""
-RENAMED = """\
-version: v1
-sharing:
-  timeSlicing:
-    renameByDefault: true
-    failRequestsGreaterThanOne: true
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
-MPS = """\
-version: v1
-sharing:
-  mps:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 10
-"""
-MIG_MIXED = """\
-version: v1
-flags:
-  migStrategy: mixed
-"""
-RESOURCES = """\
-version: v1
-flags:
-  plugin:
-    deviceListStrategy: [volume-mounts, cdi-cri]
-resources:
-  gpus:
-  - pattern: "*"
-    name: gpu
-  mig:
-  - pattern: "1g.10gb"
-    name: mig-1g.10gb
-sharing:
-  timeSlicing:
-    resources:
-    - name: gpu
-      rename: gpu.ts
-      replicas: 2
-"""
+from tests.helpers.nvidia_configs import MIG_MIXED, MPS, RENAMED, RESOURCES, TIME_SLICING
 
 # (NVIDIA's config, our resources, our top-level settings, a note that must be there)
 CASES = {

@@ -1,0 +1,108 @@
+"""Talking to the API server: a client from a kubeconfig or the in-cluster config, and API
+failures as one bounded line. Shared by the DRA plugin and the device plugin's per-node
+configs (which read their Node's labels)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from cdigen.errors import InputError
+
+__all__ = ["DEFAULT_API_TIMEOUT_S", "ApiCallError", "api_client", "api_error"]
+
+DEFAULT_API_TIMEOUT_S = 5.0
+_ERROR_MAX = 300
+
+
+def api_error(exc: BaseException) -> str:
+    """One bounded line for an API call's failure: the HTTP status and the Status reason and
+    message for an answer, the cause for a connection that failed (never headers or body)."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiCallError):
+        return str(exc)
+    if isinstance(exc, ApiException):
+        reason, message = exc.reason or "", ""
+        try:
+            doc = json.loads(exc.body or "")
+        except (TypeError, ValueError):
+            doc = None
+        if isinstance(doc, dict):
+            reason = str(doc.get("reason") or reason)
+            message = str(doc.get("message") or "")
+        text = f"API server answered {exc.status} {reason}" + (f": {message}" if message else "")
+    else:
+        cause: BaseException = exc
+        reason_attr = getattr(exc, "reason", None)  # urllib3's MaxRetryError wraps the cause
+        if isinstance(reason_attr, BaseException):
+            cause = reason_attr
+        detail = str(cause).split("\n", 1)[0]
+        if ">: " in detail:  # urllib3 prefixes '<connection object at 0x...>: '
+            detail = detail.split(">: ", 1)[1]
+        detail = re.sub(r"\(read timeout=[\d.]+\)", "(no answer in time)", detail)
+        text = f"API server unreachable: {type(cause).__name__}: {detail}"
+    text = " ".join(text.split())
+    return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
+
+
+class ApiCallError(Exception):
+    """An API call failed; the message is one bounded line (:func:`api_error`)."""
+
+
+def _readable_kubeconfig(path: str) -> None:
+    """One-line InputError unless ``path`` is a regular, bounded, UTF-8 YAML mapping: the
+    kubernetes library would block on a FIFO, read /dev/zero forever, or raise a TypeError on
+    a list."""
+    from cdigen.fileio import not_a_mapping, parse_document, read_text
+
+    where = f"--kubeconfig: {path}"
+    try:
+        doc = parse_document(read_text(path, what="kubeconfig"), where=path)
+    except InputError as exc:
+        raise InputError(str(exc), where="--kubeconfig") from None
+    if not isinstance(doc, dict):
+        raise InputError(
+            f"not a kubeconfig ({not_a_mapping(doc)})",
+            where=where,
+            hint="pass a kubeconfig file (apiVersion: v1, kind: Config), or leave "
+            "--kubeconfig out in a pod",
+        )
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """A kubernetes ApiClient: from ``kubeconfig`` when given, else the in-cluster config;
+    InputError naming the file (or the in-cluster config) when it cannot be used."""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        _readable_kubeconfig(kubeconfig)
+    try:
+        if kubeconfig:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+    except (ConfigException, OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        # malformed structure (contexts: 5) surfaces from the library as a TypeError & co.
+        if kubeconfig:
+            raise InputError(
+                f"cannot use it: {str(exc).rstrip('.')}",
+                where=f"--kubeconfig: {kubeconfig}",
+                hint="pass a readable kubeconfig file, or leave --kubeconfig out in a pod",
+            ) from None
+        raise InputError(
+            f"no in-cluster config: {str(exc).rstrip('.')}",
+            where="--kubeconfig",
+            hint="outside a pod, pass --kubeconfig FILE",
+        ) from None
+    # one try per call: the caller retries with its own backoff, and a hung API server costs one
+    # --api-timeout, not four (urllib3 retries three times by default, logging each)
+    configuration.retries = 0
+    return client.ApiClient(configuration)
