@@ -27,7 +27,7 @@ from cdigen.cdi.spec import (
     ordered_capabilities,
 )
 from cdigen.cdi.types import SpecDoc
-from cdigen.cdi.write import _TEMP_FILE
+from cdigen.cdi.write import _TEMP_FILE, write_claim_spec
 from cdigen.errors import CdigenError, InputError
 from cdigen.fileio import atomic_write, read_text, same_dir
 from cdigen.model import Gpu, Node
@@ -90,7 +90,13 @@ def claim_kind(driver: str) -> str:
 
 def claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
     """Where the transient spec of claim ``uid`` (a checked UID: ClaimRef.problem) lives."""
-    return spec_dir / f"{claim_spec_prefix(driver)}{uid}.yaml"
+    return spec_dir / f"{claim_spec_prefix(driver)}{uid}.json"
+
+
+def legacy_claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
+    """Where earlier versions wrote it (JSON in a ``.yaml`` file): a checkpoint written by
+    one names this path, and the plugin still removes it at unprepare after an upgrade."""
+    return claim_spec_path(spec_dir, driver, uid).with_suffix(".yaml")
 
 
 def claim_spec_prefix(driver: str) -> str:
@@ -241,11 +247,8 @@ class Preparer:
                 edits = spec.setdefault("containerEdits", {})
                 edits["env"] = [*edits.get("env", []), *env]
                 edits["mounts"] = [*edits.get("mounts", []), *mounts]
-            # One line of JSON (valid YAML, so the .yaml name stands), by json's C encoder: the
-            # YAML representer, or json with indent (pure Python), was most of the time of
-            # NodePrepareResources (benchmarks/bench_dra.py)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
-            atomic_write(path, (json.dumps(spec) + "\n").encode("utf-8"), within=self._spec_dir)
+            write_claim_spec(spec, path, within=self._spec_dir)
         kind = claim_kind(self.driver)
         for result in allocated:
             devices.append(
@@ -415,13 +418,17 @@ class Preparer:
     def _remove_unknown_spec(self, uid: str) -> str:
         """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
         checked one). The error, or ""."""
-        path = claim_spec_path(self._spec_dir, self.driver, uid)
-        if not os.path.lexists(path):
-            return ""
-        error = _remove_spec(path)
-        if not error:
+        for path in (
+            claim_spec_path(self._spec_dir, self.driver, uid),
+            legacy_claim_spec_path(self._spec_dir, self.driver, uid),
+        ):
+            if not os.path.lexists(path):
+                continue
+            error = _remove_spec(path)
+            if error:
+                return error
             log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
-        return error
+        return ""
 
     def _save(self) -> None:
         doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
@@ -461,11 +468,8 @@ def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str |
     """Why ``path`` is not where claim ``uid``'s spec belongs (its file directly in the CDI dir,
     symlinks of the directory resolved), or None."""
     expected = claim_spec_path(spec_dir, driver, uid)
-    if (
-        "\0" in path
-        or Path(path).name != expected.name
-        or not same_dir(Path(path).parent, spec_dir)
-    ):
+    names = (expected.name, legacy_claim_spec_path(spec_dir, driver, uid).name)
+    if "\0" in path or Path(path).name not in names or not same_dir(Path(path).parent, spec_dir):
         return f"{quoted(path)} is not {expected}"
     return None
 

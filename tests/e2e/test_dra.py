@@ -178,7 +178,7 @@ def test_prepare_is_idempotent(harness: Harness) -> None:
     first = harness.kubelet.prepare([ref])
     second = harness.kubelet.prepare([ref, ref])
     assert first.claims["uid-a"] == second.claims["uid-a"]
-    assert len(list(harness.cdi_dir.glob("*.yaml"))) == 1
+    assert len(list(harness.cdi_dir.glob("*.json"))) == 1
     assert harness.kubelet.unprepare([ref]).claims["uid-a"].error == ""
     assert harness.kubelet.unprepare([ref]).claims["uid-a"].error == ""
 
@@ -295,3 +295,32 @@ def test_dra_serve_without_a_node_name_is_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "--node-name" in result.stderr
+
+
+def test_a_claim_spec_failing_the_check_is_that_claims_error_and_leaves_no_file(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim specs go through the spec service's check, as `cdigen generate`'s do: a spec the
+    runtimes would refuse (here a device node with a relative path, which no claim makes today:
+    the fault is planted) is refused before anything is written."""
+    plugin = harness.start()
+    preparer = plugin.preparer
+    make_spec = preparer._claim_spec
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        spec = make_spec(*args, **kwargs)
+        spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"path": "dev/nvidia0"}]
+        return spec
+
+    monkeypatch.setattr(preparer, "_claim_spec", broken)
+    bad = harness.claim("bad", "uid-bad", "gpu-0")
+    good = harness.claim("good", "uid-good", "gpu-1")
+    response = harness.kubelet.prepare([bad])
+    error = response.claims["uid-bad"].error
+    assert "dev/nvidia0" in error and "\n" not in error, error
+    left = [p.name for p in harness.cdi_dir.glob("*")] if harness.cdi_dir.exists() else []
+    assert [n for n in left if n != ".cdigen.lock"] == [], left
+    monkeypatch.setattr(preparer, "_claim_spec", make_spec)
+    assert harness.kubelet.prepare([good]).claims["uid-good"].error == ""
+    spec = json.loads(claim_spec_path(harness.cdi_dir, DRIVER, "uid-good").read_text())
+    assert spec["kind"] == f"k8s.{DRIVER}/claim"

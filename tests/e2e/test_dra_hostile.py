@@ -63,6 +63,11 @@ def _put_claim(api: FakeApiServer, name: str, doc: Any) -> tuple[str, str, str]:
     return ("default", uid, name)
 
 
+def _specs(cdi_dir: Path) -> list[str]:
+    """The files in the CDI dir, less the spec dir's lock file (a dot-file runtimes skip)."""
+    return sorted(p.name for p in cdi_dir.iterdir() if p.name != ".cdigen.lock")
+
+
 def _result(device: str, **extra: Any) -> dict[str, Any]:
     return {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": device, **extra}
 
@@ -103,7 +108,7 @@ def test_a_hostile_claim_uid_is_that_claims_error_and_touches_no_file_outside_th
     assert unprepared.claims["uid-good"].error == ""
     assert _tree(tmp_path, harness.cdi_dir) == before, "a file outside the CDI dir changed"
     assert victim.read_text() == "a file the claim must not reach\n"
-    assert sorted(p.name for p in harness.cdi_dir.iterdir()) == []
+    assert _specs(harness.cdi_dir) == []
     assert not any("\n" in r.getMessage() for r in caplog.records), "a log line was split"
 
 
@@ -161,7 +166,7 @@ def test_under_umask_000_dirs_are_0755_and_files_have_their_modes(
             tmp_path / "state",
             state,
             state / "checkpoint.json",
-            harness.cdi_dir / f"{SPEC_PREFIX}uid-a.yaml",
+            harness.cdi_dir / f"{SPEC_PREFIX}uid-a.json",
         )
     }
     assert modes == {
@@ -171,7 +176,7 @@ def test_under_umask_000_dirs_are_0755_and_files_have_their_modes(
         "state": "0o755",
         "state/dra": "0o755",
         "state/dra/checkpoint.json": "0o600",
-        f"var/run/cdi/{SPEC_PREFIX}uid-a.yaml": "0o644",
+        f"var/run/cdi/{SPEC_PREFIX}uid-a.json": "0o644",
     }
 
 
@@ -221,7 +226,7 @@ def test_each_malformed_claim_is_its_own_one_line_error_and_the_others_are_answe
         error = answer.claims[uid].error
         _one_line(error)
         assert words in error, (uid, error)
-    assert sorted(p.name for p in harness.cdi_dir.iterdir()) == [f"{SPEC_PREFIX}uid-good.yaml"]
+    assert _specs(harness.cdi_dir) == [f"{SPEC_PREFIX}uid-good.json"]
 
 
 # --------------------------------------------------------------------------- bounded errors (10)
@@ -265,14 +270,14 @@ def test_consumed_memory_below_1_mib_is_refused_not_written_as_a_limit(
     error = harness.kubelet.prepare([ref]).claims["uid-m"].error
     _one_line(error)
     assert "consumedCapacity.memory" in error and "1Mi" in error, error
-    assert not list(harness.cdi_dir.glob("*.yaml")), "no spec with a 0M or negative limit"
+    assert not list(harness.cdi_dir.glob("*.json")), "no spec with a 0M or negative limit"
 
 
 def test_consumed_memory_of_1_mib_or_more_is_the_limit(harness: Harness) -> None:
     harness.start()
     ref = harness.claim("m", "uid-m", "gpu-0", consumedCapacity={"memory": "1Mi"})
     assert harness.kubelet.prepare([ref]).claims["uid-m"].error == ""
-    spec = json.loads((harness.cdi_dir / f"{SPEC_PREFIX}uid-m.yaml").read_text())
+    spec = json.loads((harness.cdi_dir / f"{SPEC_PREFIX}uid-m.json").read_text())
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1M" in spec["containerEdits"]["env"]
 
 

@@ -236,7 +236,7 @@ def test_one_claim_shared_by_several_pods_is_prepared_once_per_claim(plugin: Plu
     assert list(pod_a.claims["uid-s"].devices[0].cdi_device_ids) == [
         f"k8s.{DRIVER}/claim=uid-s-gpu-0"
     ]
-    assert path.stat().st_mtime_ns == first and len(list(plugin.cdi_dir.iterdir())) == 1
+    assert path.stat().st_mtime_ns == first and len(list(plugin.cdi_dir.glob("*.json"))) == 1
     assert set(p.preparer.prepared()) == {"uid-s"}
     quarter = (p.node.gpus[0].memory_bytes // 4) >> 20
     env = plugin.spec("uid-s")["containerEdits"]["env"]

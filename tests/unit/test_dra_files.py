@@ -95,3 +95,37 @@ def test_a_uid_that_is_taken_names_one_file_directly_in_the_cdi_dir(uid: str) ->
     assert Path(os.path.normpath(path)).parent == spec_dir
     assert spec_path_problem(str(path), spec_dir, "gpu.cdigen.dev", uid) is None
     assert device_name_problem(f"{uid}-gpu-0") is None
+
+
+def test_a_checkpoint_of_an_earlier_version_names_a_yaml_spec_and_it_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions wrote the claim spec as JSON in a ``.yaml`` file: after an upgrade the
+    checkpoint still names it, and unprepare must be able to remove it."""
+    from plugin.dra.prepare import legacy_claim_spec_path
+
+    legacy = legacy_claim_spec_path(tmp_path, "gpu.cdigen.dev", "uid-a")
+    assert legacy.name == "k8s.gpu.cdigen.dev-claim_uid-a.yaml"
+    assert claim_spec_path(tmp_path, "gpu.cdigen.dev", "uid-a").suffix == ".json"
+    assert spec_path_problem(str(legacy), tmp_path, "gpu.cdigen.dev", "uid-a") is None
+    other = legacy.with_name("k8s.gpu.cdigen.dev-claim_uid-b.yaml")
+    assert spec_path_problem(str(other), tmp_path, "gpu.cdigen.dev", "uid-a") is not None
+
+
+def test_a_claim_spec_is_checked_and_must_be_a_json_file(tmp_path: Path) -> None:
+    from cdigen.cdi.write import write_claim_spec
+    from cdigen.errors import SchemaError
+
+    spec = {
+        "cdiVersion": "0.5.0",
+        "kind": "k8s.gpu.cdigen.dev/claim",
+        "devices": [{"name": "uid-a-gpu-0", "containerEdits": {"deviceNodes": [{"path": "x"}]}}],
+    }
+    with pytest.raises(SchemaError, match="is not absolute"):
+        write_claim_spec(spec, tmp_path / "cdi" / "a.json", within=tmp_path / "cdi")
+    assert not (tmp_path / "cdi" / "a.json").exists()
+    spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"path": "/dev/nvidia0"}]
+    with pytest.raises(WriteError, match=r"must end in \.json"):
+        write_claim_spec(spec, tmp_path / "cdi" / "a.yaml", within=tmp_path / "cdi")
+    write_claim_spec(spec, tmp_path / "cdi" / "a.json", within=tmp_path / "cdi")
+    assert stat.S_IMODE((tmp_path / "cdi" / "a.json").stat().st_mode) == 0o644
