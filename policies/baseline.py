@@ -30,6 +30,7 @@ from math import factorial
 from operator import itemgetter
 
 from cdigen.model import Node
+from policies.search import bit_values
 
 PCIE_SCORE = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50}
 NVLINK_SCORE = 100
@@ -71,19 +72,9 @@ def partition_count(available: int, size: int) -> int:
     return count
 
 
-def _bits(mask: int) -> list[int]:
-    """The single-bit masks set in ``mask``, lowest first."""
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low)
-        mask ^= low
-    return out
-
-
 def _positions(mask: int) -> list[int]:
     """The positions of the bits set in ``mask``, lowest first."""
-    return [bit.bit_length() - 1 for bit in _bits(mask)]
+    return [bit.bit_length() - 1 for bit in bit_values(mask)]
 
 
 def _cuts(
@@ -99,7 +90,7 @@ def _cuts(
             yield total, tuple(groups)
             return
         lowest = left & -left
-        for companions in combinations(_bits(left ^ lowest), size - 1):
+        for companions in combinations(bit_values(left ^ lowest), size - 1):
             group = lowest | sum(companions)
             if group & empty in (0, empty):
                 groups.append(group)

@@ -179,7 +179,7 @@ class ExactSearch:
             # Few sets fit (the walk would skip about len(walk) / fits before the first): list
             # them instead. Combinations of ascending bits come in term-9 order; a stable sort
             # by rank makes it the walk's.
-            walk = list(map(must.__add__, map(sum, combinations(_bit_values(free), more))))
+            walk = list(map(must.__add__, map(sum, combinations(bit_values(free), more))))
             walk.sort(key=rank.__getitem__)
         for mask in walk:
             if mask & guard != must:  # a busy GPU, or a must-include one missing
@@ -288,7 +288,7 @@ class ExactSearch:
         return table.positions(best_mask)
 
 
-def _bit_values(mask: int) -> list[int]:
+def bit_values(mask: int) -> list[int]:
     """The set bits of ``mask`` as values (1 << b), lowest first."""
     out = []
     while mask:
