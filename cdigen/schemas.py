@@ -141,6 +141,8 @@ def _describe(error: Any) -> str:
         )
     if error.validator == "additionalProperties":
         return f"{error.message} (check the spelling; unknown fields are not allowed)"
+    if error.validator == "not" and "description" in error.schema:
+        return str(error.schema["description"])  # an if/then rule says it in its own words
     return str(error.message)
 
 

@@ -21,16 +21,31 @@ API_VERSION = "gpu.cdigen.dev/v1alpha1"
 KIND = "GpuConfig"
 SCHEMA = "dra-gpu-config"
 SOURCES = ("FromClass", "FromClaim")  # in rising precedence
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ClaimSharing:
+    """A claim's own sharing settings (``sharing`` of GpuConfig, NVIDIA's names): ``MPS`` with
+    an SM percentage and pinned-memory limits (bytes; per GPU keyed by in-container CUDA
+    ordinal or UUID), or ``TimeSlicing``: no MPS limits for this claim."""
+
+    strategy: str
+    thread_percentage: int | None = None
+    memory_limit: int | None = None
+    per_device_limits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class GpuConfig:
     """Our driver's parameters: the driver capabilities asked for (empty: the node-wide ones).
     ``every``: ``all`` was asked, which means every capability the driver offers and finds
-    files for, as NVIDIA_DRIVER_CAPABILITIES=all does."""
+    files for, as NVIDIA_DRIVER_CAPABILITIES=all does. ``sharing``: the claim's own, or None
+    for the node-wide settings."""
 
     capabilities: tuple[str, ...] = ()
     every: bool = False
+    sharing: ClaimSharing | None = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +82,48 @@ def parse_gpu_config(parameters: Any, where: str) -> GpuConfig:
             hint=f"use apiVersion: {API_VERSION}, kind: {KIND} and capabilities from "
             f"{', '.join(CAPABILITIES)} or all (docs/dra.md)",
         )
+    sharing = _sharing(parameters.get("sharing"), f"{where}.opaque.parameters.sharing")
     caps = parameters.get("capabilities") or []
     if "all" in caps:
-        return GpuConfig(CAPABILITIES, every=True)
-    return GpuConfig(tuple(c for c in CAPABILITIES if c in caps))
+        return GpuConfig(CAPABILITIES, every=True, sharing=sharing)
+    return GpuConfig(tuple(c for c in CAPABILITIES if c in caps), sharing=sharing)
+
+
+def _sharing(doc: Mapping[str, Any] | None, where: str) -> ClaimSharing | None:
+    """``sharing`` of a GpuConfig the schema passed -> ClaimSharing (quantities in bytes)."""
+    if doc is None:
+        return None
+    mps = doc.get("mpsConfig") or {}
+    default = mps.get("defaultPinnedDeviceMemoryLimit")
+    per_device = mps.get("defaultPerDevicePinnedMemoryLimit") or {}
+    return ClaimSharing(
+        strategy=str(doc["strategy"]),
+        thread_percentage=mps.get("defaultActiveThreadPercentage"),
+        memory_limit=None
+        if default is None
+        else _limit(default, f"{where}.mpsConfig.defaultPinnedDeviceMemoryLimit"),
+        per_device_limits=tuple(
+            (str(key), _limit(value, f"{where}.mpsConfig.defaultPerDevicePinnedMemoryLimit.{key}"))
+            for key, value in per_device.items()
+        ),
+    )
+
+
+def _limit(text: str, where: str) -> int:
+    """A pinned-memory limit in bytes: a quantity of at least 1Mi (MPS limits in MiB)."""
+    from policies.cel import parse_quantity
+
+    try:
+        value = parse_quantity(text)
+    except ValueError as exc:
+        raise InputError(str(exc), where=where, hint="give a quantity such as 4Gi") from None
+    if value < MIB:
+        raise InputError(
+            f"{text!r} is less than 1Mi, the least memory MPS can limit a client to",
+            where=where,
+            hint="give at least 1Mi, e.g. 4Gi",
+        )
+    return int(value)
 
 
 def claim_configs(claim: Mapping[str, Any], ref: ClaimRef, *, driver: str) -> list[RequestConfig]:
@@ -111,3 +164,26 @@ def config_for(configs: Sequence[RequestConfig], request: str) -> RequestConfig 
         if config.applies_to(request):
             return config
     return None
+
+
+def claim_sharing(
+    configs: Sequence[RequestConfig], requests: Sequence[str], where: str
+) -> ClaimSharing | None:
+    """The sharing setting of a claim's ``requests`` (None: the node-wide one); InputError when
+    its requests' configs ask for different ones (the claim's containers share one set of MPS
+    limits)."""
+    chosen = {
+        request: entry.config.sharing if entry is not None else None
+        for request in dict.fromkeys(requests)
+        for entry in [config_for(configs, request)]
+    }
+    settings = set(chosen.values())
+    if len(settings) > 1:
+        raise InputError(
+            "its requests ask for different sharing settings ("
+            + ", ".join(f"{r}: {s.strategy if s else 'node-wide'}" for r, s in chosen.items())
+            + ")",
+            where=where,
+            hint="give the claim one GpuConfig sharing setting for all its requests",
+        )
+    return next(iter(settings), None)

@@ -11,6 +11,7 @@ from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu
 from plugin.dra.claims import AllocatedDevice, quoted
+from plugin.dra.config import ClaimSharing
 from plugin.sharing import (
     MPS_MEMORY_ENV,
     MPS_PIPE_ENV,
@@ -52,37 +53,80 @@ class MpsSettings:
 
 
 def claim_limits(
-    allocated: Sequence[AllocatedDevice], views: Mapping[str, DeviceView], mps: MpsSettings
+    allocated: Sequence[AllocatedDevice],
+    views: Mapping[str, DeviceView],
+    mps: MpsSettings,
+    sharing: ClaimSharing | None = None,
+    *,
+    where: str = "",
 ) -> tuple[list[str], list[MountDoc]]:
-    """The MPS environment and mounts of one claim (nothing for exclusive whole GPUs)."""
-    gpus: dict[str, tuple[Gpu, int]] = {}  # uuid -> (GPU, limit in bytes)
+    """The MPS environment and mounts of one claim (nothing for exclusive whole GPUs).
+
+    ``sharing``, the claim's own GpuConfig setting, overrides the node-wide ``mps``: TimeSlicing
+    means no limits; MPS sets its SM percentage and memory limits (never above the memory the
+    claim consumed) and needs the node's MPS daemon (``mps.pipe_dir``).
+    """
+    if sharing is not None and sharing.strategy == "TimeSlicing":
+        return [], []
+    claim_mps = sharing is not None
+    if claim_mps and not mps.pipe_dir:
+        raise InputError(
+            "the claim asks for MPS sharing, but this driver runs with no MPS daemon",
+            where=where,
+            hint="start cdigen dra serve with --mps-pipe-dir (docs/dra-sharing.md), or drop "
+            "sharing from the GpuConfig",
+        )
+    # the CUDA ordinal in the container: the claim's GPUs in PCI bus order (CUDA_DEVICE_ORDER)
+    in_claim = sorted({views[r.device].gpu.pci_bus_id.lower() for r in allocated})
+    per_device = dict(sharing.per_device_limits) if sharing is not None else {}
+    gpus: dict[str, tuple[Gpu, int | None]] = {}  # uuid -> (GPU, limit in bytes or none)
     for result in allocated:
         view = views[result.device]
         if view.mig is not None:
             continue
-        total = view.gpu.memory_bytes
-        if result.consumed and "memory" in result.consumed:
-            limit = consumed_memory(result)
+        gpu, total = view.gpu, view.gpu.memory_bytes
+        consumed = (
+            consumed_memory(result) if result.consumed and "memory" in result.consumed else None
+        )
+        limit: int | None
+        if sharing is not None:
+            ordinal = str(in_claim.index(gpu.pci_bus_id.lower()))
+            by_ordinal, by_uuid = per_device.pop(ordinal, None), per_device.pop(gpu.uuid, None)
+            limit = by_ordinal or by_uuid or sharing.memory_limit or consumed
+            if limit is not None and consumed is not None:
+                limit = min(limit, consumed)  # what the scheduler counted for this claim
+        elif consumed is not None:
+            limit = consumed
         elif mps.replicas:
             limit = total // mps.replicas
         else:
             continue
-        gpus[view.gpu.uuid] = (view.gpu, min(limit, total))
+        gpus[gpu.uuid] = (gpu, None if limit is None else min(limit, total))
+    if per_device:
+        raise InputError(
+            f"defaultPerDevicePinnedMemoryLimit names {', '.join(sorted(per_device))}, not a "
+            f"GPU of this claim (it has {len(in_claim)}: ordinals 0-{len(in_claim) - 1})",
+            where=where,
+            hint="key the limits by the GPU's CUDA ordinal in the container, or its UUID",
+        )
     if not gpus:
         return [], []
-    # the CUDA ordinal in the container: the claim's GPUs in PCI bus order (CUDA_DEVICE_ORDER)
-    in_claim = sorted({views[r.device].gpu.pci_bus_id.lower() for r in allocated})
     limits = []
     fractions = []
     for uuid, (gpu, limit) in gpus.items():
+        if limit is None:
+            continue
         key = uuid if mps.limit_key == "uuid" else str(in_claim.index(gpu.pci_bus_id.lower()))
         limits.append(f"{key}={limit >> 20}M")
         fractions.append(limit / gpu.memory_bytes if gpu.memory_bytes else 1.0)
-    env = [f"{MPS_MEMORY_ENV}={','.join(limits)}"]
-    if mps.limit_key == "index":
+    env = [f"{MPS_MEMORY_ENV}={','.join(limits)}"] if limits else []
+    if limits and mps.limit_key == "index":
         env.append(f"{DEVICE_ORDER_ENV}=PCI_BUS_ID")
-    if mps.thread_percentage is not None:
-        percent = mps.thread_percentage or max(1, min(100, int(100 * min(fractions))))
+    threads = sharing.thread_percentage if sharing is not None else None
+    if threads is not None:
+        env.append(f"{MPS_THREADS_ENV}={threads}")
+    elif mps.thread_percentage is not None:
+        percent = mps.thread_percentage or max(1, min(100, int(100 * min(fractions or [1.0]))))
         env.append(f"{MPS_THREADS_ENV}={percent}")
     mounts: list[MountDoc] = []
     if mps.pipe_dir:

@@ -39,7 +39,7 @@ from plugin.dra.claims import (
     kind_of,
     quoted,
 )
-from plugin.dra.config import claim_configs, config_for
+from plugin.dra.config import claim_configs, claim_sharing, config_for
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
 
@@ -242,7 +242,10 @@ class Preparer:
                 request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in made)
                 for request, caps in extra.items()
             }
-            env, mounts = claim_limits(allocated, self._views, self._mps)
+            where = f"ResourceClaim {ref.namespace}/{ref.name}"
+            configs = claim_configs(claim, ref, driver=self.driver)
+            sharing = claim_sharing(configs, [r.request for r in allocated], where)
+            env, mounts = claim_limits(allocated, self._views, self._mps, sharing, where=where)
             if env:
                 edits = spec.setdefault("containerEdits", {})
                 edits["env"] = [*edits.get("env", []), *env]

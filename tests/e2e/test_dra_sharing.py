@@ -437,3 +437,127 @@ def test_a_limited_claim_is_refused_when_an_mps_directory_is_a_symlink(
     assert not response.claims["uid-l"].devices
     assert not claim_spec_path(plugin.cdi_dir, DRIVER, "uid-l").exists()
     assert response.claims["uid-w"].error == "" and response.claims["uid-w"].devices
+
+
+# --------------------------------------------------------------------------- per-claim sharing
+
+API = "gpu.cdigen.dev/v1alpha1"
+
+
+def _config(source: str, sharing: dict[str, Any], *requests: str) -> dict[str, Any]:
+    """One status.allocation.devices.config entry of our driver, as the scheduler copies it."""
+    entry: dict[str, Any] = {
+        "source": source,
+        "opaque": {
+            "driver": DRIVER,
+            "parameters": {"apiVersion": API, "kind": "GpuConfig", "sharing": sharing},
+        },
+    }
+    if requests:
+        entry["requests"] = list(requests)
+    return entry
+
+
+def _claim_with(
+    plugin: Plugin, uid: str, config: list[dict[str, Any]], **result: Any
+) -> tuple[str, dict[str, Any]]:
+    """Prepare a claim of gpu-0 with ``config`` entries: its error and its spec's edits (then
+    unprepare it, so that the next claim may have the GPU)."""
+    doc = allocated_claim(
+        uid,
+        uid,
+        [{"request": "g", "driver": DRIVER, "pool": NODE_NAME, "device": "gpu-0", **result}],
+    )
+    doc["status"]["allocation"]["devices"]["config"] = config
+    plugin.api.add_claim(doc)
+    ref = ("default", uid, uid)
+    error = plugin.kubelet.prepare([ref]).claims[uid].error
+    path = claim_spec_path(plugin.cdi_dir, DRIVER, uid)
+    edits = plugin.spec(uid).get("containerEdits", {}) if path.exists() else {}
+    assert plugin.kubelet.unprepare([ref]).claims[uid].error == ""
+    return error, edits
+
+
+MPS_25 = {
+    "strategy": "MPS",
+    "mpsConfig": {"defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "4Gi"},
+}
+
+
+def test_a_claim_sets_its_own_mps_limits_and_the_claim_wins_over_the_class(
+    plugin: Plugin,
+) -> None:
+    plugin.start(mps=MpsSettings(pipe_dir="/run/nvidia/mps", thread_percentage=0, replicas=2))
+    # node-wide: half the card and a proportional SM share
+    error, edits = _claim_with(plugin, "node-wide", [])
+    env = edits["env"]
+    assert error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12282M" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in env
+    # the class says MPS 25% / 4Gi, the claim says 10% / 2Gi: the claim's entry wins whole
+    claim_mps = {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 10,
+                 "defaultPerDevicePinnedMemoryLimit": {"0": "2Gi"}}}  # fmt: skip
+    error, edits = _claim_with(
+        plugin, "own", [_config("FromClass", MPS_25), _config("FromClaim", claim_mps)]
+    )
+    env = edits["env"]
+    assert error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10" in env
+    assert "CUDA_MPS_PIPE_DIRECTORY=/run/nvidia/mps" in env
+    # the class alone
+    error, edits = _claim_with(plugin, "class", [_config("FromClass", MPS_25)])
+    env = edits["env"]
+    assert error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M" in env
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env
+
+
+def test_an_mps_limit_never_exceeds_the_memory_the_claim_consumed(plugin: Plugin) -> None:
+    plugin.start(memory_shares=MemoryShares(), mps=MpsSettings(pipe_dir="/run/nvidia/mps"))
+    error, edits = _claim_with(
+        plugin,
+        "small",
+        [_config("FromClaim", MPS_25)],
+        shareID="41111111-1111-1111-1111-111111111111",
+        consumedCapacity={"memory": "3Gi"},
+    )
+    assert error == ""
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M" in edits["env"]  # not the config's 4Gi
+
+
+def test_time_slicing_for_a_claim_means_no_mps_limits_on_an_mps_node(plugin: Plugin) -> None:
+    plugin.start(mps=MpsSettings(pipe_dir="/run/nvidia/mps", replicas=4))
+    sharing = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}
+    error, edits = _claim_with(plugin, "ts", [_config("FromClaim", sharing)])
+    assert error == ""
+    assert not any("MPS" in e for e in edits.get("env", []))
+    assert not any(m["hostPath"] == "/run/nvidia/mps" for m in edits.get("mounts", []))
+
+
+@pytest.mark.parametrize(
+    ("sharing", "message"),
+    [
+        (MPS_25, "the claim asks for MPS sharing, but this driver runs with no MPS daemon"),
+        (
+            {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}},
+            "defaultPerDevicePinnedMemoryLimit names 3, not a GPU of this claim",
+        ),
+        (
+            {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "512Ki"}},
+            "less than 1Mi",
+        ),
+        (
+            {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+            "interval: expected one of Default",
+        ),
+    ],
+)
+def test_a_sharing_setting_that_cannot_be_honoured_is_that_claims_one_line_error(
+    plugin: Plugin, sharing: dict[str, Any], message: str
+) -> None:
+    pipe = None if message.startswith("the claim asks for MPS") else "/run/nvidia/mps"
+    plugin.start(mps=MpsSettings(pipe_dir=pipe))
+    error, edits = _claim_with(plugin, "bad", [_config("FromClaim", sharing)])
+    assert message in error and "\n" not in error, error
+    assert edits == {}  # no spec was written

@@ -96,3 +96,68 @@ def test_an_unknown_capability_device_flag_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "--capability-devices: unknown driver capability 'graphix'" in err
+
+
+SHARING_EXAMPLE = EXAMPLE.parent / "mps-shared-gpu.yaml"
+
+
+@pytest.mark.parametrize(
+    ("sharing", "field", "message"),
+    [
+        ({"strategy": "Fair"}, "sharing.strategy", "expected one of TimeSlicing, MPS"),
+        (
+            {"strategy": "TimeSlicing", "mpsConfig": {"defaultActiveThreadPercentage": 20}},
+            "sharing",
+            "mpsConfig goes with strategy MPS, not TimeSlicing",
+        ),
+        (
+            {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 120}},
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+            "greater than the maximum of 100",
+        ),
+        (
+            {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "lots"}},
+            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit",
+            "'lots' does not match",
+        ),
+    ],
+)
+def test_dra_check_refuses_a_bad_sharing_setting_naming_file_and_field(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sharing: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
+    assert main(["dra", "check", str(SHARING_EXAMPLE)]) == 0
+    docs = list(yaml.safe_load_all(SHARING_EXAMPLE.read_text()))
+    docs[0]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"] = sharing
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    capsys.readouterr()
+    assert main(["dra", "check", str(bad)]) == 1
+    out = capsys.readouterr()
+    line = f"{bad}: spec.devices.config[0].opaque.parameters.{field}: "
+    text = out.out + out.err
+    assert any(ln.startswith(line) and message in ln for ln in text.splitlines()), text
+
+
+def test_sharing_is_read_in_bytes_and_a_claim_keeps_one_setting() -> None:
+    from plugin.dra.config import ClaimSharing, claim_sharing
+
+    mps = {
+        "strategy": "MPS",
+        "mpsConfig": {
+            "defaultActiveThreadPercentage": 30,
+            "defaultPinnedDeviceMemoryLimit": "6Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"1": "512Mi"},
+        },
+    }
+    entry = _entry("FromClaim", [], "a")
+    entry["opaque"]["parameters"]["sharing"] = mps
+    configs = claim_configs(_claim(entry), REF, driver=DRIVER)
+    expected = ClaimSharing("MPS", 30, 6 << 30, (("1", 512 << 20),))
+    assert claim_sharing(configs, ["a"], "w") == expected
+    # request b has no config (the node-wide setting): one claim cannot mix the two
+    with pytest.raises(InputError, match=r"different sharing settings \(a: MPS, b: node-wide\)"):
+        claim_sharing(configs, ["a", "b"], "w")
