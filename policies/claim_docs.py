@@ -7,7 +7,7 @@ Part of the offline scheduler simulator (:mod:`policies.claims`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,8 @@ class Toleration:
 
 @dataclass(frozen=True)
 class Request:
-    """One ``exactly`` request of a claim."""
+    """One ``exactly`` request of a claim, or one subrequest of a ``firstAvailable`` request
+    (named ``request/subrequest``, as the scheduler names its results)."""
 
     name: str
     class_name: str
@@ -56,6 +57,7 @@ class Request:
     count: int = 1
     capacity: Mapping[str, int] = field(default_factory=dict)  # plain or qualified names
     tolerations: tuple[Toleration, ...] = ()
+    alternatives: tuple[Request, ...] = ()  # firstAvailable: the subrequests, in order
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,13 @@ class Constraint:
     distinct: bool = False
 
     def covers(self, request: str) -> bool:
-        """True when the constraint applies to ``request``."""
-        return not self.requests or request in self.requests
+        """True when the constraint applies to ``request`` (a subrequest ``main/sub`` is
+        covered by its main request's name)."""
+        return (
+            not self.requests
+            or request in self.requests
+            or request.partition("/")[0] in self.requests
+        )
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,38 @@ def _selectors(items: Any, source: str, prefix: str) -> tuple[Selector, ...]:
     return tuple(out)
 
 
+def _exact_request(name: str, exactly: Mapping[str, Any], source: str, where: str) -> Request:
+    """One request's device part (``exactly``, or one ``firstAvailable`` subrequest)."""
+    mode = str(exactly.get("allocationMode", "ExactCount"))
+    if mode not in ("ExactCount", "All"):
+        raise InputError(f"unknown allocationMode {mode!r}", where=f"{source}: {where}")
+    count = exactly.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise InputError(
+            f"count must be a positive integer, got {count!r}", where=f"{source}: {where}.count"
+        )
+    caps = ((exactly.get("capacity") or {}).get("requests")) or {}
+    return Request(
+        name=name,
+        class_name=str(exactly.get("deviceClassName", "")),
+        selectors=_selectors(exactly.get("selectors"), source, f"{where}.selectors"),
+        mode=mode,
+        count=count,
+        capacity={
+            str(k): quantity(v, f"{source}: {where}.capacity.requests.{k}") for k, v in caps.items()
+        },
+        tolerations=tuple(
+            Toleration(
+                t.get("key"),
+                str(t.get("operator", "Equal")),
+                str(t.get("value", "")),
+                t.get("effect"),
+            )
+            for t in exactly.get("tolerations") or ()
+        ),
+    )
+
+
 def device_class(doc: Mapping[str, Any], source: str) -> DeviceClass:
     """A DeviceClass from its manifest."""
     name = str((doc.get("metadata") or {}).get("name", ""))
@@ -148,47 +187,28 @@ def claim_from_doc(doc: Mapping[str, Any], source: str) -> Claim:
     requests: list[Request] = []
     for n, req in enumerate(devices.get("requests") or ()):
         where = f"{base}.devices.requests[{n}]"
+        req_name = str((req or {}).get("name", ""))
         exactly = (req or {}).get("exactly")
-        if not isinstance(exactly, Mapping):
+        first_available = (req or {}).get("firstAvailable")
+        if isinstance(exactly, Mapping):
+            requests.append(_exact_request(req_name, exactly, source, f"{where}.exactly"))
+        elif isinstance(first_available, list) and first_available:
+            subs = tuple(
+                _exact_request(
+                    f"{req_name}/{(sub or {}).get('name', '')}",
+                    sub or {},
+                    source,
+                    f"{where}.firstAvailable[{k}]",
+                )
+                for k, sub in enumerate(first_available)
+            )
+            requests.append(replace(subs[0], name=req_name, alternatives=subs))
+        else:
             raise InputError(
-                "only requests with exactly are simulated (firstAvailable is not)",
+                "a request needs exactly or firstAvailable (a non-empty list)",
                 where=f"{source}: {where}",
                 hint="write the request as exactly: {deviceClassName: ..., ...}",
             )
-        mode = str(exactly.get("allocationMode", "ExactCount"))
-        if mode not in ("ExactCount", "All"):
-            raise InputError(f"unknown allocationMode {mode!r}", where=f"{source}: {where}")
-        count = exactly.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise InputError(
-                f"count must be a positive integer, got {count!r}",
-                where=f"{source}: {where}.exactly.count",
-            )
-        caps = ((exactly.get("capacity") or {}).get("requests")) or {}
-        requests.append(
-            Request(
-                name=str(req.get("name", "")),
-                class_name=str(exactly.get("deviceClassName", "")),
-                selectors=_selectors(
-                    exactly.get("selectors"), source, f"{where}.exactly.selectors"
-                ),
-                mode=mode,
-                count=count,
-                capacity={
-                    str(k): quantity(v, f"{source}: {where}.exactly.capacity.requests.{k}")
-                    for k, v in caps.items()
-                },
-                tolerations=tuple(
-                    Toleration(
-                        t.get("key"),
-                        str(t.get("operator", "Equal")),
-                        str(t.get("value", "")),
-                        t.get("effect"),
-                    )
-                    for t in exactly.get("tolerations") or ()
-                ),
-            )
-        )
     constraints: list[Constraint] = []
     for c in devices.get("constraints") or ():
         names = tuple(str(r) for r in c.get("requests") or ())

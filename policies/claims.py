@@ -17,7 +17,8 @@ The manifests are read by :mod:`policies.claim_docs`, the slices' devices by
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import product
 from typing import Any
 
 from cdigen.errors import InputError
@@ -215,7 +216,7 @@ class FirstFit:
             amount = wanted
             left = total - state.consumed.get(device.name, {}).get(name, 0)
             if amount > left:
-                return {}, f"needs {short} {_bytes(amount)}, {_bytes(left)} left"
+                return {}, f"needs {short} {format_bytes(amount)}, {format_bytes(left)} left"
             consumed[name] = amount
         for name in requested:
             if name not in device.capacity:
@@ -247,7 +248,31 @@ class FirstFit:
 
     def allocate(self, claim: Claim, state: NodeState | None = None) -> Allocation:
         """First fit with backtracking; an Allocation with ``error`` when nothing fits."""
+        return self.resolve(claim, state)[1]
+
+    def resolve(self, claim: Claim, state: NodeState | None = None) -> tuple[Claim, Allocation]:
+        """:meth:`allocate`, trying the subrequests of ``firstAvailable`` requests in order (the
+        first request's first, then its second, ...), as the scheduler does: the claim as it
+        was resolved (each such request replaced by the subrequest used) and its allocation.
+        When nothing fits, the first combination and why it failed."""
         state = state or NodeState()
+        choices = [r.alternatives or (r,) for r in claim.requests]
+        first: tuple[Claim, Allocation] | None = None
+        for combination in product(*choices):
+            variant = replace(claim, requests=tuple(combination))
+            allocation = self._allocate_exact(variant, state)
+            if not allocation.error:
+                return variant, allocation
+            first = first or (variant, allocation)
+        assert first is not None  # a claim with no request has one (empty) combination
+        variant, allocation = first
+        if any(r.alternatives for r in claim.requests):
+            error = f"{allocation.error} (the first firstAvailable choices; every choice failed)"
+            allocation = replace(allocation, error=error)
+        return variant, allocation
+
+    def _allocate_exact(self, claim: Claim, state: NodeState) -> Allocation:
+        """:meth:`allocate` for a claim whose requests are all ``exactly``."""
         slots: list[Request] = []
         for request in claim.requests:
             if request.mode == "All":
@@ -309,7 +334,7 @@ class FirstFit:
     ) -> tuple[Allocation, list[tuple[str, str]]]:
         """The allocation, and for every device not picked, why (per request)."""
         state = state or NodeState()
-        allocation = self.allocate(claim, state)
+        claim, allocation = self.resolve(claim, state)
         picked = set(allocation.devices)
         reasons: list[tuple[str, str]] = []
         for device in self.devices:
@@ -333,7 +358,8 @@ class FirstFit:
         return allocation, reasons
 
 
-def _bytes(amount: int) -> str:
+def format_bytes(amount: int) -> str:
+    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
     for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
         if amount >= 1 << shift and amount % (1 << shift) == 0:
             return f"{amount >> shift}{suffix}"
@@ -359,7 +385,7 @@ def render_explanation(
         lines.append(f"claim {claim.name} ({claim.source}) on {node}: first fit picks {picked}")
         for pick in allocation.picks:
             consumed = ", ".join(
-                f"{name.rpartition('/')[2]} {_bytes(amount)}"
+                f"{name.rpartition('/')[2]} {format_bytes(amount)}"
                 for name, amount in sorted(pick.consumed.items())
             )
             lines.append(

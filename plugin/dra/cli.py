@@ -7,9 +7,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cdigen.discover.cli import add_node_source
 from plugin.defaults import LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES
+
+if TYPE_CHECKING:
+    from cdigen.model import Node
+    from policies.claim_docs import Claim
+    from policies.claims import Allocation, FirstFit, NodeState
+    from policies.device_view import DeviceView
 
 DEFAULT_DRIVER = "gpu.cdigen.dev"  # policies.device_view.DRA_DRIVER; kept here so --help is cheap
 
@@ -178,8 +187,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     explain.add_argument(
         "--claim",
         required=True,
+        action="append",
         metavar="FILE",
-        help="a ResourceClaim or ResourceClaimTemplate (DeviceClasses in it are used too)",
+        help="ResourceClaims or ResourceClaimTemplates (DeviceClasses in them are used too); "
+        "repeatable: the claims are allocated in order, each after the ones before it",
     )
     explain.add_argument(
         "--class",
@@ -187,7 +198,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         default=[],
         metavar="FILE",
-        help="DeviceClass manifest(s); repeatable",
+        help="DeviceClass manifest(s); repeatable (default: the classes deploy/dra installs)",
     )
     explain.add_argument(
         "--driver-name",
@@ -334,17 +345,16 @@ def _explain(args: argparse.Namespace) -> int:
     from cdigen.discover import load_node
     from cdigen.errors import InputError
     from plugin.dra.slices import MemoryShares, build_slices
-    from policies.claims import FirstFit, load_manifests, render_explanation, slice_devices
+    from policies.claims import FirstFit, NodeState, load_manifests, slice_devices
     from policies.device_view import device_views
     from policies.dra_order import ordered_views
-    from policies.graph import build_topology
 
     _dns_subdomain(args.driver_name, "--driver-name")
-    claims, classes = load_manifests([args.claim, *args.classes])
-    if len(claims) != 1:
+    class_files = args.classes or [str(p) for p in _shipped_classes()]
+    claims, classes = load_manifests([*args.claim, *class_files])
+    if not claims:
         raise InputError(
-            f"{len(claims)} ResourceClaims or templates found, expected one",
-            where=args.claim,
+            "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
     node = load_node(args.node)
     views = ordered_views(device_views(node, mig_strategy=args.mig_strategy), node)
@@ -358,7 +368,45 @@ def _explain(args: argparse.Namespace) -> int:
         views, driver=args.driver_name, node_name=node_name, generation=1, shares=shares
     )
     fit = FirstFit(slice_devices(slices), classes)
-    allocation, reasons = fit.explain(claims[0])
+    state = NodeState()
+    failed = 0
+    for n, claim in enumerate(claims):
+        if n:
+            print()
+        allocation, reasons = fit.explain(claim, state)
+        for line in _explained(claim, allocation, reasons, fit, node, views, node_name):
+            print(line)
+        if allocation.error:
+            failed += 1
+        else:
+            state.add(allocation.picks, fit.by_name)
+    if len(claims) > 1 or state.consumed:
+        print()
+        for line in _capacity_left(fit, state, len(claims) - failed):
+            print(line)
+    return 1 if failed else 0
+
+
+def _shipped_classes() -> list[Path]:
+    """The DeviceClasses ``kubectl apply -k deploy/dra`` installs, where this checkout has them."""
+    path = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "deviceclasses.yaml"
+    return [path] if path.is_file() else []
+
+
+def _explained(
+    claim: Claim,
+    allocation: Allocation,
+    reasons: Sequence[tuple[str, str]],
+    fit: FirstFit,
+    node: Node,
+    views: Sequence[DeviceView],
+    node_name: str,
+) -> list[str]:
+    """One claim's explanation, with its link score and a note for each capacity request met
+    by a whole device (published without consumable capacity)."""
+    from policies.claims import format_bytes, render_explanation
+    from policies.graph import build_topology
+
     score = None
     if allocation.picks:
         topology = build_topology(node)
@@ -367,11 +415,40 @@ def _explain(args: argparse.Namespace) -> int:
             sorted({topology.position_by_uuid[by_name[d].gpu.uuid] for d in allocation.devices})
         )
         score = topology.set_score(positions) if len(positions) > 1 else None
-    for line in render_explanation(
-        claims[0], allocation, reasons, node=node_name, link_score=score
-    ):
-        print(line)
-    return 1 if allocation.error else 0
+    lines = render_explanation(claim, allocation, reasons, node=node_name, link_score=score)
+    asked = {r.name: r.capacity for r in claim.requests for r in (r.alternatives or (r,))}
+    for pick in allocation.picks:
+        capacity = asked.get(pick.request)
+        if capacity and not fit.by_name[pick.device].allow_multiple:
+            wanted = ", ".join(f"{k} {format_bytes(v)}" for k, v in capacity.items())
+            lines.append(
+                f"note: request {pick.request!r} asks for capacity ({wanted}), but "
+                f"{pick.device} is published without consumable capacity (dra serve without "
+                "--memory-step): the claim gets the whole device"
+            )
+    return lines
+
+
+def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]:
+    """What the claims allocated so far leave: every device, whole or its capacity left."""
+    from policies.claims import format_bytes
+
+    lines = [f"after {allocated} allocated claim(s):"]
+    width = max(len(d.name) for d in fit.devices)
+    for device in fit.devices:
+        if device.name in state.exclusive:
+            left = "held whole"
+        elif device.allow_multiple and device.capacity:
+            held = state.consumed.get(device.name, {})
+            left = ", ".join(
+                f"{name.rpartition('/')[2]} {format_bytes(total - held.get(name, 0))} left of "
+                f"{format_bytes(total)}"
+                for name, total in sorted(device.capacity.items())
+            )
+        else:
+            left = "free"
+        lines.append(f"  {device.name:<{width}}  {left}")
+    return lines
 
 
 def _check(args: argparse.Namespace) -> int:

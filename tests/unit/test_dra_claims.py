@@ -192,6 +192,8 @@ def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> 
             "builtin:rtx4090",
             "--claim",
             str(EXAMPLES / "memory-3gi.yaml"),
+            "--class",  # classes given: the shipped ones are not read
+            str(EXAMPLES / "graphics-gpu.yaml"),
         ],
         capture_output=True,
         text=True,
@@ -200,6 +202,76 @@ def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> 
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert "DeviceClass 'gpu.cdigen.dev', which was not given" in result.stderr
+
+
+def _sized_claim(tmp_path: Path, name: str, *memory: str) -> str:
+    """A claim for ``memory`` of one GPU (several: firstAvailable, in that order)."""
+    import yaml
+
+    def exact(amount: str) -> dict[str, object]:
+        return {"deviceClassName": "gpu.cdigen.dev", "capacity": {"requests": {"memory": amount}}}
+
+    request: dict[str, object] = {"name": "share"}
+    if len(memory) == 1:
+        request["exactly"] = exact(memory[0])
+    else:
+        request["firstAvailable"] = [{"name": f"m{n}", **exact(m)} for n, m in enumerate(memory)]
+    doc = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+STORY = ["dra", "explain", "--node", "builtin:rtx4090", "--memory-step", "1Mi"]
+
+
+def test_explain_replays_the_4090_story_claim_after_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two 3 GiB claims fit on the 24 GB card (the shipped classes, no --class), an 18 GiB
+    one does not: 24564 MiB less 6 GiB leaves 18420 MiB."""
+    claims = [_sized_claim(tmp_path, n, m) for n, m in (("a", "3Gi"), ("b", "3Gi"), ("c", "18Gi"))]
+    code = main([*STORY, *(arg for c in claims for arg in ("--claim", c))])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert out.count("first fit picks gpu-0") == 2
+    assert f"claim c ({claims[2]}) on rtx4090: not allocatable" in out
+    assert "  gpu-0  needs memory 18Gi, 18420Mi left" in out
+    assert out.rstrip().endswith(
+        "after 2 allocated claim(s):\n  gpu-0  memory 18420Mi left of 24564Mi"
+    )
+
+
+def test_explain_takes_the_first_available_subrequest_that_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    taken = _sized_claim(tmp_path, "taken", "6Gi")
+    flexible = _sized_claim(tmp_path, "flexible", "20Gi", "4Gi")
+    assert main([*STORY, "--claim", flexible]) == 0
+    assert "  share/m0: gpu-0 (consumes memory 20Gi)" in capsys.readouterr().out
+    assert main([*STORY, "--claim", taken, "--claim", flexible]) == 0
+    assert "  share/m1: gpu-0 (consumes memory 4Gi)" in capsys.readouterr().out
+    none = _sized_claim(tmp_path, "none", "20Gi", "19Gi")
+    assert main([*STORY, "--claim", taken, "--claim", none]) == 1
+    assert "every choice failed" in capsys.readouterr().out
+
+
+def test_explain_says_when_a_capacity_request_gets_a_whole_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: without --memory-step the request's 3Gi was silently ignored."""
+    claim = _sized_claim(tmp_path, "a", "3Gi")
+    assert main(["dra", "explain", "--node", "builtin:rtx4090", "--claim", claim]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: request 'share' asks for capacity (memory 3Gi), but gpu-0 is published without "
+        "consumable capacity (dra serve without --memory-step): the claim gets the whole device"
+    ) in out
 
 
 BAD = """\
@@ -327,3 +399,15 @@ def test_outside_a_cluster_without_kubeconfig_is_one_line_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "in-cluster config" in err and "--kubeconfig" in err, err
+
+
+def test_the_4090_story_in_the_docs_is_what_explain_prints(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "dra-sharing.md").read_text()
+    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Mi --claim memory-3gi"
+    block = docs[docs.index(command) :].split("```", 1)[0]
+    argv, _, printed = block.partition("\n")
+    monkeypatch.chdir(EXAMPLES)  # the docs run it there
+    assert main(argv.split()[2:]) == 1
+    assert capsys.readouterr().out == printed
