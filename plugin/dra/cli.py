@@ -157,7 +157,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         metavar="XID=EFFECT",
         help="taint a device with EFFECT (NoSchedule or NoExecute) on this Xid; repeatable; "
-        "replaces the default list (48, 79, 95 NoExecute; 64, 94 NoSchedule); "
+        "replaces the default list (48, 64, 79, 94, 95 NoSchedule; NoExecute also evicts); "
         "--taint-xid none taints on no Xid",
     )
     serve.add_argument(

@@ -55,13 +55,15 @@ DEFAULT_DRIVER = DRA_DRIVER
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SOURCE_NODE = "node"
-TAINT_EFFECTS = ("NoSchedule", "NoExecute")
-# Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus) and 95
-# (uncontained ECC) evict (NoExecute); 64 and 94 (row remapping, contained ECC) stop new claims.
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # in rising severity
+# Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus), 95
+# (uncontained ECC), 64 and 94 (row remapping, contained ECC). All NoSchedule, as NVIDIA's DRA
+# driver does: new claims stay off the device and running pods are left to the admin (a
+# DeviceTaintRule, or --taint-xid 79=NoExecute to evict).
 DEFAULT_TAINT_XIDS: Mapping[int, str] = {
-    48: "NoExecute",
-    79: "NoExecute",
-    95: "NoExecute",
+    48: "NoSchedule",
+    79: "NoSchedule",
+    95: "NoSchedule",
     64: "NoSchedule",
     94: "NoSchedule",
 }

@@ -1,6 +1,7 @@
 """ResourceSlices (resource.k8s.io/v1) from the DRA device view, as plain dicts.
 
-One pool per node, named after the node; at most 128 devices per slice; devices in the order
+One pool per node, named after the node; at most 128 devices per slice (64 when a device has a
+taint, as resource.k8s.io/v1 requires of a slice with taints or counters); devices in the order
 the allocation engine prefers (:mod:`policies.dra_order`), because the scheduler's first fit
 walks them in slice order.
 """
@@ -16,6 +17,9 @@ from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+# resource.k8s.io/v1: a slice in which any device has taints or consumes counters holds at most
+# 64 devices (the API server refuses more)
+MAX_DEVICES_WITH_TAINTS = 64
 _BINARY_SUFFIXES = (
     ("Ei", 1 << 60),
     ("Pi", 1 << 50),
@@ -113,13 +117,16 @@ def build_slices(
     shares: MemoryShares | None = None,
     taints: Mapping[str, Sequence[TaintDoc]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of one node's pool: ``views`` in order, ``max_devices`` per slice.
+    """The ResourceSlices of one node's pool: ``views`` in order, ``max_devices`` per slice
+    (at most 64 while any device is tainted).
 
     ``owner`` (``{"name": ..., "uid": ...}`` of the Node object) makes the slices go away with
     the node. A node without devices still publishes one empty slice, so the pool exists.
     ``shares`` and ``taints`` (by device name) as in :func:`device_doc`.
     """
     taints = taints or {}
+    if any(taints.get(v.name) for v in views):
+        max_devices = min(max_devices, MAX_DEVICES_WITH_TAINTS)
     chunks = [list(views[i : i + max_devices]) for i in range(0, len(views), max_devices)] or [[]]
     slices: list[dict[str, Any]] = []
     for n, chunk in enumerate(chunks):

@@ -561,3 +561,37 @@ def test_a_sharing_setting_that_cannot_be_honoured_is_that_claims_one_line_error
     error, edits = _claim_with(plugin, "bad", [_config("FromClaim", sharing)])
     assert message in error and "\n" not in error, error
     assert edits == {}  # no spec was written
+
+
+def test_the_default_taint_is_no_schedule_as_nvidias_driver_does(plugin: Plugin) -> None:
+    p = plugin.start("builtin:dgx1-v100")
+    gpu3 = next(g for g in p.node.gpus if g.index == 3)
+    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79"})
+    (tainted,) = plugin.slices()
+    taints = {d["name"]: d.get("taints") for d in tainted["spec"]["devices"] if d.get("taints")}
+    assert taints == {"gpu-3": [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]}
+
+
+def test_a_pool_above_64_devices_with_a_taint_is_cut_into_slices_of_64() -> None:
+    """resource.k8s.io/v1 refuses a slice of more than 64 devices when one has a taint."""
+    from dataclasses import replace
+
+    from plugin.dra.slices import MAX_DEVICES_PER_SLICE, build_slices
+    from policies.device_view import device_views
+
+    node = load_node("builtin:dgx2-v100")
+    base = device_views(node, mig_strategy="none")
+    views = [replace(base[n % len(base)], name=f"gpu-{n}") for n in range(100)]
+    plain = build_slices(views, driver=DRIVER, node_name=NODE_NAME, generation=1)
+    assert [len(s["spec"]["devices"]) for s in plain] == [100]  # <= 128 untainted
+    taint = [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]
+    tainted = build_slices(
+        views, driver=DRIVER, node_name=NODE_NAME, generation=2, taints={"gpu-70": taint}
+    )
+    assert [len(s["spec"]["devices"]) for s in tainted] == [64, 36]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in tainted} == {2}
+    assert MAX_DEVICES_PER_SLICE == 128
+    for body in tainted:
+        body["metadata"]["uid"] = "x"  # _strict drops it, as the API server's own fields
+        for version in ("1.35", "1.36"):
+            _strict(body, version)
