@@ -29,6 +29,7 @@ from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
 from plugin.dra.kube import SliceApi, SlicePublisher
+from plugin.dra.metrics import DraMetrics
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import Preparer
 from plugin.dra.service import (
@@ -159,11 +160,20 @@ class DraPlugin:
         self.slices_published = False
         self.slice_problem = "not published yet"
         self.registration = RegistrationState()
+        self.metrics = DraMetrics(
+            prepared=lambda: len(self.preparer.prepared()),
+            health=lambda: self.board.snapshot()[1],
+            registered=lambda: self.registration.registered,
+        )
         self._stop = threading.Event()
         reg_path, dra_path = socket_paths(options.kubelet_dir, options.driver)
         self._dra_server = UnixServer(
             dra_path,
-            dra_services(self.preparer, HealthService(self.board, options.node_name, self._stop)),
+            dra_services(
+                self.preparer,
+                HealthService(self.board, options.node_name, self._stop),
+                self.metrics,
+            ),
             workers=DRA_WORKERS,
         )
         self._reg_server = UnixServer(
@@ -226,7 +236,9 @@ class DraPlugin:
             try:
                 self._publish()
                 self._published = True
+                self.metrics.observe_publish(ok=True)
             except Exception as exc:  # the API server may be away: the keeper retries
+                self.metrics.observe_publish(ok=False)
                 self._published = False
                 self._republish.set()
                 log.error(
@@ -263,12 +275,14 @@ class DraPlugin:
                             )
                         self._publish()
                         self._published = True
+                        self.metrics.observe_publish(ok=True)
                 self.slices_published, self.slice_problem = True, ""
                 self._published_event.set()
                 if last_problem:
                     log.info("the API server answers again")
                 last_problem, backoff = "", BACKOFF_FIRST_S
             except Exception as exc:  # the API server may be away or refuse: retry, one line
+                self.metrics.observe_publish(ok=False)
                 problem = api_error(exc)
                 self.slices_published = False
                 self.slice_problem = problem
@@ -381,7 +395,8 @@ class DraPlugin:
 
 class HealthServer(ThreadingHTTPServer):
     """``/healthz`` for the DRA plugin: 200 once registered with the kubelet, else 503; the
-    body says what is pending (JSON: registered, slicesPublished, slicesProblem)."""
+    body says what is pending (JSON: registered, slicesPublished, slicesProblem). And
+    ``/metrics``, the plugin's Prometheus series (plugin/dra/metrics.py)."""
 
     daemon_threads = True
 
@@ -414,17 +429,23 @@ class _HealthHandler(BaseHTTPRequestHandler):
     server: HealthServer
 
     def do_GET(self) -> None:
-        if self.path.split("?", 1)[0] != "/healthz":
-            self._send(404, b"not found: try /healthz\n")
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
+
+            self._send(200, self.server.plugin.metrics.exposition(), CONTENT_TYPE_PLAIN_0_0_4)
+            return
+        if path != "/healthz":
+            self._send(404, b"not found: try /healthz or /metrics\n")
             return
         plugin = self.server.plugin
         problem = plugin.health_problem()
         body = json.dumps(plugin.health_report(), sort_keys=True) + "\n"
         self._send(503 if problem else 200, body.encode())
 
-    def _send(self, status: int, body: bytes) -> None:
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from plugin.dra.claims import ClaimRef
+from plugin.dra.metrics import DraMetrics
 from plugin.dra.prepare import Preparer
 from plugin.health import HealthBoard
 
@@ -46,14 +47,29 @@ class DraService:
     """``DRAPlugin`` for one API version (``pb`` is its generated ``*_pb2`` module)."""
 
     def __init__(
-        self, preparer: Preparer, pb: ModuleType, slots: threading.BoundedSemaphore | None = None
+        self,
+        preparer: Preparer,
+        pb: ModuleType,
+        slots: threading.BoundedSemaphore | None = None,
+        metrics: DraMetrics | None = None,
     ) -> None:
         self._preparer = preparer
         self._pb = pb
         self._slots = slots or threading.BoundedSemaphore(PREPARE_SLOTS)
+        self._metrics = metrics
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         """Prepare every claim of the request; each answer carries its devices or its error."""
+        if self._metrics is None:
+            return self._prepare(request)
+        with self._metrics.observe_call("NodePrepareResources"):
+            response = self._prepare(request)
+        for answer in response.claims.values():
+            if answer.error:
+                self._metrics.observe_claim_error("NodePrepareResources")
+        return response
+
+    def _prepare(self, request: Any) -> Any:
         pb = self._pb
         response = pb.NodePrepareResourcesResponse()
         for ref in _claim_refs(request):
@@ -77,8 +93,16 @@ class DraService:
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         """Unprepare every claim of the request (unknown claims are a success)."""
         response = self._pb.NodeUnprepareResourcesResponse()
-        for ref in _claim_refs(request):
-            response.claims[ref.uid].error = self._preparer.unprepare(ref)
+        if self._metrics is None:
+            for ref in _claim_refs(request):
+                response.claims[ref.uid].error = self._preparer.unprepare(ref)
+            return response
+        with self._metrics.observe_call("NodeUnprepareResources"):
+            for ref in _claim_refs(request):
+                response.claims[ref.uid].error = self._preparer.unprepare(ref)
+        for answer in response.claims.values():
+            if answer.error:
+                self._metrics.observe_claim_error("NodeUnprepareResources")
         return response
 
 
@@ -213,7 +237,9 @@ class UnixServer:
             self.path.unlink()
 
 
-def dra_services(preparer: Preparer, health: HealthService) -> Callable[[Any], None]:
+def dra_services(
+    preparer: Preparer, health: HealthService, metrics: DraMetrics | None = None
+) -> Callable[[Any], None]:
     """Adds dra/v1, dra/v1beta1 and dra-health/v1alpha1 to a server."""
 
     def add(server: Any) -> None:
@@ -227,10 +253,10 @@ def dra_services(preparer: Preparer, health: HealthService) -> Callable[[Any], N
 
         slots = threading.BoundedSemaphore(PREPARE_SLOTS)  # shared by both API versions
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraService(preparer, dra_v1_pb2, slots), server
+            DraService(preparer, dra_v1_pb2, slots, metrics), server
         )
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraService(preparer, dra_v1beta1_pb2, slots), server
+            DraService(preparer, dra_v1beta1_pb2, slots, metrics), server
         )
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)
 
