@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from cdigen.discover.cli import add_node_source
@@ -231,6 +232,7 @@ def _serve(args: argparse.Namespace) -> int:
             )
     config = load_config(args.config, flags=flags)
     make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
+    take_gpu_server_lock(config.plugin_dir)
     setup_logging(config.log_level, config.log_format)
     plugin = Plugin(
         config,
@@ -238,6 +240,14 @@ def _serve(args: argparse.Namespace) -> int:
         record_requests=args.record_requests,
     )
     return serve_until_signalled(plugin)
+
+
+def take_gpu_server_lock(plugin_dir: Path) -> None:
+    """Refuse to serve where ``cdigen dra serve`` serves this node's GPUs (cdigen.nodelock);
+    the kubelet's dir is the plugin dir's parent (/var/lib/kubelet/device-plugins)."""
+    from cdigen.nodelock import GpuServerLock
+
+    GpuServerLock(plugin_dir.parent, "cdigen plugin serve").take()
 
 
 def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int:
@@ -277,6 +287,7 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     first = load(default_path)  # a bad default is one line and exit 2, before anything starts
     labels = NodeLabels(api_client(args.kubeconfig), args.node_name)
     make_plugin_dir(first.plugin_dir)
+    take_gpu_server_lock(first.plugin_dir)
     setup_logging(first.log_level, first.log_format)
     # NVML once for the process: every named config serves the same node
     nvml = open_nvml(first.node, first.driver_root, first.host_root)

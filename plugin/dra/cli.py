@@ -470,6 +470,7 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.discover import from_hardware, load_node
     from cdigen.discover.nvml import start_nvml
     from cdigen.errors import InputError
+    from cdigen.nodelock import GpuServerLock
     from plugin.cli import setup_logging
     from plugin.dra.kube import KubeApi
     from plugin.dra.serve import DraOptions, DraPlugin, serve_until_signalled
@@ -534,5 +535,7 @@ def _serve(args: argparse.Namespace) -> int:
         host_root=args.host_root,
     )
     api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    # the device plugin must not serve this node's GPUs too: held until the process ends
+    GpuServerLock(options.kubelet_dir, "cdigen dra serve").take()
     plugin = DraPlugin(options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml)
     return serve_until_signalled(plugin, args.health_address)

@@ -16,6 +16,7 @@ import pytest
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
+from tests.fake_apiserver import allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
 from tests.helpers.shared import require_shared_tool
 
@@ -324,3 +325,40 @@ def test_a_claim_spec_failing_the_check_is_that_claims_error_and_leaves_no_file(
     assert harness.kubelet.prepare([good]).claims["uid-good"].error == ""
     spec = json.loads(claim_spec_path(harness.cdi_dir, DRIVER, "uid-good").read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/claim"
+
+
+def test_the_seeds_pod_served_through_an_extended_resource_claim(harness: Harness) -> None:
+    """A pod asking ``nvidia.com/gpu: 1`` (and a second container 2) on a cluster where a
+    DeviceClass carries ``extendedResourceName: nvidia.com/gpu``: the scheduler writes a special
+    claim, as Kubernetes 1.36 makes it, and the kubelet asks us to prepare it like any other."""
+    harness.start()
+    uid = "ext-uid-1"
+    results = [
+        {"request": f"container-{c}-request-0", "driver": DRIVER, "pool": NODE_NAME, "device": d}
+        for c, d in ((0, "gpu-0"), (1, "gpu-1"), (1, "gpu-2-mig-8-0"))
+    ]
+    claim = allocated_claim("seed-extended-resources-gl8fj", uid, results)
+    claim["metadata"]["annotations"] = {"resource.kubernetes.io/extended-resource-claim": "true"}
+    claim["spec"]["devices"]["requests"] = [
+        {"name": f"container-{n}-request-0", "exactly": {"deviceClassName": "gpu.cdigen.dev",
+         "allocationMode": "ExactCount", "count": count}}
+        for n, count in ((0, 1), (1, 2))
+    ]  # fmt: skip
+    harness.api.add_claim(claim)
+    ref = ("default", uid, "seed-extended-resources-gl8fj")
+    answer = harness.kubelet.prepare([ref]).claims[uid]
+    assert answer.error == ""
+    by_request: dict[str, list[str]] = {}
+    for device in answer.devices:
+        for request in device.request_names:
+            by_request.setdefault(request, []).extend(device.cdi_device_ids)
+    assert by_request == {
+        "container-0-request-0": [f"k8s.{DRIVER}/claim={uid}-gpu-0"],
+        "container-1-request-0": [
+            f"k8s.{DRIVER}/claim={uid}-gpu-1",
+            f"k8s.{DRIVER}/claim={uid}-gpu-2-mig-8-0",
+        ],
+    }
+    assert claim_spec_path(harness.cdi_dir, DRIVER, uid).exists()
+    assert harness.kubelet.unprepare([ref]).claims[uid].error == ""
+    assert not claim_spec_path(harness.cdi_dir, DRIVER, uid).exists()

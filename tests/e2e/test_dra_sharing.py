@@ -87,7 +87,7 @@ def plugin(api: FakeApiServer, kubelet_dir: Path, tmp_path: Path) -> Iterator[Pl
 
 
 def _classes() -> dict[str, Any]:
-    path = EXAMPLES / "deviceclasses.yaml"
+    path = EXAMPLES.parent / "deviceclasses.yaml"
     docs = list(yaml.safe_load_all(path.read_text()))
     return {d["metadata"]["name"]: device_class(d, str(path)) for d in docs}
 

@@ -502,7 +502,8 @@ def test_each_class_selects_exactly_its_devices(objects: list[dict[str, Any]]) -
                 n for n, p in programs.items() if p.evaluate({"device": cel_device(view, DRIVER)})
             }
             if view.mig is None:
-                assert chosen == {DRIVER}, (sample, view.name, chosen)
+                nvlink = {f"nvlink.{DRIVER}"} if "nvlinkClique" in view.attributes else set()
+                assert chosen == {DRIVER, *nvlink}, (sample, view.name, chosen)
             else:
                 assert chosen == {f"mig.{DRIVER}", f"mig-{view.mig.profile}.{DRIVER}"}, (
                     sample,
@@ -689,3 +690,36 @@ def test_capabilities_component_offers_what_the_graphics_example_asks_for(
         for cap in entry["opaque"]["parameters"]["capabilities"]
     }
     assert asked and asked <= offered
+
+
+# -- the extended-resource component (deploy/dra/components/extended-resource) --------------------
+
+
+def test_extended_resource_component_names_the_device_plugins_resources(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Every class a device plugin resource maps to gets that name (nvidia.com/gpu, and
+    nvidia.com/mig-<profile> as --mig-strategy mixed advertises them); the others none."""
+    rendered = render_with_component(tmp_path_factory, "extended-resource")
+    classes = {
+        doc["metadata"]["name"]: doc["spec"].get("extendedResourceName")
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "DeviceClass"
+    }
+    assert classes["gpu.cdigen.dev"] == "nvidia.com/gpu"
+    assert classes["nvlink.gpu.cdigen.dev"] is None and classes["mig.gpu.cdigen.dev"] is None
+    migs = {k: v for k, v in classes.items() if k.startswith("mig-")}
+    assert migs and all(
+        v == f"nvidia.com/{k.removesuffix('.gpu.cdigen.dev')}" for k, v in migs.items()
+    )
+    assert len(set(classes.values()) - {None}) == len(migs) + 1  # each name once
+    validator = _tool("kubernetes-validate")
+    if validator:
+        result = subprocess.run(
+            [validator, "--strict", "--quiet", "-k", "1.36", "-"],
+            input=rendered,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -34,7 +34,7 @@ def _fit(source: str, shares: MemoryShares | None = None) -> FirstFit:
     slices = build_slices(
         device_views(node), driver=DRIVER, node_name="n", generation=1, shares=shares
     )
-    _, classes = load_manifests([EXAMPLES / "deviceclasses.yaml"])
+    _, classes = load_manifests([EXAMPLES.parent / "deviceclasses.yaml"])
     return FirstFit(slice_devices(slices), classes)
 
 
@@ -152,7 +152,7 @@ def test_explain_prints_the_chosen_devices_and_why_others_lost(
             "--claim",
             str(EXAMPLES / "two-gpus-one-nvlink-clique.yaml"),
             "--class",
-            str(EXAMPLES / "deviceclasses.yaml"),
+            str(EXAMPLES.parent / "deviceclasses.yaml"),
         ]
     )
     out = capsys.readouterr().out
@@ -173,7 +173,7 @@ def test_explain_on_a_claim_that_cannot_fit_exits_1(capsys: pytest.CaptureFixtur
             "--claim",
             str(EXAMPLES / "four-gpus-one-numa-node.yaml"),
             "--class",
-            str(EXAMPLES / "deviceclasses.yaml"),
+            str(EXAMPLES.parent / "deviceclasses.yaml"),
         ]
     )
     assert code == 1

@@ -28,7 +28,7 @@ PRESETS = (
 
 
 def _claim(name: str) -> tuple[Claim, dict[str, object]]:
-    claims, classes = load_manifests([EXAMPLES / name, EXAMPLES / "deviceclasses.yaml"])
+    claims, classes = load_manifests([EXAMPLES / name, EXAMPLES.parent / "deviceclasses.yaml"])
     (claim,) = claims
     return claim, dict(classes)
 
