@@ -291,9 +291,7 @@ def atomic_write(
             raise WriteError(
                 f"will not create directories through '..' ({directory})", where=str(target)
             )
-        from cdigen.cdi.write import make_spec_dir  # 0755 whatever the umask
-
-        make_spec_dir(directory)
+        make_dirs(directory)
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
@@ -327,3 +325,25 @@ def atomic_write(
             directory,
             exc.strerror or exc,
         )
+
+
+_DIR_MODE = 0o755
+
+
+def make_dirs(directory: Path) -> None:
+    """Create ``directory`` and its missing parents with mode 0755, whatever the umask."""
+    missing: list[Path] = []
+    d = directory
+    while not os.path.lexists(d) and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, _DIR_MODE)
+        except FileExistsError:
+            continue  # a concurrent run made it: its mode is that run's business
+        except OSError as exc:
+            raise WriteError(
+                f"cannot create directory {d}: {exc.strerror}", where=str(directory)
+            ) from None
+        os.chmod(d, _DIR_MODE)

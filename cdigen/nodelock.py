@@ -62,3 +62,10 @@ class GpuServerLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __enter__(self) -> GpuServerLock:
+        self.take()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -8,11 +8,17 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
 from plugin.defaults import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
+
+if TYPE_CHECKING:
+    from cdigen.nodelock import GpuServerLock
+    from plugin.config import PluginConfig
+    from plugin.node_config import NamedConfigs, NodeLabels
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -232,22 +238,23 @@ def _serve(args: argparse.Namespace) -> int:
             )
     config = load_config(args.config, flags=flags)
     make_plugin_dir(config.plugin_dir)  # a bad one is the only output, before start-up's logs
-    take_gpu_server_lock(config.plugin_dir)
     setup_logging(config.log_level, config.log_format)
     plugin = Plugin(
         config,
         nvml=open_nvml(config.node, config.driver_root, config.host_root),
         record_requests=args.record_requests,
     )
-    return serve_until_signalled(plugin)
+    with gpu_server_lock(config.plugin_dir):  # before anything is served or written
+        return serve_until_signalled(plugin)
 
 
-def take_gpu_server_lock(plugin_dir: Path) -> None:
-    """Refuse to serve where ``cdigen dra serve`` serves this node's GPUs (cdigen.nodelock);
-    the kubelet's dir is the plugin dir's parent (/var/lib/kubelet/device-plugins)."""
+def gpu_server_lock(plugin_dir: Path) -> GpuServerLock:
+    """Held while serving: refuses to serve where ``cdigen dra serve`` serves this node's GPUs
+    (cdigen.nodelock); the kubelet's dir is the plugin dir's parent
+    (/var/lib/kubelet/device-plugins)."""
     from cdigen.nodelock import GpuServerLock
 
-    GpuServerLock(plugin_dir.parent, "cdigen plugin serve").take()
+    return GpuServerLock(plugin_dir.parent, "cdigen plugin serve")
 
 
 def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int:
@@ -255,10 +262,10 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     from pathlib import Path
 
     from cdigen.errors import InputError
-    from plugin.config import PluginConfig, load_config
+    from plugin.config import load_config
     from plugin.kubeapi import api_client
-    from plugin.node_config import ConfigSwitcher, NamedConfigs, NodeLabels
-    from plugin.serve import Plugin, make_plugin_dir, open_nvml, serve_until_signalled
+    from plugin.node_config import NamedConfigs, NodeLabels
+    from plugin.serve import make_plugin_dir
 
     if args.config is not None:
         raise InputError(
@@ -287,7 +294,21 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     first = load(default_path)  # a bad default is one line and exit 2, before anything starts
     labels = NodeLabels(api_client(args.kubeconfig), args.node_name)
     make_plugin_dir(first.plugin_dir)
-    take_gpu_server_lock(first.plugin_dir)
+    with gpu_server_lock(first.plugin_dir):
+        return _serve_switching(args, first, configs, labels, load)
+
+
+def _serve_switching(
+    args: argparse.Namespace,
+    first: PluginConfig,
+    configs: NamedConfigs,
+    labels: NodeLabels,
+    load: Callable[[Path], PluginConfig],
+) -> int:
+    """Serve the named configs (the lock taken)."""
+    from plugin.node_config import ConfigSwitcher
+    from plugin.serve import Plugin, open_nvml, serve_until_signalled
+
     setup_logging(first.log_level, first.log_format)
     # NVML once for the process: every named config serves the same node
     nvml = open_nvml(first.node, first.driver_root, first.host_root)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_BAD_INPUT, CheckFailed, InputError
+from policies.cli_args import allocator_from_args, at_least, check_share_flags
 
 if TYPE_CHECKING:
     from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
@@ -155,23 +156,6 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _allocator(args: argparse.Namespace) -> Allocator:
-    from cdigen.discover import load_node
-    from policies.allocator import Allocator
-    from policies.policy import load_policy
-
-    node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
-    return Allocator(node, load_policy(args.policy))
-
-
-def _at_least(flag: str, value: int, minimum: int, maximum: int | None = None) -> None:
-    """InputError naming ``flag`` when ``value`` is below ``minimum`` (or above ``maximum``)."""
-    if value < minimum:
-        raise InputError(f"{flag} must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InputError(f"{flag} must be at most {maximum}, got {value}")
-
-
 def _ids(text: str, flag: str) -> tuple[str, ...]:
     ids = tuple(part.strip() for part in text.split(",") if part.strip())
     _unique(ids, flag)
@@ -226,18 +210,6 @@ def _answer_doc(answer: AllocationAnswer) -> dict[str, Any]:
     if answer.fallback_reason:
         doc["fallbackReason"] = answer.fallback_reason
     return doc
-
-
-def check_share_flags(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """``--replicas`` and ``--slice-mib`` (None where not given); InputError if out of range."""
-    from policies.shares import MAX_REPLICAS
-
-    replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
-    if replicas is not None:
-        _at_least("--replicas", replicas, 1, MAX_REPLICAS)
-    if slice_mib is not None:
-        _at_least("--slice-mib", slice_mib, 1)
-    return replicas, slice_mib
 
 
 def _expand_shares(
@@ -303,9 +275,9 @@ def _explain(args: argparse.Namespace) -> int:
     from policies.allocator import why_lost
     from policies.shares import share_kind
 
-    _at_least("--size", args.size, 1)
-    _at_least("--alternatives", args.alternatives, 0)
-    allocator = _allocator(args)
+    at_least("--size", args.size, 1)
+    at_least("--alternatives", args.alternatives, 0)
+    allocator = allocator_from_args(args)
     available = _expand_shares(allocator, _ids(args.available, "--available"), args)
     request = _request(allocator, available, _ids(args.must, "--must"), args.size, "--available")
     answer = allocator.prefer(request)
@@ -386,7 +358,7 @@ def _replay(args: argparse.Namespace) -> int:
     from cdigen.errors import AllocationError
     from cdigen.fileio import read_text
 
-    allocator = _allocator(args)
+    allocator = allocator_from_args(args)
     text = read_text(args.requests, what="requests file")
     out = sys.stdout
     bad = total = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from policies.cli import _allocator, _at_least, check_share_flags
+from policies.cli_args import allocator_from_args, at_least, check_share_flags
 
 MAX_STEPS = 100_000  # about a minute on one core; each step is one allocation of ours and theirs
 
@@ -20,8 +20,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     """Handle ``cdigen policy simulate``."""
     from policies.simulate import simulate
 
-    _at_least("--steps", args.steps, 1, MAX_STEPS)
-    allocator = _allocator(args)
+    at_least("--steps", args.steps, 1, MAX_STEPS)
+    allocator = allocator_from_args(args)
     if args.replicas is not None or args.slice_mib is not None:
         return _simulate_shares(args, allocator)
     ours, theirs = simulate(allocator.node, allocator, seed=args.seed, steps=args.steps)

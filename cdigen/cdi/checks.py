@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from cdigen.cdi.host import HostFS, detect_driver_version, host_path, library_dirs
-from cdigen.discover import from_hardware
+from cdigen.discover.sources import from_hardware
 from cdigen.errors import InputError
 from cdigen.model import Node
 

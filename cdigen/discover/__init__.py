@@ -11,10 +11,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from cdigen.discover.sources import NVML, describes_hardware, from_hardware
+
 if TYPE_CHECKING:  # the CLI imports this package to register commands: keep that cheap
     from cdigen.model import Node
 
-NVML = "nvml"
+__all__ = ["NVML", "describes_hardware", "from_hardware", "load_node"]
 
 
 def load_node(
@@ -50,15 +52,3 @@ def load_node(
     from cdigen.nodefile import load_node_file
 
     return load_node_file(source)
-
-
-def from_hardware(source: str) -> bool:
-    """Whether the node source ``source`` is the hardware itself (NVML), not a description
-    (a built-in sample or a node file) that may or may not match the machine."""
-    return source == NVML
-
-
-def describes_hardware(source: str, node: Node) -> bool:
-    """Whether ``node`` is the hardware's word: read from NVML now, or a node file that
-    ``cdigen discover`` wrote from NVML (at boot, say) rather than a sample or a hand-made file."""
-    return from_hardware(source) or node.discovered_by == NVML

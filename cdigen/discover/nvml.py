@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from cdigen import logs
 from cdigen.cdi.checks import CONTAINERIZED_DRIVER_ROOT
 from cdigen.cdi.host import HOST, LD_CACHE, LIBRARY_DIRS, HostFS, host_path, read_ld_cache
-from cdigen.discover import NVML
+from cdigen.discover.sources import NVML
 from cdigen.errors import DiscoveryError
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel
 from cdigen.nodefile import normalize_bus_id

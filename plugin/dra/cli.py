@@ -535,7 +535,9 @@ def _serve(args: argparse.Namespace) -> int:
         host_root=args.host_root,
     )
     api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
-    # the device plugin must not serve this node's GPUs too: held until the process ends
-    GpuServerLock(options.kubelet_dir, "cdigen dra serve").take()
-    plugin = DraPlugin(options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml)
-    return serve_until_signalled(plugin, args.health_address)
+    # the device plugin must not serve this node's GPUs too: held while serving
+    with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
+        plugin = DraPlugin(
+            options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml
+        )
+        return serve_until_signalled(plugin, args.health_address)

@@ -14,7 +14,7 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
 from lark import Token, Tree
 
-from policies.cel import limits
+import policies.cel.limits as limits
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
 from policies.cel.functions import FUNCTIONS
 

@@ -8,7 +8,7 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError, base_functions
 
-from policies.cel import limits
+import policies.cel.limits as limits
 from policies.cel.errors import OperandTypeError
 from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
 from policies.cel.semver import Semver, parse_semver

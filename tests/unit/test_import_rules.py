@@ -115,3 +115,77 @@ def test_the_dra_driver_name_has_one_source() -> None:
     from policies.device_view import DRA_DRIVER
 
     assert CLI_DRIVER == DEFAULT_DRIVER == DRA_DRIVER
+
+
+# -- no import circles -------------------------------------------------------------------------
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (never run)."""
+    out: list[ast.AST] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        for child in ast.iter_child_nodes(node):
+            if (
+                isinstance(child, ast.If)
+                and isinstance(child.test, ast.Name)
+                and child.test.id == "TYPE_CHECKING"
+            ):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+    return out
+
+
+def module_graph(tops: tuple[str, ...] = ("cdigen", "policies", "plugin")) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports when it runs, lazy imports inside functions
+    included: ``from pkg import name`` counts as importing ``pkg.name`` when that is a module
+    of ours, else ``pkg`` (a package's ``__init__``)."""
+    paths = {module_name(p): p for top in tops for p in modules(top)}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: set[str] = set()
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names
+                ]
+            for target in names:
+                parts = target.split(".")
+                for n in range(len(parts), 0, -1):  # the longest prefix that is ours
+                    if ".".join(parts[:n]) in paths:
+                        found.add(".".join(parts[:n]))
+                        break
+        graph[name] = found - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: groups of modules that import each other, directly or around."""
+    import networkx as nx
+
+    g = nx.DiGraph([(a, b) for a, targets in graph.items() for b in targets])
+    return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
+
+
+def test_no_import_circles() -> None:
+    """Was: cdigen/cdi/checks.py -> cdigen.discover -> discover/nvml.py -> checks.py;
+    policies/cli.py <-> policies/simulate_cli.py; cdigen/fileio.py <-> cdigen/cdi/write.py;
+    policies/cel's modules through the package."""
+    assert circles(module_graph()) == []
+
+
+def test_the_circle_check_sees_a_lazy_circle() -> None:
+    graph = module_graph()
+    graph["cdigen.model"] = {*graph["cdigen.model"], "cdigen.nodefile"}  # a lazy import back
+    assert ["cdigen.model", "cdigen.nodefile"] in circles(graph)
