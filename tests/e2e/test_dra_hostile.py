@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +137,6 @@ def test_a_checkpoint_entry_naming_a_file_outside_the_cdi_dir_is_refused_at_load
 
 
 # --------------------------------------------------------------------------- umask 000 (4)
-
-
-@pytest.fixture
-def umask_000() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def test_under_umask_000_dirs_are_0755_and_files_have_their_modes(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +16,6 @@ from cdigen.errors import WriteError
 from cdigen.fileio import atomic_write
 from plugin.dra.claims import ClaimRef
 from plugin.dra.prepare import claim_spec_path, spec_path_problem
-
-
-@pytest.fixture
-def umask_000() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def test_atomic_write_creates_no_directory_through_dot_dot(tmp_path: Path) -> None:

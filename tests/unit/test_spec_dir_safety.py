@@ -17,7 +17,6 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,15 +73,6 @@ def defined_devices(directory: Path) -> dict[str, list[str]]:
         for name in spec.device_names:
             out.setdefault(name, []).append(spec.path.name)
     return out
-
-
-@pytest.fixture
-def umask_000() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 # --- point 2: modes that do not depend on the umask ----------------------------------------
