@@ -27,7 +27,10 @@ MIXED = "builtin:dgx-a100-mig-mixed"
 
 def mixed_config(tmp_path: Path, node: str = MIXED, **kw: object) -> PluginConfig:
     """A mixed-strategy plugin that writes its own CDI spec under tmp_path."""
-    (tmp_path / "driver").mkdir(parents=True, exist_ok=True)
+    libs = tmp_path / "driver" / "usr" / "lib" / "x86_64-linux-gnu"
+    libs.mkdir(parents=True, exist_ok=True)
+    # the running driver's libcuda, as generate's guard wants it (the samples say 535.129.03)
+    (libs / "libcuda.so.535.129.03").write_bytes(b"")
     (tmp_path / "dev").mkdir(parents=True, exist_ok=True)
     settings: dict[str, object] = {
         "node": node,

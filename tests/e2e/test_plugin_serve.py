@@ -408,3 +408,16 @@ def test_recorded_requests_replay_to_the_answers_the_kubelet_got(
         kubelet.stop()
     replayed = cdigen("policy", "replay", "--node", NODE_SRC, "--requests", str(recorded))
     assert [json.loads(line)["devices"] for line in replayed.stdout.splitlines()] == answers
+
+
+def test_generate_specs_keeps_the_guards_of_cdigen_generate(tmp_path: Path) -> None:
+    """Was: a --driver-root that does not exist gave a spec without driver libraries, served."""
+    result = cdigen(
+        "plugin", "serve", "--node", NODE_SRC, "--plugin-dir", str(tmp_path / "dp"),
+        "--spec-dir", str(tmp_path / "cdi"), "--generate-specs", "--driver-root", "/nonexistent",
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("cdigen: error: --driver-root: '/nonexistent' does not exist")
+    assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").glob("*.yaml"))
