@@ -30,18 +30,13 @@ from typing import TypeVar
 from cdigen.errors import AllocationError
 from cdigen.model import Node
 from policies.graph import build_topology
-from policies.objective import (
-    CONSTRAINT_BUDGET_S,
-    NEXT_SET_SIZE,
-    Candidate,
-    Objective,
-    why_lost,
-)
+from policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lost
 from policies.placement import DeviceGroups, assign, choose_gpus
 from policies.policy import Policy, builtin_policy
 from policies.search import ExactSearch, GreedySearch, Search
 from policies.shares import gpu_part, share_kind
 from policies.table import EXACT_LIMIT
+from policies.terms import NEXT_SET_SIZE
 
 __all__ = [
     "CONSTRAINT_BUDGET_S",

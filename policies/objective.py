@@ -9,8 +9,9 @@ set left free and 7. the best pairing of what is left (higher wins; with subset 
 in the greedy search); 8. the links cut from the free devices (fragmentation); 9. the GPU
 positions, ascending.
 
-:func:`head` builds terms 1-7, :meth:`Candidate.key` all nine, :func:`static_terms` terms
-1, 3 and 4; the exact and greedy searches, ``explain`` and :func:`why_lost` all rank by them.
+:func:`head` builds terms 1-7, :meth:`Candidate.key` all nine,
+:func:`policies.terms.static_terms` terms 1, 3 and 4; the exact and greedy searches,
+``explain`` and :func:`why_lost` all rank by them.
 The exact search reads terms 1, 3 and 4 from its sorted tables, computes term 8 only for sets
 tied on 1-7, and gets term 9 from its walk order (the tables' last sort key).
 """
@@ -27,13 +28,12 @@ from cdigen.model import Node
 from policies.cel import allocation_value, device_value
 from policies.graph import Topology
 from policies.policy import Policy
+from policies.terms import NEXT_SET_SIZE
 
 if TYPE_CHECKING:
     from policies.table import Table
 
-# Fragmentation looks at what stays free for the next request: the best set of this size (the
-# commonest multi-GPU job after a pair), then the best split into pairs.
-NEXT_SET_SIZE = 4
+
 # CPU time one request may spend evaluating policy constraints; past it the sets not yet
 # evaluated count as failing them (a fallback reason says so), so that a slow policy cannot
 # hold a kubelet call (each evaluation is bounded too: policies.cel.EVAL_TIME_LIMIT_S).
@@ -41,13 +41,6 @@ CONSTRAINT_BUDGET_S = 0.08
 
 Head = tuple[int, bool, int, int, int, int, int]
 Key = tuple[int, bool, int, int, int, int, int, int, tuple[int, ...]]
-StaticTerms = tuple[int, int, int]
-
-
-def static_terms(selector_failures: int, link_score: int, numa_span: int) -> StaticTerms:
-    """Terms 1, 3 and 4 of the key, which a set has whatever the request: the exact search's
-    tables sort by them (then by term 9)."""
-    return (selector_failures, -link_score, numa_span)
 
 
 def head(

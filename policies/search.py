@@ -26,8 +26,9 @@ from math import comb
 from typing import Any, Protocol
 
 from policies.graph import Topology
-from policies.objective import NEXT_SET_SIZE, Head, Objective, head
+from policies.objective import Head, Objective, head
 from policies.table import EXACT_LIMIT, BitSums, Table, Universe, degrees
+from policies.terms import NEXT_SET_SIZE
 
 MAX_SWAP_PASSES = 4
 TABLE_CACHE = 8  # tables kept for sets of available GPUs on nodes above the limit

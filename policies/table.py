@@ -15,7 +15,7 @@ from math import comb
 from operator import add, rshift, sub
 
 from policies.graph import Topology
-from policies.objective import NEXT_SET_SIZE, StaticTerms, static_terms
+from policies.terms import NEXT_SET_SIZE, StaticTerms, static_terms
 
 EXACT_LIMIT = 16
 
