@@ -40,10 +40,12 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
-        # kinds: "slices", "claims", "nodes"
+        # kinds: "slices", "claims", "claimstatus", "nodes"
         self.hang: set[str] = set()
         self.release = threading.Event()
         self.fail: dict[str, int] = {}
+        # (namespace, claim) -> field manager -> the status.devices keys it applied
+        self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
         self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -163,6 +165,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 if path.startswith("/api/v1/nodes")
                 else "slices"
                 if path.startswith(SLICES)
+                else "claimstatus"
+                if path.endswith("/status")
                 else "claims"
             )
             if kind in api.hang:
@@ -214,6 +218,37 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 if claim is None:
                     return self._status(404, "NotFound", f"resourceclaims {parts[7]} not found")
                 self._send(200, claim)
+            elif (
+                method == "PATCH"
+                and len(parts) == 9
+                and parts[6] == "resourceclaims"
+                and parts[8] == "status"
+            ):
+                # server-side apply of status.devices, as the API server does it for one field
+                # manager: what it applied before and not now goes, other managers' entries stay
+                if "apply-patch" not in (self.headers.get("Content-Type") or ""):
+                    return self._status(415, "UnsupportedMediaType", "apply patches only")
+                manager = parse_qs(url.query).get("fieldManager", [""])[0]
+                devices = (self._body().get("status") or {}).get("devices") or []
+                key = (parts[5], parts[7])
+                with api.lock:
+                    claim = api.claims.get(key)
+                    if claim is None:
+                        return self._status(404, "NotFound", f"resourceclaims {parts[7]} not found")
+                    owned = api.status_owners.setdefault(key, {})
+                    mine = {(d["driver"], d["pool"], d["device"]) for d in devices}
+                    before = owned.get(manager, set())
+                    status = claim.setdefault("status", {})
+                    kept = [
+                        d
+                        for d in status.get("devices") or []
+                        if (d["driver"], d["pool"], d["device"]) not in before | mine
+                    ]
+                    status["devices"] = kept + devices
+                    if not status["devices"]:
+                        status.pop("devices")
+                    owned[manager] = mine
+                self._send(200, claim)
             elif method == "GET" and path.startswith("/api/v1/nodes/"):
                 with api.lock:
                     node = api.nodes.get(parts[-1])
@@ -235,6 +270,9 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:
             self._route("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._route("PATCH")
 
     return Handler
 

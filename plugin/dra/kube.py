@@ -103,12 +103,37 @@ class KubeApi:
         """Replace one slice; the stored object."""
         return self._send("PUT", f"{self.SLICES_PATH}/{quote(name, safe='')}", body)
 
-    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+    ) -> None:
+        """Server-side apply of ``status.devices`` of one ResourceClaim as field manager
+        ``manager`` (the driver): the entries it applied before and not now go away, other
+        drivers' stay. An ApiException for a non-2xx answer."""
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": [dict(d) for d in devices]},
+        }
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+            f"{quote(name, safe='')}/status?fieldManager={quote(manager, safe='')}&force=true"
+        )
+        self._send("PATCH", path, body, content_type="application/apply-patch+yaml")
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        content_type: str = "application/json",
+    ) -> Mapping[str, Any] | None:
         """``method path`` with the JSON ``body`` as it is, through the client's ApiClient (auth,
         TLS, pool); an ApiException for a non-2xx answer, as the generated methods raise."""
         from kubernetes.client.exceptions import ApiException
 
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
+        headers = {"Accept": "application/json", "Content-Type": content_type}
         method, url, headers, _, _ = self._client.param_serialize(
             method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )

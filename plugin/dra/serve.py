@@ -43,6 +43,7 @@ from plugin.dra.service import (
     socket_paths,
 )
 from plugin.dra.slices import MemoryShares, TaintDoc
+from plugin.dra.status import StatusApi, StatusWriter
 from plugin.health import HealthBoard, node_reasons
 from plugin.kubeapi import api_error
 from plugin.labels import FeatureFile, dra_labels
@@ -166,6 +167,12 @@ class DraPlugin:
             registered=lambda: self.registration.registered,
         )
         self._stop = threading.Event()
+        # the device status of prepared claims (KEP-4817), where the claim reader can write it
+        self.status: StatusWriter | None = None
+        if isinstance(claims, StatusApi):
+            self.status = StatusWriter(
+                claims, driver=options.driver, pool=options.node_name, device_data=self._device_data
+            )
         reg_path, dra_path = socket_paths(options.kubelet_dir, options.driver)
         self._dra_server = UnixServer(
             dra_path,
@@ -173,6 +180,7 @@ class DraPlugin:
                 self.preparer,
                 HealthService(self.board, options.node_name, self._stop),
                 self.metrics,
+                self.status,
             ),
             workers=DRA_WORKERS,
         )
@@ -192,6 +200,13 @@ class DraPlugin:
         self.features = FeatureFile(options.features_file)  # node labels for NFD
         self.board.subscribe(self._on_health)
 
+    def _device_data(self, name: str) -> dict[str, str]:
+        """What a claim's device status says of device ``name`` (its UUID and PCI bus)."""
+        view = next((v for v in self.views if v.name == name), None)
+        if view is None:
+            return {}
+        return {"uuid": view.uuid, "pciBusId": view.gpu.pci_bus_id}
+
     def _views(self, node: Node) -> list[DeviceView]:
         views = device_views(
             node, mig_strategy=self.options.mig_strategy, sysfs_root=self.options.sysfs_root
@@ -206,6 +221,8 @@ class DraPlugin:
     def start(self) -> None:
         """Serve DRA, offer registration to the kubelet, and keep the slices published in the
         background (the API server may be away: nothing here waits for it)."""
+        if self.status is not None:
+            self.status.start()
         self._dra_server.start()
         if self._nvml is not None:
             self._xid = XidHealth(
@@ -386,6 +403,8 @@ class DraPlugin:
         if self._xid is not None:
             self._xid.stop()
         self._dra_server.stop()
+        if self.status is not None:
+            self.status.stop()
         if self.options.delete_slices_on_exit:
             try:
                 self.publisher.delete_all()

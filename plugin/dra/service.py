@@ -23,6 +23,7 @@ from typing import Any
 from plugin.dra.claims import ClaimRef
 from plugin.dra.metrics import DraMetrics
 from plugin.dra.prepare import Preparer
+from plugin.dra.status import StatusWriter
 from plugin.health import HealthBoard
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,13 @@ class DraService:
         pb: ModuleType,
         slots: threading.BoundedSemaphore | None = None,
         metrics: DraMetrics | None = None,
+        status: StatusWriter | None = None,
     ) -> None:
         self._preparer = preparer
         self._pb = pb
         self._slots = slots or threading.BoundedSemaphore(PREPARE_SLOTS)
         self._metrics = metrics
+        self._status = status
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         """Prepare every claim of the request; each answer carries its devices or its error."""
@@ -69,6 +72,12 @@ class DraService:
                 self._metrics.observe_claim_error("NodePrepareResources")
         return response
 
+    def _unprepare(self, request: Any, response: Any) -> None:
+        for ref in _claim_refs(request):
+            error = response.claims[ref.uid].error = self._preparer.unprepare(ref)
+            if not error and self._status is not None:
+                self._status.unprepared(ref.namespace, ref.name)
+
     def _prepare(self, request: Any) -> Any:
         pb = self._pb
         response = pb.NodePrepareResourcesResponse()
@@ -79,6 +88,8 @@ class DraService:
             if result.error:
                 answer.error = result.error
                 continue
+            if self._status is not None:
+                self._status.prepared(ref.namespace, ref.name, result.devices)
             for device in result.devices:
                 entry = answer.devices.add(
                     request_names=device["requestNames"],
@@ -94,12 +105,10 @@ class DraService:
         """Unprepare every claim of the request (unknown claims are a success)."""
         response = self._pb.NodeUnprepareResourcesResponse()
         if self._metrics is None:
-            for ref in _claim_refs(request):
-                response.claims[ref.uid].error = self._preparer.unprepare(ref)
+            self._unprepare(request, response)
             return response
         with self._metrics.observe_call("NodeUnprepareResources"):
-            for ref in _claim_refs(request):
-                response.claims[ref.uid].error = self._preparer.unprepare(ref)
+            self._unprepare(request, response)
         for answer in response.claims.values():
             if answer.error:
                 self._metrics.observe_claim_error("NodeUnprepareResources")
@@ -238,7 +247,10 @@ class UnixServer:
 
 
 def dra_services(
-    preparer: Preparer, health: HealthService, metrics: DraMetrics | None = None
+    preparer: Preparer,
+    health: HealthService,
+    metrics: DraMetrics | None = None,
+    status: StatusWriter | None = None,
 ) -> Callable[[Any], None]:
     """Adds dra/v1, dra/v1beta1 and dra-health/v1alpha1 to a server."""
 
@@ -253,10 +265,10 @@ def dra_services(
 
         slots = threading.BoundedSemaphore(PREPARE_SLOTS)  # shared by both API versions
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraService(preparer, dra_v1_pb2, slots, metrics), server
+            DraService(preparer, dra_v1_pb2, slots, metrics, status), server
         )
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            DraService(preparer, dra_v1beta1_pb2, slots, metrics), server
+            DraService(preparer, dra_v1beta1_pb2, slots, metrics, status), server
         )
         dra_health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(health, server)
 

@@ -347,6 +347,7 @@ def test_the_role_is_what_the_issue_asks_and_no_more(objects: list[dict[str, Any
     }
     assert granted(objects) == slices | {
         ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
         ("", "nodes", "get"),
     }
 
@@ -361,7 +362,9 @@ def _verb(method: str, path: str) -> tuple[str, str, str]:
     if rest[0] == "namespaces":
         rest = rest[2:]
     resource, named = rest[0], len(rest) > 1
-    verb = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+    if len(rest) > 2:  # a subresource: resourceclaims/NAME/status
+        resource = f"{resource}/{rest[2]}"
+    verb = {"POST": "create", "PUT": "update", "DELETE": "delete", "PATCH": "patch"}.get(method)
     return (group, resource, verb or ("get" if named else "list"))
 
 
@@ -394,9 +397,11 @@ def test_the_role_allows_every_call_the_plugin_makes(
     publisher.publish(views[:3])
     fake_api.add_claim(allocated_claim("c", "uid-c", []))
     api.read_claim("default", "c")
+    device = {"driver": DRIVER, "pool": "node-a", "device": "gpu-0", "data": {}}
+    api.apply_claim_status("default", "c", [device], DRIVER)
     publisher.delete_all()
     made = {_verb(method, path) for method, path in fake_api.requests}
-    assert {v for _, _, v in made} == {"get", "list", "create", "update", "delete"}
+    assert {v for _, _, v in made} == {"get", "list", "create", "update", "delete", "patch"}
     assert made <= granted(objects), made - granted(objects)
 
 

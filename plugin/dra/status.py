@@ -1,0 +1,156 @@
+"""The device status of prepared claims (KEP-4817, ``ResourceClaim.status.devices``): for each
+device the driver prepared, its data (UUID, PCI bus ID, CDI names) and a ``Ready`` condition, so
+that ``kubectl get resourceclaim -o yaml`` says what the claim got. Removed again at unprepare.
+
+Written by a background thread, so that prepare never waits for the API server: the kubelet
+has its answer first, the status follows. A server that refuses (no RBAC for
+``resourceclaims/status``, an older API) is one WARNING per kind of answer, never a claim's error;
+a server without the DRAResourceClaimDeviceStatus feature keeps the claim as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from plugin.kubeapi import api_error
+
+log = logging.getLogger(__name__)
+
+READY = "Ready"
+
+
+@runtime_checkable
+class StatusApi(Protocol):
+    """The one API call the writer needs (plugin.dra.kube.KubeApi has it)."""
+
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+    ) -> None:
+        """Apply ``status.devices`` as ``manager``."""
+        ...
+
+
+def device_status(
+    driver: str, pool: str, device: str, data: Mapping[str, Any], when: float
+) -> dict[str, Any]:
+    """One ``status.devices`` entry: the device, its data and a Ready condition."""
+    return {
+        "driver": driver,
+        "pool": pool,
+        "device": device,
+        "data": dict(data),
+        "conditions": [
+            {
+                "type": READY,
+                "status": "True",
+                "reason": "Prepared",
+                "message": f"prepared by {driver} on this node",
+                "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+            }
+        ],
+    }
+
+
+class StatusWriter:
+    """Writes and clears claims' device status in the background, in call order."""
+
+    def __init__(
+        self,
+        api: StatusApi,
+        *,
+        driver: str,
+        pool: str,
+        device_data: Callable[[str], Mapping[str, Any]],
+    ) -> None:
+        self._api = api
+        self._driver = driver
+        self._pool = pool
+        self._device_data = device_data
+        self._queue: queue.Queue[tuple[str, str, list[dict[str, Any]]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._said: set[str] = set()  # the kinds of refusal already logged
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread = threading.Thread(target=self._run, name="dra-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after what is queued; waits at most half a second (SIGTERM stops the plugin
+        within 2 s: a status still queued then is not written, it is informational)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=0.5)
+            self._thread = None
+
+    def prepared(self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]]) -> None:
+        """Queue the status of a claim just prepared (``devices``: the prepare answer's)."""
+        now = time.time()
+        entries = [
+            device_status(
+                self._driver,
+                str(d["poolName"]),
+                str(d["deviceName"]),
+                {
+                    **self._device_data(str(d["deviceName"])),
+                    "cdiDeviceIds": list(d["cdiDeviceIds"]),
+                },
+                now,
+            )
+            for d in devices
+        ]
+        self._queue.put((namespace, name, entries))
+
+    def unprepared(self, namespace: str, name: str) -> None:
+        """Queue the removal of this driver's entries from a claim's status."""
+        self._queue.put((namespace, name, []))
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until everything queued has been tried (tests), or the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._api.apply_claim_status(namespace, name, entries, self._driver)
+        except ApiException as exc:
+            if exc.status == 404 and not entries:
+                return  # the claim is gone with its pod: nothing to clear
+            self._refused(f"HTTP {exc.status}", namespace, name, api_error(exc))
+        except Exception as exc:  # the API server may be away: the status is informational
+            self._refused(type(exc).__name__, namespace, name, api_error(exc))
+
+    def _refused(self, kind: str, namespace: str, name: str, why: str) -> None:
+        if kind in self._said:
+            log.debug("device status of claim %s/%s not written: %s", namespace, name, why)
+            return
+        self._said.add(kind)
+        log.warning(
+            "device status of claim %s/%s not written (%s); claims are prepared all the same, "
+            "and this is said once: for 403 give the plugin patch on resourceclaims/status "
+            "(deploy/dra/rbac.yaml)",
+            namespace,
+            name,
+            why,
+        )
