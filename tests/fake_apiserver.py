@@ -44,6 +44,7 @@ class FakeApiServer:
         self.hang: set[str] = set()
         self.release = threading.Event()
         self.fail: dict[str, int] = {}
+        self.version = ("1", "36")  # what /version answers
         # (namespace, claim) -> field manager -> the status.devices keys it applied
         self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
@@ -249,6 +250,11 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         status.pop("devices")
                     owned[manager] = mine
                 self._send(200, claim)
+            elif method == "GET" and path == "/version":
+                major, minor = api.version
+                self._send(
+                    200, {"major": major, "minor": minor, "gitVersion": f"v{major}.{minor}.0"}
+                )
             elif method == "GET" and path.startswith("/api/v1/nodes/"):
                 with api.lock:
                     node = api.nodes.get(parts[-1])

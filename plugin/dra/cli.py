@@ -156,7 +156,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--taint-xid",
         action="append",
         metavar="XID=EFFECT",
-        help="taint a device with EFFECT (NoSchedule or NoExecute) on this Xid; repeatable; "
+        help="taint a device with EFFECT (NoSchedule, NoExecute, or None: informational, "
+        "Kubernetes 1.35+) on this Xid; repeatable; "
         "replaces the default list (48, 64, 79, 94, 95 NoSchedule; NoExecute also evicts); "
         "--taint-xid none taints on no Xid",
     )

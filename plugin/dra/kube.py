@@ -22,6 +22,9 @@ from policies.device_view import DeviceView
 log = logging.getLogger(__name__)
 
 
+NONE_EFFECT_MINOR = 35  # the first Kubernetes 1.x whose API server takes taint effect None
+
+
 class SliceApi(Protocol):
     """The ResourceSlice calls the publisher needs."""
 
@@ -55,6 +58,7 @@ class KubeApi:
         self.timeout_s = timeout_s
         self._resource = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._minor: int | None = None
 
     @staticmethod
     def _json(response: Any) -> Any:
@@ -102,6 +106,21 @@ class KubeApi:
     def replace_slice(self, name: str, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """Replace one slice; the stored object."""
         return self._send("PUT", f"{self.SLICES_PATH}/{quote(name, safe='')}", body)
+
+    def server_minor(self) -> int | None:
+        """The API server's minor version (1.x), read once; None while it cannot be read."""
+        if self._minor is None:
+            from kubernetes import client
+
+            try:
+                response = client.VersionApi(self._client).get_code(
+                    _preload_content=False, _request_timeout=self.timeout_s
+                )
+                minor = str(self._json(response).get("minor", ""))
+                self._minor = int("".join(c for c in minor if c.isdigit()) or 0)
+            except Exception as exc:  # unknown now: asked again at the next publish
+                log.debug("cannot read the API server's version: %s", api_error(exc))
+        return self._minor
 
     def apply_claim_status(
         self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
@@ -191,6 +210,7 @@ class SlicePublisher:
         self.generation = 0
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
+        self._said_none = False  # the warning about effect None, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
         """The Node owner reference for slices published from now on."""
@@ -224,7 +244,10 @@ class SlicePublisher:
         taints: Mapping[str, Sequence[TaintDoc]] | None = None,
     ) -> list[dict[str, Any]]:
         """Replace this node's slices with ones for ``views`` (in that order), with memory
-        ``shares`` and device ``taints`` (by device name); return them."""
+        ``shares`` and device ``taints`` (by device name); return them. Taints of effect
+        ``None`` go only to a server that knows it (Kubernetes 1.35+)."""
+        if taints and any(t["effect"] == "None" for ts in taints.values() for t in ts):
+            taints = self._informational_taints(taints)
         existing = {
             s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
         }
@@ -268,6 +291,25 @@ class SlicePublisher:
             self.generation,
         )
         return wanted
+
+    def _informational_taints(
+        self, taints: Mapping[str, Sequence[TaintDoc]]
+    ) -> Mapping[str, Sequence[TaintDoc]]:
+        """``taints``, less those of effect None where the server does not know that effect
+        (said once)."""
+        minor = getattr(self._api, "server_minor", lambda: None)()
+        if minor is not None and minor >= NONE_EFFECT_MINOR:
+            return taints
+        if not self._said_none:
+            self._said_none = True
+            log.warning(
+                "taints of effect None left out of the ResourceSlices: the API server is %s, "
+                "and the effect needs Kubernetes 1.%d or newer",
+                f"1.{minor}" if minor is not None else "of an unknown version",
+                NONE_EFFECT_MINOR,
+            )
+        kept = {d: [t for t in ts if t["effect"] != "None"] for d, ts in taints.items()}
+        return {d: ts for d, ts in kept.items() if ts}
 
     def delete_all(self) -> None:
         """Delete this node's slices (a clean shutdown, when configured to)."""

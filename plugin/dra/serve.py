@@ -57,7 +57,8 @@ DEFAULT_DRIVER = DRA_DRIVER
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
 DEFAULT_CDI_DIR = "/var/run/cdi"
 SOURCE_NODE = "node"
-TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # in rising severity
+# in rising severity; None (Kubernetes 1.35+) only informs: nothing is kept off the device
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 # Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus), 95
 # (uncontained ECC), 64 and 94 (row remapping, contained ECC). All NoSchedule, as NVIDIA's DRA
 # driver does: new claims stay off the device and running pods are left to the admin (a

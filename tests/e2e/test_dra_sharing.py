@@ -595,3 +595,27 @@ def test_a_pool_above_64_devices_with_a_taint_is_cut_into_slices_of_64() -> None
         body["metadata"]["uid"] = "x"  # _strict drops it, as the API server's own fields
         for version in ("1.35", "1.36"):
             _strict(body, version)
+
+
+@pytest.mark.parametrize(("server", "published"), [(("1", "36"), True), (("1", "34"), False)])
+def test_an_informational_taint_goes_only_to_a_server_that_knows_effect_none(
+    plugin: Plugin, server: tuple[str, str], published: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin.api.version = server
+    p = plugin.start("builtin:dgx1-v100", taint_xids={79: "None", 48: "NoSchedule"})
+    gpu3 = next(g for g in p.node.gpus if g.index == 3)
+    gpu5 = next(g for g in p.node.gpus if g.index == 5)
+    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79", gpu5.uuid: "critical Xid 48"})
+    (body,) = plugin.slices()
+    taints = {d["name"]: d.get("taints") for d in body["spec"]["devices"] if d.get("taints")}
+    assert taints["gpu-5"] == [{"key": f"{DRIVER}/xid", "value": "48", "effect": "NoSchedule"}]
+    if published:
+        assert taints["gpu-3"] == [{"key": f"{DRIVER}/xid", "value": "79", "effect": "None"}]
+        _strict(body, "1.36")
+    else:
+        assert "gpu-3" not in taints
+        said = [r.getMessage() for r in caplog.records if "effect None" in r.getMessage()]
+        assert said == [
+            "taints of effect None left out of the ResourceSlices: the API server is 1.34, "
+            "and the effect needs Kubernetes 1.35 or newer"
+        ]
