@@ -74,6 +74,7 @@ __all__ = [
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 DEVICE_VARIABLES = frozenset({"device"})
+CEL_ERROR = ": CEL runtime error: "
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class FirstFit:
             try:
                 ok = self._program(selector).evaluate({"device": self._values[device.name]})
             except CelEvaluationError as exc:
-                reason = f"{label}: CEL error: {exc}"
+                reason = f"{label}{CEL_ERROR}{exc}"
                 break
             if not ok:
                 reason = f"{label} is false"
@@ -188,6 +189,19 @@ class FirstFit:
                     break
         self._matches[key] = reason
         return reason
+
+    def cel_failure(self, request: Request) -> str:
+        """The error that fails the whole claim when a selector of ``request`` errs on any device
+        (as the scheduler does: ``selector #0: CEL runtime error: ...``, the pod stays Pending),
+        or ""."""
+        for device in self.devices:
+            reason = self.mismatch(request, device)
+            if CEL_ERROR in reason:
+                return (
+                    f"request {request.name!r}: {reason} (on device {device.name}; a CEL error "
+                    "on any device fails the whole claim, as in Kubernetes)"
+                )
+        return ""
 
     def consumption(
         self, request: Request, device: SliceDevice, state: NodeState, taken: Sequence[Pick]
@@ -275,6 +289,9 @@ class FirstFit:
         """:meth:`allocate` for a claim whose requests are all ``exactly``."""
         slots: list[Request] = []
         for request in claim.requests:
+            failed = self.cel_failure(request)
+            if failed:
+                return Allocation(error=failed)
             if request.mode == "All":
                 matching = [d for d in self.devices if not self.mismatch(request, d)]
                 if not matching:

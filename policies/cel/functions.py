@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -153,7 +154,7 @@ def _typed_operator(symbol: str, apply: Callable[[Any, Any], Any]) -> Callable[[
     """``apply``, raising OperandTypeError (the operator and operand types, as data) where it
     raises TypeError; cel-python keeps it as the ``__cause__`` of its CELEvalError."""
 
-    def operator(left: Any, right: Any) -> Any:
+    def typed(left: Any, right: Any) -> Any:
         try:
             return apply(left, right)
         except OperandTypeError:
@@ -161,11 +162,90 @@ def _typed_operator(symbol: str, apply: Callable[[Any, Any], Any]) -> Callable[[
         except TypeError:
             raise OperandTypeError(symbol, left, right) from None
 
-    return operator
+    return typed
+
+
+_NUMBERS = (celtypes.IntType, celtypes.UintType, celtypes.DoubleType)
+
+
+def _numeric(value: Any) -> bool:
+    """An int, uint or double (a bool is none, though Python counts it an int)."""
+    return isinstance(value, _NUMBERS) and not isinstance(value, celtypes.BoolType)
+
+
+def _cel_equal(left: Any, right: Any) -> Any:
+    """``==`` as Kubernetes' CEL has it: numbers compare by value across int, uint and double
+    (``index == 4.0``, ``index == 4u``); two values of other, different types are simply not
+    equal (``productName == 1`` is false); a semver or quantity compared with anything but its
+    own type is an error (no such overload), as their Kubernetes types answer."""
+    if isinstance(left, CELEvalError):
+        return left  # an error (a missing key, say) stays an error, as in CEL
+    if isinstance(right, CELEvalError):
+        return right
+    opaque = (Semver, Quantity)
+    if isinstance(left, opaque) or isinstance(right, opaque):
+        if type(left) is not type(right):
+            raise OperandTypeError("==", left, right)
+        return celtypes.BoolType(left == right)
+    if _numeric(left) and _numeric(right):
+        return celtypes.BoolType(_exact(left) == _exact(right))
+    if isinstance(left, celtypes.ListType) and isinstance(right, celtypes.ListType):
+        if len(left) != len(right):
+            return celtypes.BoolType(False)
+        for a, b in zip(left, right, strict=True):
+            equal = _cel_equal(a, b)
+            if isinstance(equal, CELEvalError) or not equal:
+                return equal
+        return celtypes.BoolType(True)
+    if not (isinstance(left, type(right)) or isinstance(right, type(left))):
+        return celtypes.BoolType(False)
+    return base_functions["_==_"](left, right)
+
+
+def _cel_not_equal(left: Any, right: Any) -> Any:
+    result = _cel_equal(left, right)
+    return result if isinstance(result, CELEvalError) else celtypes.BoolType(not result)
+
+
+def _numeric_order(name: str) -> Callable[[Any, Any], Any]:
+    """An ordering operator that compares numbers by value across int, uint and double
+    (``index > 2.5``, ``2 < 2.5``); other operands as cel-python does (mixed types: an error)."""
+    base = base_functions[name]
+    compare: Callable[[Any, Any], bool] = {
+        "_<_": operator.lt,
+        "_<=_": operator.le,
+        "_>_": operator.gt,
+        "_>=_": operator.ge,
+    }[name]
+
+    def order(left: Any, right: Any) -> Any:
+        if _numeric(left) and _numeric(right) and type(left) is not type(right):
+            return celtypes.BoolType(compare(_exact(left), _exact(right)))
+        return base(left, right)
+
+    return order
+
+
+def _exact(value: Any) -> Any:
+    """A number as Python compares it exactly: int for int/uint, float for double."""
+    return float(value) if isinstance(value, celtypes.DoubleType) else int(value)
+
+
+def _cel_in(item: Any, container: Any) -> Any:
+    """``in`` over a list with :func:`_cel_equal` (``index in [4.0, 6.0]``); maps as before."""
+    if isinstance(container, celtypes.ListType):
+        for element in container:
+            equal = _cel_equal(item, element)
+            if isinstance(equal, CELEvalError):
+                return equal
+            if equal:
+                return celtypes.BoolType(True)
+        return celtypes.BoolType(False)
+    return base_functions["_in_"](item, container)
 
 
 # The binary operators whose type errors name the operator and the operand types.
-_OPERATORS = {"<": "_<_", "<=": "_<=_", ">": "_>_", ">=": "_>=_", "==": "_==_", "!=": "_!=_"}
+_ORDERING = {"<": "_<_", "<=": "_<=_", ">": "_>_", ">=": "_>=_"}
 _ARITHMETIC = {"-": "_-_", "*": "_*_", "/": "_/_", "%": "_%_"}
 
 FUNCTIONS: dict[str, Any] = {
@@ -187,8 +267,9 @@ FUNCTIONS: dict[str, Any] = {
     "split": _cel_split,
     "replace": _cel_replace,
     "_+_": _typed_operator("+", _cel_add),
-    **{
-        name: _typed_operator(symbol, base_functions[name])
-        for symbol, name in (_OPERATORS | _ARITHMETIC).items()
-    },
+    "_==_": _typed_operator("==", _cel_equal),
+    "_!=_": _typed_operator("!=", _cel_not_equal),
+    "_in_": _typed_operator("in", _cel_in),
+    **{name: _typed_operator(symbol, _numeric_order(name)) for symbol, name in _ORDERING.items()},
+    **{name: _typed_operator(symbol, base_functions[name]) for symbol, name in _ARITHMETIC.items()},
 }
