@@ -9,6 +9,7 @@ the file, the field and the CEL position of every name the driver does not publi
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class Problem:
     message: str
     line: int | None = None
     column: int | None = None
+    warning: bool = False  # said, but the check passes
 
     def __str__(self) -> str:
         pos = f"CEL line {self.line}, column {self.column}: " if self.line is not None else ""
@@ -85,7 +87,7 @@ def check_expression(
 ) -> list[Problem]:
     """Problems of one selector: syntax, and names the driver does not publish."""
     try:
-        compile_expression(expression, DEVICE_VARIABLES)
+        program = compile_expression(expression, DEVICE_VARIABLES)
     except CelCompileError as exc:
         return [Problem(source, field, str(exc), exc.line, exc.column)]
     problems: list[Problem] = []
@@ -147,7 +149,46 @@ def check_expression(
                     column,
                 )
             )
-    return problems
+    return problems or _errs_on_a_device(program, source, field, published.driver)
+
+
+SAMPLE_NODES = ("builtin:dgx-a100-mig-mixed", "builtin:dgx1-v100", "builtin:rtx4090")
+
+
+@functools.cache
+def _sample_devices(driver: str) -> tuple[tuple[str, Any], ...]:
+    """``(label, CEL device)`` for every device the driver would publish on a few built-in
+    nodes: whole GPUs, MIG devices, NVLink and PCIe machines."""
+    from cdigen.discover import load_node
+    from policies.cel.values import view_value
+    from policies.device_view import device_views
+
+    out = []
+    for source in SAMPLE_NODES:
+        for view in device_views(load_node(source), mig_strategy="mixed"):
+            out.append((f"{view.name} of {source}", view_value(view, (driver,))))
+    return tuple(out)
+
+
+def _errs_on_a_device(program: Any, source: str, field: str, driver: str) -> list[Problem]:
+    """A warning when the selector errs on one of the sample devices: in a cluster, a CEL error
+    on any device fails the whole claim (guard attributes some devices lack with has())."""
+    from policies.cel import CelEvaluationError
+
+    for label, device in _sample_devices(driver):
+        try:
+            program.evaluate({"device": device})
+        except CelEvaluationError as exc:
+            return [
+                Problem(
+                    source,
+                    field,
+                    f"errs on device {label} ({exc}): a CEL error on any device fails the whole "
+                    "claim in Kubernetes; guard attributes some devices lack with has(...)",
+                    warning=True,
+                )
+            ]
+    return []
 
 
 def _check_selectors(items: Any, source: str, prefix: str, published: Published) -> list[Problem]:

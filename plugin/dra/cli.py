@@ -457,7 +457,10 @@ def _check(args: argparse.Namespace) -> int:
     from policies.claim_check import Published, check_files
 
     _dns_subdomain(args.driver_name, "--driver-name")
-    problems = check_files(args.files, Published.of(args.driver_name))
+    found = check_files(args.files, Published.of(args.driver_name))
+    for warning in (p for p in found if p.warning):
+        print(f"cdigen: warning: {warning}", file=sys.stderr)
+    problems = [p for p in found if not p.warning]
     if problems:
         raise CheckFailed([str(p) for p in problems], summary="dra check failed")
     print(f"{len(args.files)} file(s) OK against the attributes of {args.driver_name}")

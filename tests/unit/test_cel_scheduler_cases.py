@@ -5,6 +5,7 @@ for 96 device-selector expressions over slices `dra serve` published
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,3 +94,36 @@ def test_a_cel_error_on_any_device_fails_the_whole_claim() -> None:
     )
     allocation = fit.allocate(Claim("x", "x", (Request("r", "c", (guarded,), mode="All"),), ()))
     assert not allocation.error and len(allocation.picks) == 9
+
+
+def test_dra_check_warns_of_a_selector_that_errs_on_some_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unguarded attribute that MIG devices have and whole GPUs lack: the claim would fail in
+    the cluster. Guarded (has(), or a test that short-circuits first), nothing is said."""
+    from cdigen.cli import main
+
+    claim = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: mig}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.cdigen.dev
+        selectors:
+        - cel: {expression: '%s'}
+"""
+    unguarded = 'device.attributes["gpu.cdigen.dev"].profile == "1g.10gb"'
+    guarded = f'device.attributes["gpu.cdigen.dev"].type == "mig" && {unguarded}'
+    path = tmp_path / "claim.yaml"
+    path.write_text(claim % unguarded)
+    assert main(["dra", "check", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"cdigen: warning: {path}: spec.devices.requests[0].exactly.selectors[0]")
+    assert "errs on device gpu-4 of builtin:dgx-a100-mig-mixed" in err and err.count("\n") == 1
+    path.write_text(claim % guarded)
+    assert main(["dra", "check", str(path)]) == 0
+    assert capsys.readouterr().err == ""
