@@ -57,7 +57,31 @@ MODULES: dict[str, tuple[str, ...]] = {
 }
 
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
-EQUIVALENT: dict[tuple[str, str, str], str] = {}
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (
+        "policies/objective.py",
+        "free_shares: int = 0  # free shares on the set's GPUs (spread over replicas only)",
+        "0 -> 1",
+    ): "no caller sets Candidate.free_shares: every candidate gets the same value, and keys"
+    " are only compared",
+    (
+        "policies/objective.py",
+        'return bool(getattr(self._request, "exhausted", False))',
+        "False -> True",
+    ): "the default is for a thread that never started a request; only searches read it, and"
+    " they run inside a request (Allocator._budgeted), which sets it",
+    (
+        "policies/objective.py",
+        "ok, reason = self.constraints_ok(positions) if self.constrained else (True, None)",
+        "True -> False",
+    ): "without constraints every candidate gets the same value: the ranking, why_lost and"
+    " explain's output do not change",
+    (
+        "policies/objective.py",
+        "left_set = left_pairs = 0",
+        "0 -> 1",
+    ): "without a table every candidate gets the same value (with one, both are overwritten)",
+}
 
 
 @dataclass(frozen=True)

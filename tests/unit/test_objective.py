@@ -249,4 +249,61 @@ def test_past_its_budget_a_request_counts_the_sets_not_evaluated_as_failing(
     assert answer.devices == devices
     ran_past = "constraint evaluation ran past 2500 ms; sets not evaluated count as failing"
     assert answer.fallback_reason == (ran_past if budget_s == 2.5 else None)
+    # what a request did not evaluate is not remembered as failing: the next one, with time
+    # enough, evaluates it
+    monkeypatch.setattr("policies.allocator.CONSTRAINT_BUDGET_S", 1000.0)
+    later = allocator.prefer(_request(tuple(range(7)), 2, (0,)))
+    assert later.devices == ("0", "4" if budget_s == 3.0 else "1")
+    assert later.fallback_reason is None
     assert allocator.objective.constraints_ok((0, 1)) == (True, None)  # no budget outside
+
+
+def test_a_replica_goes_to_the_gpu_with_the_most_free_replicas() -> None:
+    """``spread`` (the default): one free replica on GPU 0, three on GPU 5; a pod gets GPU 5's."""
+    node = _node("dgx1-v100")
+    uuid = {g.index: g.uuid for g in node.gpus}
+    free = (f"{uuid[0]}::0", *(f"{uuid[5]}::{k}" for k in range(3)))
+    for allocator in (Allocator(node), Allocator(node, _policy("general", "allocation.size >= 1"))):
+        answer = allocator.prefer(AllocationRequest(free, (), 1))
+        assert answer.devices[0].startswith(uuid[5])
+
+
+def test_a_selector_error_is_reported_as_one() -> None:
+    """A GPU on which the selector errs fails it, and explain says it erred, not that it was
+    false."""
+    node = _node("dgx1-v100")
+    policy = _policy("odd", selector=f"100 / ({INDEX} - 5) != 1000")
+    failures = Allocator(node, policy).selector_failures
+    assert list(failures) == [5] and failures[5].startswith("selector error: ")
+
+
+TEN = "[1,2,3,4,5,6,7,8,9,10]"
+
+
+@pytest.mark.parametrize(
+    ("budget_s", "eval_limit_s", "reason"),
+    [
+        (
+            2.5,
+            1000.0,
+            "constraint evaluation ran past 2500 ms; sets not evaluated count as failing",
+        ),
+        (1000.0, 0.5, "no available set satisfies the policy constraints"),
+        (4.0, 0.5, "no available set satisfies the policy constraints"),
+    ],
+)
+def test_an_evaluation_cut_short_fails_its_set_and_says_which_limit_cut_it(
+    monkeypatch: pytest.MonkeyPatch, budget_s: float, eval_limit_s: float, reason: str
+) -> None:
+    """One set on offer (GPUs 0 and 3), a constraint of many steps, and a clock that moves 1 s
+    per reading. Cut short by the request's deadline, the request ran out of budget and says
+    so; cut short by its own time limit, the set fails the constraint, with budget left (with a
+    4 s budget, the request is at its deadline, 1004, when it checks: not past it)."""
+    readings = itertools.count(1000)
+    monkeypatch.setattr(objective_module.time, "thread_time", lambda: float(next(readings)))
+    monkeypatch.setattr("policies.allocator.CONSTRAINT_BUDGET_S", budget_s)
+    monkeypatch.setattr("policies.cel.limits.EVAL_TIME_LIMIT_S", eval_limit_s)
+    slow = f"{TEN}.map(a, {TEN}.map(b, a + b)).size() > allocation.size"
+    allocator = Allocator(_node("dgx1-v100"), _policy("slow", slow))
+    answer = allocator.prefer(_request((0, 3), 2))
+    assert answer.devices == ("0", "3") and answer.fallback_reason == reason
