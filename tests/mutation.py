@@ -25,6 +25,7 @@ import argparse
 import ast
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_sharing_allocator.py",
     ),
     "plugin/layout.py": (
+        "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",
         "tests/unit/test_plugin_policy_reload.py",
     ),
@@ -284,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated mutant numbers to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still removes the copy
     module = args.module
     if args.tests is None and module not in MODULES:
         print(f"mutation: no test selection for {module}: pass --tests", file=sys.stderr)
