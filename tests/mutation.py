@@ -83,6 +83,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "left_set = left_pairs = 0",
         "0 -> 1",
     ): "without a table every candidate gets the same value (with one, both are overwritten)",
+    (
+        "plugin/layout.py",
+        "slices = bool(slice_ids) and any(d in slice_ids for d in known)",
+        "and -> or",
+    ): "a resource's devices are all memory slices or none: with slices and none of them"
+    " known, the request is for 0 devices or too large either way",
 }
 
 
