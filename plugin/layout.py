@@ -128,10 +128,6 @@ class Layout:
         """Per resource: the name of the policy in force."""
         return {name: engine.policy.name for name, engine in self.engines.items()}
 
-    def same_devices(self, other: Layout) -> bool:
-        """Whether ``other`` advertises exactly what this one does (only engines differ)."""
-        return self.resources == other.resources
-
 
 def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]:
     """The resources ``node`` advertises under ``config`` (InputError when the MIG strategy

@@ -120,11 +120,12 @@ _LOST_BECAUSE: tuple[Callable[[Candidate, Candidate], str], ...] = (
 
 
 def why_lost(winner: Candidate, loser: Candidate) -> str:
-    """The first objective term on which ``loser`` differs from ``winner``, in words."""
+    """The first objective term on which ``loser`` differs from ``winner``, in words (two sets
+    of distinct GPUs differ at the last term, their positions, if nowhere else)."""
     for term, (won, lost) in enumerate(zip(winner.key(), loser.key(), strict=True)):
         if won != lost:
             return _LOST_BECAUSE[term](winner, loser)
-    return _LOST_BECAUSE[-1](winner, loser)
+    raise ValueError(f"why_lost: both candidates are the set {winner.positions}")
 
 
 def position_fact(topology: Topology, positions: tuple[int, ...], name: str) -> Any:
@@ -248,10 +249,9 @@ class Objective:
         positions: tuple[int, ...],
         avail_positions: Sequence[int],
         table: Table | None = None,
-        free_shares: dict[int, int] | None = None,
     ) -> Candidate:
-        """``positions`` scored on every objective term (what is left free only with a
-        table; free shares only with ``free_shares``, free shares per GPU)."""
+        """``positions`` scored on every objective term (what is left free only with a table;
+        free shares are the exact search's, for ``spread`` over replicas, and 0 here)."""
         topo = self.topology
         ok, reason = self.constraints_ok(positions) if self.constrained else (True, None)
         chosen = set(positions)
@@ -270,5 +270,4 @@ class Objective:
             left_best_set=left_set,
             left_pairs=left_pairs,
             fragmentation=frag - sum(topo.scores[p][q] for p in chosen for q in chosen),
-            free_shares=sum(free_shares.get(p, 0) for p in positions) if free_shares else 0,
         )

@@ -313,7 +313,7 @@ def test_constraints_on_set_facts_give_the_answers_of_per_set_evaluation() -> No
     policy = load_policy("docs/policies/numa-local-nvlink.yaml")
     cached = Allocator(node, policy)
     per_set = Allocator(node, policy)
-    per_set._fact_fields = None  # every set evaluated on its own, as before the cache
+    per_set.objective.fact_fields = None  # every set evaluated on its own, as before the cache
     rng = random.Random(5)
     ids = [str(g.index) for g in node.gpus]
     for _ in range(150):
