@@ -17,6 +17,9 @@ from lark import Token, Tree
 import policies.cel.limits as limits
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
 from policies.cel.functions import FUNCTIONS
+from policies.cel.optional import OPTIONAL_FUNCTIONS, select
+from policies.cel.parser import parse
+from policies.cel.typecheck import check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
@@ -25,8 +28,8 @@ _LITERAL_ZERO: Any = None
 def _environment() -> Any:
     global _ENVIRONMENT, _LITERAL_ZERO
     if _ENVIRONMENT is None:
+        _LITERAL_ZERO = parse("0")  # first: celpy.Environment then takes our parser
         _ENVIRONMENT = celpy.Environment()
-        _LITERAL_ZERO = _ENVIRONMENT.compile("0")
     return _ENVIRONMENT
 
 
@@ -71,8 +74,24 @@ def _rewrite_bind(tree: Any) -> None:
             )
 
 
+def _selects_optionally(member: Any) -> bool:
+    """Whether the value of ``member`` (a ``member`` node) is an optional made by a ``.?`` or
+    ``[?`` selection in its chain: selecting from it again gives an optional too."""
+    while isinstance(member, Tree) and member.children:
+        step = member.children[0]
+        if not isinstance(step, Tree):
+            return False
+        if step.data in ("member_dot_opt", "member_index_opt"):
+            return True
+        if step.data not in ("member_dot", "member_index"):
+            return False
+        member = step.children[0]
+    return False
+
+
 class _BoundedEvaluator(Evaluator):
-    """celpy's evaluator, counting each step against a ``limits.Meter`` (macros included)."""
+    """celpy's evaluator, counting each step against a ``limits.Meter`` (macros included),
+    with CEL's optional selection (``m.?name``, ``m[?key]``, and selection through one)."""
 
     def __init__(self, ast: Any, activation: Any, meter: limits.Meter) -> None:
         super().__init__(ast, activation)
@@ -88,6 +107,26 @@ class _BoundedEvaluator(Evaluator):
     def visit_children(self, tree: Any) -> Any:
         self.meter.tick()
         return super().visit_children(tree)
+
+    def member_dot(self, tree: Any) -> Any:
+        target, name = tree.children
+        if _selects_optionally(target):
+            return select(self.visit(target), celtypes.StringType(name))
+        return super().member_dot(tree)
+
+    def member_index(self, tree: Any) -> Any:
+        if _selects_optionally(tree.children[0]):
+            target, key = self.visit_children(tree)
+            return select(target, key)
+        return super().member_index(tree)
+
+    def member_dot_opt(self, tree: Any) -> Any:
+        target, name = tree.children
+        return select(self.visit(target), celtypes.StringType(name))
+
+    def member_index_opt(self, tree: Any) -> Any:
+        target, key = self.visit_children(tree)
+        return select(target, key)
 
 
 class _BoundedRunner(InterpretedRunner):
@@ -257,7 +296,7 @@ def compile_expression(
         raise nesting
     env = _environment()
     try:
-        ast = env.compile(text)
+        ast = parse(text)
     except CELParseError as exc:
         unbalanced = bracket_problem(text)
         if unbalanced is not None:
@@ -272,10 +311,11 @@ def compile_expression(
     _check_identifiers(ast, variables)
     _rewrite_bind(ast)
     limits.check_depth(ast)
+    check_types(ast)
     cost = limits.estimate_cost(ast, variables)
     return CelProgram(
         text=text,
-        program=_BoundedRunner(env, ast, FUNCTIONS),
+        program=_BoundedRunner(env, ast, {**FUNCTIONS, **OPTIONAL_FUNCTIONS}),
         cost=cost,
         allocation_fields=_allocation_fields(ast) if "allocation" in variables else None,
     )

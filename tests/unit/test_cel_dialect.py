@@ -68,9 +68,10 @@ MORE_CASES = [
 
 
 def _run(expression: str) -> bool | str:
+    """The value, or ERROR for an error when compiled (as the API server's type check) or run."""
     try:
         return compile_expression(expression).evaluate({"device": device_value(DEVICE_A, NODE_A)})
-    except CelEvaluationError:
+    except (CelCompileError, CelEvaluationError):
         return ERROR
 
 

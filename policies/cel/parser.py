@@ -1,0 +1,97 @@
+"""Parsing CEL: cel-python's own grammar (read from the installed package) plus CEL's optional
+field selection, which Kubernetes enables and cel-python does not parse.
+
+Two alternatives are added to ``member``: ``member_dot_opt`` (``m.?name``) and
+``member_index_opt`` (``m[?key]``). ``optional.of(x)``, ``optional.none()`` and
+``optional.ofNonZeroValue(x)`` parse as methods of an identifier ``optional``; :func:`parse`
+turns them into calls of the functions named ``optional.of`` and so on
+(:mod:`policies.cel.optional`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import celpy
+from celpy.celparser import CELParseError, CELParser
+from lark import Lark, Token, Tree
+from lark.exceptions import LexError, ParseError, UnexpectedCharacters, UnexpectedToken
+
+_OPTIONAL_SELECTION = """
+%extend member: member_dot_opt | member_index_opt
+member_dot_opt: member "." "?" IDENT
+member_index_opt: member "[" "?" expr "]"
+"""
+_OPTIONAL_CONSTRUCTORS = frozenset({"of", "none", "ofNonZeroValue"})
+
+_PARSER: Lark | None = None
+
+
+def _bool_literal(token: Token) -> Token:
+    """``true`` and ``false`` lex as identifiers; they are bool literals."""
+    if token.value in ("true", "false"):
+        return Token("BOOL_LIT", token.value)
+    return token
+
+
+def _parser() -> Lark:
+    global _PARSER
+    if _PARSER is None:
+        grammar = (Path(celpy.__file__).parent / "cel.lark").read_text()
+        _PARSER = Lark(
+            grammar + _OPTIONAL_SELECTION,
+            parser="lalr",
+            start="expr",
+            g_regex_flags=re.M,
+            lexer_callbacks={"IDENT": _bool_literal},
+            propagate_positions=True,
+            maybe_placeholders=False,
+            priority="invert",
+        )
+        # cel-python builds its own parser for each process unless one is there: share ours
+        # (a superset of its grammar), so a process builds one instead of two (0.4 s CPU each)
+        CELParser.CEL_PARSER = _PARSER
+    return _PARSER
+
+
+def parse(text: str) -> Any:
+    """The parse tree of ``text``, or cel-python's CELParseError at the syntax error."""
+    try:
+        tree = _parser().parse(text)
+    except (UnexpectedToken, UnexpectedCharacters) as exc:
+        raise CELParseError(exc.get_context(text), line=exc.line, column=exc.column) from None
+    except (LexError, ParseError) as exc:
+        raise CELParseError(str(exc.args[0]).splitlines()[0]) from None
+    _rewrite_optional_constructors(tree)
+    return tree
+
+
+def _is_identifier(node: Any, name: str) -> bool:
+    return (
+        isinstance(node, Tree)
+        and node.data == "primary"
+        and isinstance(node.children[0], Tree)
+        and node.children[0].data == "ident"
+        and str(node.children[0].children[0]) == name
+    )
+
+
+def _rewrite_optional_constructors(tree: Any) -> None:
+    for node in list(tree.iter_subtrees()):
+        if node.data != "member":
+            continue
+        for at, child in enumerate(node.children):
+            if not (isinstance(child, Tree) and child.data == "member_dot_arg"):
+                continue
+            target, name = child.children[0], child.children[1]
+            receiver = target.children[0] if isinstance(target, Tree) and target.children else None
+            if str(name) not in _OPTIONAL_CONSTRUCTORS or not _is_identifier(receiver, "optional"):
+                continue
+            assert isinstance(receiver, Tree) and isinstance(receiver.children[0], Tree)
+            ident = receiver.children[0].children[0]
+            assert isinstance(ident, Token)
+            function = Token.new_borrow_pos("IDENT", f"optional.{name}", ident)
+            call = Tree("ident_arg", [function, *child.children[2:]], meta=child.meta)
+            node.children[at] = Tree("primary", [call], meta=child.meta)
