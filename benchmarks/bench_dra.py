@@ -258,8 +258,8 @@ def bench_prepare(calls: int, *, checkpoint_on_disk: bool = True) -> bool:
 
 
 def bench_claim(calls: int) -> None:
+    from plugin.agent.kubeapi import api_client
     from plugin.dra.kube import KubeApi
-    from plugin.kubeapi import api_client
     from tests.fake_apiserver import FakeApiServer, allocated_claim
 
     work = Path(tempfile.mkdtemp(prefix="bdra-"))
@@ -312,8 +312,8 @@ def model_checked_api(api_client: Any) -> Any:
 
 def bench_slices(calls: int) -> bool:
     from cdigen.discover import load_node
+    from plugin.agent.kubeapi import api_client
     from plugin.dra.kube import KubeApi, SlicePublisher
-    from plugin.kubeapi import api_client
     from policies.device_view import device_views
     from policies.dra_order import ordered_views
     from tests.fake_apiserver import FakeApiServer

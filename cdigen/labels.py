@@ -13,12 +13,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cdigen.model import Gpu, Node
+from cdigen.model import MIG_STRATEGIES, Gpu, Node
 
 MIB = 1024 * 1024
 NVIDIA = "nvidia.com/"
 OURS = "cdigen.dev/"
-MIG_STRATEGIES = ("none", "single", "mixed")
 SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 
 # A label value: at most 63 characters of [A-Za-z0-9._-], beginning and ending alphanumeric

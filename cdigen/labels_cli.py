@@ -6,6 +6,7 @@ import argparse
 import json
 
 from cdigen.errors import EXIT_OK, InputError
+from cdigen.model import MIG_STRATEGIES
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 
@@ -30,11 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_node_source(labels, driver_root=True)
     labels.add_argument(
         "--mig-strategy",
-        choices=[
-            "none",
-            "single",
-            "mixed",
-        ],  # cdigen.labels.MIG_STRATEGIES (a test keeps them equal)
+        choices=MIG_STRATEGIES,
         default="none",
         help="the device plugin's MIG strategy (default: none)",
     )

@@ -22,6 +22,9 @@ MAX_NUMA_NODE = 1023  # the kernel's NODES_SHIFT is at most 10
 MAX_NVLINKS = 18  # NVLinks between two GPUs (H100: 18 per GPU)
 MAX_MEMORY_BYTES = 2**44  # 16 TiB per GPU or MIG device
 MAX_MIG_ID = 255  # GPU and compute instance IDs
+# How MIG devices are offered: not at all (whole GPUs), as the one kind of every GPU, or each
+# profile as its own kind (NVIDIA's device plugin's --mig-strategy words).
+MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 @dataclass(frozen=True)

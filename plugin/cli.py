@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
-from plugin.defaults import DEFAULT_PLUGIN_DIR, LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES, STRATEGIES
+from cdigen.model import MIG_STRATEGIES
+from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
 if TYPE_CHECKING:
     from cdigen.nodelock import GpuServerLock
@@ -159,39 +158,11 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line: time, level, logger, msg."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """Render ``record`` as JSON."""
-        doc: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    """Send the plugin's logs to stderr at ``level`` as ``text`` or ``json`` lines."""
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s cdigen-plugin %(levelname)s: %(message)s")
-        )
-    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
-
-
 def _serve(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
+    from plugin.agent.sockets import make_plugin_dir
     from plugin.config import load_config
-    from plugin.serve import Plugin, make_plugin_dir, open_nvml, serve_until_signalled
+    from plugin.serve import Plugin, open_nvml, serve_until_signalled
 
     flags = {
         "node": args.node,
@@ -262,10 +233,10 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     from pathlib import Path
 
     from cdigen.errors import InputError
+    from plugin.agent.kubeapi import api_client
+    from plugin.agent.sockets import make_plugin_dir
     from plugin.config import load_config
-    from plugin.kubeapi import api_client
     from plugin.node_config import NamedConfigs, NodeLabels
-    from plugin.serve import make_plugin_dir
 
     if args.config is not None:
         raise InputError(

@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
+from cdigen.model import MIG_STRATEGIES
+from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.defaults import (
     DEFAULT_CDI_KIND,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_RESOURCE,
     DEFAULT_SPEC_DIRS,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    MIG_STRATEGIES,
     STRATEGIES,
 )
 

@@ -6,7 +6,4 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 DEFAULT_CDI_KIND = "nvidia.com/gpu"
-MIG_STRATEGIES = ("none", "single", "mixed")
 STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "native")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")

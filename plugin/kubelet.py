@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cdigen.errors import CdigenError
+from plugin.agent.names import is_dns_subdomain
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -27,7 +28,6 @@ KUBELET_SOCKET = "kubelet.sock"
 log = logging.getLogger("cdigen.plugin")
 
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class RegistrationError(CdigenError):
@@ -48,12 +48,6 @@ class RegistrationTimeout(RegistrationError):
 
 class RegistrationCancelled(RegistrationError):
     """We gave up on a registration in flight because the plugin is stopping."""
-
-
-def is_dns_subdomain(text: str, longest: int = 253) -> bool:
-    """Whether ``text`` is a DNS subdomain (RFC 1123) of at most ``longest`` characters, as
-    Kubernetes requires of resource-name domains (253), node (253) and driver (63) names."""
-    return len(text) <= longest and _DNS_SUBDOMAIN.fullmatch(text) is not None
 
 
 def resource_name_problem(name: str) -> str | None:

@@ -4,8 +4,8 @@
 layout holds its devices (ID, GPU position and UUID, kind, CDI name; see
 :class:`~plugin.resources.AdvertisedDevice`) and its :class:`Engine` (the allocation policy's
 allocator, plus Allocate's share hand-out for a sharing resource). Health reaches the engine
-through the node: :func:`with_board_health` marks the GPUs the health board holds down, so a
-health change makes a new node, hence a new layout.
+through the node: :func:`plugin.agent.health.with_board_health` marks the GPUs the health board
+holds down, so a health change makes a new node, hence a new layout.
 """
 
 from __future__ import annotations
@@ -257,18 +257,9 @@ def gpus_down(
     reasons: Mapping[str, Sequence[str]], devices: Sequence[AdvertisedDevice]
 ) -> frozenset[str]:
     """The GPU UUIDs the health board holds down: those whose every advertised device holds a
-    reason (``reasons`` as :meth:`plugin.health.HealthBoard.snapshot` gives them)."""
+    reason (``reasons`` as :meth:`plugin.agent.health.HealthBoard.snapshot` gives them)."""
     devices_on: dict[str, list[str]] = {}
     for device in devices:
         for gpu in device.parents:
             devices_on.setdefault(gpu, []).append(device.id)
     return frozenset(gpu for gpu, ids in devices_on.items() if all(reasons.get(d) for d in ids))
-
-
-def with_board_health(node: Node, down: frozenset[str]) -> Node:
-    """``node`` with the GPUs in ``down`` marked unhealthy (the board owns health; the node
-    source's own flags reach the board first, as one of its sources)."""
-    if not any(g.uuid in down and g.healthy for g in node.gpus):
-        return node
-    gpus = tuple(dataclasses.replace(g, healthy=False) if g.uuid in down else g for g in node.gpus)
-    return dataclasses.replace(node, gpus=gpus)

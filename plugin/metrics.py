@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from cdigen.errors import InputError
+from plugin.agent.sockets import parse_address
 
 log = logging.getLogger("cdigen.plugin.metrics")
 
@@ -49,20 +50,6 @@ HEALTH_STATES = ("Healthy", "Unhealthy")  # the kubelet's own words (v1beta1 Dev
 LINK_SCORE_BUCKETS = (0, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000)
 # The allocator answers in micro- to milliseconds; the kubelet gives up after seconds.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` for IPv6; empty host = all interfaces) into its parts."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit() or int(port_text) > 65535:
-        raise InputError(
-            f"metrics address {address!r} is not HOST:PORT",
-            where="--metrics-address",
-            hint="e.g. 127.0.0.1:9465, or :0 for any free port",
-        )
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port_text)
 
 
 class PluginMetrics:

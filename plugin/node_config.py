@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdigen.errors import InputError
+from plugin.agent.lifecycle import ReloadableServable
 from plugin.config import PluginConfig
-from plugin.process import Servable
 
 log = logging.getLogger("cdigen.plugin")
 
@@ -133,7 +133,7 @@ class InForce:
 
 
 class ConfigSwitcher:
-    """A :class:`Servable` that serves the node's chosen config and switches on a change.
+    """A :class:`ReloadableServable` that serves the node's chosen config and switches on a change.
 
     ``load`` turns a config file into settings (flags applied over it); ``make`` builds the
     plugin for them. The label source is asked every ``interval_s``.
@@ -144,7 +144,7 @@ class ConfigSwitcher:
         configs: NamedConfigs,
         labels: LabelSource,
         load: Callable[[Path], PluginConfig],
-        make: Callable[[PluginConfig], Servable],
+        make: Callable[[PluginConfig], ReloadableServable],
         *,
         interval_s: float = 5.0,
     ) -> None:
@@ -157,7 +157,7 @@ class ConfigSwitcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._complaint: tuple[str, str] | None = None  # the last ERROR: each said once
-        self.plugin: Servable | None = None
+        self.plugin: ReloadableServable | None = None
         self.in_force: InForce | None = None
 
     def start(self) -> None:
@@ -270,7 +270,7 @@ class NodeLabels:
         """The Node's labels, or None when the API server cannot give them."""
         import json
 
-        from plugin.kubeapi import api_error
+        from plugin.agent.kubeapi import api_error
 
         try:
             response: Any = self._core.read_node(

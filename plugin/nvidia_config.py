@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.errors import InputError
-from plugin.defaults import MIG_STRATEGIES
+from cdigen.model import MIG_STRATEGIES
 
 NVIDIA_DOMAIN = "nvidia.com"
 SHARED_SUFFIX = ".shared"  # what renameByDefault appends

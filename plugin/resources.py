@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from cdigen.cdi.names import capability_device_name, device_name, qualified_name
 from cdigen.errors import InputError
-from cdigen.model import Gpu, Node
+from cdigen.model import MIG_STRATEGIES, Gpu, Node
 from plugin.sharing import Sharing, share_devices
 
-MIG_STRATEGIES = ("none", "single", "mixed")
 MIG_RESOURCE_PREFIX = "mig-"
 
 

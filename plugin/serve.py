@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError
 from cdigen.model import Node
-from plugin.config import PluginConfig
-from plugin.health import (
+from plugin.agent.feature_file import FeatureFile
+from plugin.agent.health import (
     SOURCE_NODE,
     HealthBoard,
     NodeWatcher,
@@ -25,25 +25,27 @@ from plugin.health import (
     Poller,
     SpecDirWatcher,
     node_reasons,
+    with_board_health,
 )
+from plugin.agent.lifecycle import open_nvml, serve_until_signalled
+from plugin.agent.sockets import make_plugin_dir
+from plugin.agent.xid import XidHealth
+from plugin.config import PluginConfig
 from plugin.kubelet import Registrar
-from plugin.labels import FeatureFile, plugin_labels
+from plugin.labels import plugin_labels
 from plugin.layout import (
     AllocatorCache,
     Layout,
     gpus_down,
     plan_layout,
     plan_resources_for,
-    with_board_health,
 )
-from plugin.process import open_nvml, serve_until_signalled
 from plugin.requests import RequestRecorder
 from plugin.resources import AdvertisedDevice, Resource
-from plugin.server import ResourceServer, make_plugin_dir, stop_servers
+from plugin.server import ResourceServer, stop_servers
 from plugin.service import DevicePluginService
 from plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
 from plugin.specs import write_specs
-from plugin.xid import XidHealth
 from policies.policy_set import PolicySet, load_policy_set
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 
 from cdigen.cdi.names import qualified_name
+from plugin.agent.health import HealthBoard
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.health import HealthBoard
 from plugin.requests import (
     SUMMARY_INTERVAL_S,
     CallSummary,

@@ -14,7 +14,6 @@ whole GPU's memory and compute (see docs/sharing.md).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,17 @@ from typing import Any
 from cdigen.cdi.names import device_name, qualified_name
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
+from plugin.agent.mps import (
+    LIMIT_KEYS,
+    MPS_MEMORY_ENV,
+    MPS_SHM_PATH,
+    PROPORTIONAL,
+    SHM_HINT,
+    GpuLimit,
+    limits_env,
+    mps_directory_problem,
+    shm_directory_problem,
+)
 from policies.shares import (
     MAX_REPLICAS,
     gpu_part,
@@ -31,12 +41,6 @@ from policies.shares import (
     slice_count,
     slice_ids,
 )
-
-MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-# where an MPS client looks for the daemon's shared memory: the node's shm directory goes there
-MPS_SHM_PATH = "/dev/shm"
 
 
 class ShareRefused(CdigenError):
@@ -52,6 +56,7 @@ class Sharing:
     fail_requests_greater_than_one: bool = False
     mps_pipe_directory: str | None = None
     mps_shm_directory: str | None = None
+    mps_limit_key: str = "index"  # pinned-memory limits keyed by CUDA ordinal, or "uuid"
 
     @property
     def kind(self) -> str:
@@ -129,9 +134,17 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
             hint="a memory-slice request is always for one GPU",
         )
     mps = doc.get("mps") or {}
-    if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory", "shmDirectory"}:
+    if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory", "shmDirectory", "limitKey"}:
         raise InputError(
-            "mps must be a mapping with pipeDirectory and shmDirectory only", where=f"{where}.mps"
+            "mps must be a mapping with pipeDirectory, shmDirectory and limitKey only",
+            where=f"{where}.mps",
+        )
+    limit_key = mps.get("limitKey", "index")
+    if limit_key not in LIMIT_KEYS:
+        raise InputError(
+            f"mps.limitKey must be one of {', '.join(LIMIT_KEYS)}, got {limit_key!r}",
+            where=where,
+            hint="index (the CUDA ordinal in the container, the default) or uuid",
         )
     pipe = mps.get("pipeDirectory")
     if pipe is not None and (not isinstance(pipe, str) or not pipe.startswith("/")):
@@ -153,32 +166,8 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
         fail_requests_greater_than_one=fail,
         mps_pipe_directory=pipe,
         mps_shm_directory=shm,
+        mps_limit_key=limit_key,
     )
-
-
-SHM_HINT = (
-    "a node directory (a tmpfs) that the MPS control daemon has at /dev/shm, "
-    "e.g. /run/nvidia/mps-shm"
-)
-
-
-def shm_directory_problem(shm: object, pipe: str | None) -> str | None:
-    """Why ``shm`` cannot be the MPS daemon's shared-memory directory, or None: it must be an
-    absolute path, not the host's own /dev/shm (every pod would share the node's), not the
-    pipe directory, and it needs a pipe directory (without MPS nobody uses it).
-
-    The text follows the name of the setting (``mps.shmDirectory``, ``--mps-shm-dir``).
-    """
-    if not isinstance(shm, str) or not shm.startswith("/"):
-        return f"must be an absolute path, got {shm!r}"
-    normal = os.path.normpath(shm)
-    if normal == MPS_SHM_PATH:
-        return f"must not be the node's own {MPS_SHM_PATH}, got {shm!r}"
-    if pipe is None:
-        return f"{shm!r} needs an MPS pipe directory as well (clients reach the daemon there)"
-    if normal == os.path.normpath(pipe):
-        return f"must not be the pipe directory {pipe!r}"
-    return None
 
 
 def shares_of_gpu(gpu: Gpu, sharing: Sharing) -> tuple[str, ...]:
@@ -233,6 +222,34 @@ def advisory_warning(sharing: Sharing, resource: str) -> str | None:
         f"{resource}: time-sliced replicas without MPS: pods share the GPU's memory and "
         "compute with no limits and no isolation"
     )
+
+
+def _mps_env(
+    uuids: Sequence[str], per_gpu: Mapping[str, int], gpus: Mapping[str, Gpu], sharing: Sharing
+) -> tuple[tuple[str, str], ...]:
+    """The MPS client limits (:func:`plugin.agent.mps.limits_env`): the memory of the shares
+    per GPU, and an SM share in proportion. Slices always carry them (advisory without MPS);
+    replicas only when MPS is configured, since plain time-slicing has no limits to state."""
+    if sharing.kind == "replica" and sharing.mps_pipe_directory is None:
+        return ()
+    limits = []
+    for uuid in uuids:
+        gpu = gpus[uuid]
+        if sharing.kind == "slice":
+            assert sharing.memory_slice_mib is not None
+            limit_mib = per_gpu[uuid] * sharing.memory_slice_mib
+        else:
+            assert sharing.replicas is not None
+            limit_mib = (gpu.memory_bytes >> 20) * per_gpu[uuid] // sharing.replicas
+        limits.append(GpuLimit(gpu, limit_mib << 20))
+    env = limits_env(
+        limits,
+        [gpus[u] for u in uuids],
+        limit_key=sharing.mps_limit_key,
+        thread_percentage=PROPORTIONAL,
+        pipe_dir=sharing.mps_pipe_directory,
+    )
+    return tuple(env)
 
 
 def allocate_shares(
@@ -290,16 +307,6 @@ def allocate_shares(
     )
 
 
-def mps_directory_problem(path: str, *, shared: bool = False) -> str | None:
-    """Why the MPS directory ``path`` must not be mounted into a container, or None. One that
-    is not there yet is fine: the runtime makes it, and the daemon's own mount of the same path
-    then shares it. ``shared``: the shared-memory directory, world-writable as /dev/shm is
-    (see :func:`cdigen.cdi.host.ipc_problem`)."""
-    from cdigen.cdi.host import ipc_problem
-
-    return ipc_problem(path, directory=True, shared=shared) if os.path.lexists(path) else None
-
-
 def _mps_mount(pipe: str, resource: str) -> Mount:
     """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
     its named pipes, which a read-only mount allows (the kernel refuses writes there only to
@@ -331,36 +338,3 @@ def _mps_shm_mount(shm: str, resource: str) -> Mount:
             hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at /dev/shm",
         )
     return Mount(shm, MPS_SHM_PATH)
-
-
-def _mps_env(
-    uuids: Sequence[str], per_gpu: Mapping[str, int], gpus: Mapping[str, Gpu], sharing: Sharing
-) -> tuple[tuple[str, str], ...]:
-    """The MPS client limits: memory per GPU, and a thread share proportional to the request.
-
-    Slices always carry them (advisory without MPS); replicas only when MPS is configured,
-    since plain time-slicing has no limits to state.
-    """
-    if sharing.kind == "replica" and sharing.mps_pipe_directory is None:
-        return ()
-    limits = []
-    fractions = []
-    for uuid in uuids:
-        gpu = gpus[uuid]
-        total_mib = gpu.memory_bytes >> 20
-        if sharing.kind == "slice":
-            assert sharing.memory_slice_mib is not None
-            count = slice_count(gpu, sharing.memory_slice_mib)
-            limit_mib = per_gpu[uuid] * sharing.memory_slice_mib
-        else:
-            assert sharing.replicas is not None
-            count = sharing.replicas
-            limit_mib = total_mib * per_gpu[uuid] // count
-        limits.append(f"{uuid}={limit_mib}M")
-        fractions.append(per_gpu[uuid] / count)
-    # one percentage per client process: the smallest share, so no GPU gets more than its part
-    percent = max(1, min(100, int(100 * min(fractions))))
-    env = [(MPS_MEMORY_ENV, ",".join(limits)), (MPS_THREADS_ENV, str(percent))]
-    if sharing.mps_pipe_directory is not None:
-        env.append((MPS_PIPE_ENV, sharing.mps_pipe_directory))
-    return tuple(env)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cdigen.model import Gpu, MigDevice, Node
+from cdigen.model import MIG_STRATEGIES, Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -27,7 +27,6 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MIG_STRATEGIES = ("none", "single", "mixed")
 
 AttributeKind = Literal["string", "int", "bool", "version"]
 

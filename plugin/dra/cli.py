@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen.discover.cli import add_node_source
-from plugin.defaults import LOG_FORMATS, LOG_LEVELS, MIG_STRATEGIES
+from cdigen.model import MIG_STRATEGIES
+from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from plugin.agent.mps import LIMIT_KEYS
 
 if TYPE_CHECKING:
     from cdigen.model import Node
@@ -147,7 +149,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     sharing.add_argument(
         "--mps-limit-key",
-        choices=("index", "uuid"),
+        choices=LIMIT_KEYS,
         default="index",
         help="key CUDA_MPS_PINNED_DEVICE_MEM_LIMIT by CUDA ordinal (default; MPS applies it) "
         "or by GPU UUID",
@@ -246,7 +248,7 @@ def _dns_subdomain(value: str, flag: str, longest: int = 63) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened
-    from plugin.kubelet import is_dns_subdomain
+    from plugin.agent.names import is_dns_subdomain
 
     if not is_dns_subdomain(value, longest):
         raise InputError(
@@ -273,9 +275,9 @@ def _quantity_bytes(text: str, flag: str) -> int:
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
+    from plugin.agent.mps import SHM_HINT, shm_directory_problem
     from plugin.dra.mps import MpsSettings
     from plugin.dra.slices import MemoryShares
-    from plugin.sharing import SHM_HINT, shm_directory_problem
     from policies.shares import MAX_REPLICAS
 
     threads: int | None = None
@@ -475,10 +477,10 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.discover.nvml import start_nvml
     from cdigen.errors import InputError
     from cdigen.nodelock import GpuServerLock
-    from plugin.cli import setup_logging
+    from plugin.agent.kubeapi import api_client
+    from plugin.agent.logs import setup_logging
     from plugin.dra.kube import KubeApi
     from plugin.dra.serve import DraOptions, DraPlugin, serve_until_signalled
-    from plugin.kubeapi import api_client
 
     if not args.node_name:
         raise InputError(
@@ -495,7 +497,7 @@ def _serve(args: argparse.Namespace) -> int:
             hint="pass seconds between 0 and 3600, e.g. 5",
         )
     if args.health_address:
-        from plugin.metrics import parse_address
+        from plugin.agent.sockets import parse_address
 
         try:
             parse_address(args.health_address)

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
-from plugin.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)

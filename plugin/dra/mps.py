@@ -10,20 +10,12 @@ from cdigen.cdi.spec import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu
+from plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
 from plugin.dra.claims import AllocatedDevice, quoted
 from plugin.dra.config import ClaimSharing
-from plugin.sharing import (
-    MPS_MEMORY_ENV,
-    MPS_PIPE_ENV,
-    MPS_SHM_PATH,
-    MPS_THREADS_ENV,
-    mps_directory_problem,
-)
 from policies.cel import parse_quantity
 from policies.device_view import DeviceView
 
-LIMIT_KEYS = ("index", "uuid")
-DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
 # devices, no set-uid programs, nothing to execute.
 SHM_MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
@@ -111,26 +103,17 @@ def claim_limits(
         )
     if not gpus:
         return [], []
-    limits = []
-    fractions = []
-    for uuid, (gpu, limit) in gpus.items():
-        if limit is None:
-            continue
-        key = uuid if mps.limit_key == "uuid" else str(in_claim.index(gpu.pci_bus_id.lower()))
-        limits.append(f"{key}={limit >> 20}M")
-        fractions.append(limit / gpu.memory_bytes if gpu.memory_bytes else 1.0)
-    env = [f"{MPS_MEMORY_ENV}={','.join(limits)}"] if limits else []
-    if limits and mps.limit_key == "index":
-        env.append(f"{DEVICE_ORDER_ENV}=PCI_BUS_ID")
-    threads = sharing.thread_percentage if sharing is not None else None
-    if threads is not None:
-        env.append(f"{MPS_THREADS_ENV}={threads}")
-    elif mps.thread_percentage is not None:
-        percent = mps.thread_percentage or max(1, min(100, int(100 * min(fractions or [1.0]))))
-        env.append(f"{MPS_THREADS_ENV}={percent}")
+    threads = sharing.thread_percentage if sharing is not None else mps.thread_percentage
+    pairs = limits_env(
+        [GpuLimit(gpu, limit) for gpu, limit in gpus.values()],
+        [views[r.device].gpu for r in allocated],
+        limit_key=mps.limit_key,
+        thread_percentage=threads,
+        pipe_dir=mps.pipe_dir or None,
+    )
+    env = [f"{name}={value}" for name, value in pairs]
     mounts: list[MountDoc] = []
     if mps.pipe_dir:
-        env.append(f"{MPS_PIPE_ENV}={mps.pipe_dir}")
         _refuse_unsafe(mps.pipe_dir, "--mps-pipe-dir", shared=False)
         # read-only, as the device plugin mounts it: a client only connects to the sockets
         mounts.append(

@@ -12,23 +12,26 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from cdigen.cdi.host import HostFS, scan_driver
 from cdigen.cdi.spec import SpecOptions
 from cdigen.errors import InputError
 from cdigen.model import Node
+from plugin.agent.feature_file import FeatureFile
+from plugin.agent.health import HealthBoard, node_reasons
+from plugin.agent.kubeapi import api_error
+from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
+from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
 from plugin.dra.kube import SliceApi, SlicePublisher
+from plugin.dra.labels import dra_labels
 from plugin.dra.metrics import DraMetrics
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import Preparer
@@ -44,10 +47,6 @@ from plugin.dra.service import (
 )
 from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.dra.status import StatusApi, StatusWriter
-from plugin.health import HealthBoard, node_reasons
-from plugin.kubeapi import api_error
-from plugin.labels import FeatureFile, dra_labels
-from plugin.xid import XidHealth
 from policies.device_view import DRA_DRIVER, DeviceView, device_views
 from policies.dra_order import ordered_views
 
@@ -475,11 +474,11 @@ class _HealthHandler(BaseHTTPRequestHandler):
 
 
 def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) -> int:
-    """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0."""
-    stop = threading.Event()
+    """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0,
+    within the agent's stop deadline (:func:`plugin.agent.lifecycle.serve_until_signalled`)."""
     health: HealthServer | None = None
     if health_address:
-        from plugin.metrics import parse_address
+        from plugin.agent.sockets import parse_address
 
         try:
             health = HealthServer(parse_address(health_address), plugin)
@@ -492,18 +491,8 @@ def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) 
         health.start()
         log.info("/healthz on http://%s:%d", *health.server_address[:2])
 
-    def on_stop(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %s: stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
     try:
-        plugin.start()
-        log.info("cdigen DRA plugin ready (pid %d)", os.getpid())
-        stop.wait()
+        return run_until_signalled(plugin, name="cdigen DRA plugin")
     finally:
-        plugin.stop()
         if health is not None:
             health.close()
-    return 0

@@ -20,11 +20,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from plugin.agent.health import HealthBoard
 from plugin.dra.claims import ClaimRef
 from plugin.dra.metrics import DraMetrics
 from plugin.dra.prepare import Preparer
 from plugin.dra.status import StatusWriter
-from plugin.health import HealthBoard
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ class UnixServer:
         """Listen on a fresh socket (a stale file at the path is removed first)."""
         import grpc
 
-        from plugin.server import bind_socket, make_plugin_dir
+        from plugin.agent.sockets import bind_socket, make_plugin_dir
 
         # the device plugin's socket handling: 0755 dirs and a 0600 socket, whatever the umask
         make_plugin_dir(self.path.parent, flag="--kubelet-dir")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from plugin.kubeapi import api_error
+from plugin.agent.kubeapi import api_error
 
 log = logging.getLogger(__name__)
 

@@ -113,7 +113,7 @@ def test_rtx4090_story_runs_as_the_doc_writes_it(tmp_path: Path) -> None:
         threads = backticked("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=").partition("=")[2]
         pipe = backticked("CUDA_MPS_PIPE_DIRECTORY=").partition("=")[2]
         shm = yaml.safe_load(doc_config())["resources"][0]["sharing"]["mps"]["shmDirectory"]
-        assert (cdi_name, limit) == (f"nvidia.com/gpu={uuid}", f"{uuid}=3072M")
+        assert (cdi_name, limit) == (f"nvidia.com/gpu={uuid}", "0=3072M")
         for pod in pods:
             assert [d.name for d in pod.cdi_devices] == [cdi_name]
             assert pod.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == limit

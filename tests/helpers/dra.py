@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.model import Node
+from plugin.agent.kubeapi import api_client
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.kube import KubeApi
 from plugin.dra.serve import SLICE_RESYNC_S, DraOptions, DraPlugin
-from plugin.kubeapi import api_client
 from tests.cdihost import FakeHost
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.model import Gpu, Node
-from plugin.health import HealthBoard
+from plugin.agent.health import HealthBoard
 from plugin.kubelet import register
 from plugin.serve import ResourceServer
 from plugin.service import DevicePluginService, Preference, Preferrer, advertised_devices

@@ -384,8 +384,8 @@ def test_the_role_allows_every_call_the_plugin_makes(
     """Publish, republish, delete on exit and read a claim through the official client against
     the fake API server; every request it logged must be allowed by the ClusterRole."""
     from cdigen.discover import load_node
+    from plugin.agent.kubeapi import api_client
     from plugin.dra.kube import KubeApi, SlicePublisher
-    from plugin.kubeapi import api_client
     from policies.device_view import device_views
     from tests.fake_apiserver import allocated_claim
 
@@ -529,9 +529,9 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
     from kubernetes.client.exceptions import ApiException
 
     from cdigen.discover import load_node
+    from plugin.agent.kubeapi import api_client
     from plugin.dra.kube import KubeApi
     from plugin.dra.slices import build_slices
-    from plugin.kubeapi import api_client
     from policies.device_view import device_views
 
     api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))

@@ -2,7 +2,9 @@
 
 - the core (cdigen/) never imports a wing (policies/, plugin/), not even inside a function;
 - the engine (policies/) never imports plugin/;
-- the device plugin (plugin/ outside plugin/dra/) never imports the DRA plugin.
+- the device plugin (plugin/ outside plugin/dra/) never imports the DRA plugin;
+- the DRA plugin (plugin/dra/) imports of plugin/ only itself and the node-agent core
+  (plugin/agent/), which imports of plugin/ only itself.
 """
 
 from __future__ import annotations
@@ -63,6 +65,30 @@ def violations(top: str, forbidden: tuple[str, ...]) -> list[str]:
                 if target == bad or target.startswith(bad + "."):
                     found.append(f"{path.relative_to(REPO_ROOT)} imports {target}")
     return found
+
+
+# part -> the only packages under plugin/ it may import
+PLUGIN_PARTS = {"plugin.dra": ("plugin.dra", "plugin.agent"), "plugin.agent": ("plugin.agent",)}
+
+
+def plugin_imports_outside(part: str, allowed: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in modules(part.replace(".", "/")):
+        for target in sorted(imported(path)):
+            if target.startswith("plugin.") and not any(
+                target == a or target.startswith(a + ".") for a in allowed
+            ):
+                found.append(f"{path.relative_to(REPO_ROOT)} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize("part", sorted(PLUGIN_PARTS))
+def test_the_dra_plugin_and_the_agent_core_import_no_device_plugin_module(part: str) -> None:
+    assert plugin_imports_outside(part, PLUGIN_PARTS[part]) == []
+
+
+def test_the_plugin_part_check_sees_a_device_plugin_import() -> None:
+    assert plugin_imports_outside("plugin.dra", ("plugin.dra",)) != []  # it imports the agent
 
 
 @pytest.mark.parametrize(("top", "forbidden"), RULES, ids=[r[0] for r in RULES])

@@ -333,7 +333,7 @@ def test_registering_labels_imports_no_label_code() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
     from cdigen.cli import build_parser
-    from cdigen.labels import MIG_STRATEGIES
+    from cdigen.model import MIG_STRATEGIES
 
     sub = next(
         a for a in build_parser(wings=False)._actions if isinstance(a, argparse._SubParsersAction)
@@ -345,8 +345,9 @@ def test_registering_labels_imports_no_label_code() -> None:
 def test_a_feature_file_that_cannot_be_written_is_logged_and_serving_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from plugin.agent.feature_file import FeatureFile
     from plugin.config import PluginConfig
-    from plugin.labels import FeatureFile, plugin_labels
+    from plugin.labels import plugin_labels
 
     (tmp_path / "file").write_text("")
     features = FeatureFile(tmp_path / "file" / "cdigen")  # its directory is a file

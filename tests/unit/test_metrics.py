@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdigen.errors import InputError
-from plugin.metrics import PluginMetrics, parse_address
+from plugin.agent.sockets import parse_address
+from plugin.metrics import PluginMetrics
 
 GPU = "nvidia.com/gpu"
 

@@ -10,7 +10,7 @@ import pytest
 
 from cdigen.cdi.cache import SpecCache
 from cdigen.model import Gpu, Node
-from plugin.health import (
+from plugin.agent.health import (
     SOURCE_NODE,
     SOURCE_SPEC,
     SOURCE_XID,
@@ -19,7 +19,7 @@ from plugin.health import (
     SpecDirWatcher,
     node_reasons,
 )
-from plugin.xid import XidHealth
+from plugin.agent.xid import XidHealth
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.clock import FakeClock
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cdigen.errors import CdigenError, InputError
-from plugin.health import HealthBoard
+from plugin.agent.health import HealthBoard
+from plugin.agent.sockets import make_plugin_dir, socket_in_use
 from plugin.kubelet import (
     Backoff,
     KubeletRefused,
@@ -28,8 +29,7 @@ from plugin.kubelet import (
     register,
     resource_name_problem,
 )
-from plugin.serve import ResourceServer, make_plugin_dir
-from plugin.server import socket_in_use
+from plugin.serve import ResourceServer
 from plugin.service import AdvertisedDevice, DevicePluginService, Preference
 from tests.helpers.clock import FakeClock
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem

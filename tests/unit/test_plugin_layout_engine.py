@@ -10,13 +10,13 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
+from plugin.agent.health import with_board_health
 from plugin.config import PluginConfig, ResourceConfig
 from plugin.layout import (
     AllocatorCache,
     gpus_down,
     plan_layout,
     plan_resources_for,
-    with_board_health,
 )
 from plugin.sharing import Sharing
 from policies.policy_set import PolicySet

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.health import SOURCE_NODE
+from plugin.agent.health import SOURCE_NODE
 from plugin.kubelet import socket_name
 from plugin.requests import RequestRecorder
 from plugin.service import (

@@ -218,7 +218,7 @@ def test_pods_on_each_resource_get_the_same_card(cdi_cri: KubeletSimulator) -> N
     ]
     assert names == [[f"nvidia.com/gpu={uuid}"]] * 4
     limits = [c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for c in sliced.container_responses]
-    assert limits == [f"{uuid}=4096M", f"{uuid}=1024M"]
+    assert limits == ["0=4096M", "0=1024M"]
     assert not whole.container_responses[0].envs and not whole.container_responses[0].mounts
     # MPS clients (the slices) get the daemon's shared memory at /dev/shm, writable; the plain
     # time-sliced replica (no MPS) and the whole GPU get no mounts at all
@@ -247,7 +247,7 @@ def test_shares_under_other_strategies(tmp_path: Path, spec_dir: Path, strategy:
     uuid = load_node(RTX).gpus[0].uuid
     for kubelet in serve(tmp_path, spec_dir, strategy):
         response = kubelet.allocate(SLICES, [ids(kubelet, SLICES)[:3]]).container_responses[0]
-        assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=3072M"
+        assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
         assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps"
         mounts = [(m.host_path, m.container_path) for m in response.mounts]
         assert ("/run/nvidia/mps", "/run/nvidia/mps") in mounts

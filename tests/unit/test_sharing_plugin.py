@@ -62,8 +62,10 @@ def test_two_pods_of_three_slices_share_the_gpu_with_their_own_limits(rtx4090: N
     for allocation in given:
         assert allocation.cdi_names == (f"nvidia.com/gpu={uuid}",)
         env = allocation.env_dict()
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{uuid}=3072M"
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "13"  # 3 of 23 slices
+        # keyed by CUDA ordinal in PCI bus order, as the DRA driver does (was the UUID)
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "12"  # 3072 of 24564 MiB (was 13)
         assert allocation.mounts == ()
     assert len(free) == 17
 
@@ -127,7 +129,7 @@ def test_mps_pipe_directory_is_mounted_and_named(rtx4090: Node) -> None:
     env = allocation.env_dict()
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].endswith("=4096M")
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "18"  # 2 of 11 slices
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "16"  # 4096 of 24564 MiB (was 18)
     assert [(m.host_path, m.container_path) for m in allocation.mounts] == [
         ("/run/nvidia/mps", "/run/nvidia/mps")
     ]
@@ -178,7 +180,7 @@ def test_replicas_with_mps_get_a_proportional_limit(rtx4090: Node) -> None:
     sharing = Sharing(replicas=4, mps_pipe_directory="/run/nvidia/mps")
     ids = [d.id for d in share_devices(rtx4090, sharing)][:1]
     env = allocate_shares(ids, rtx4090, sharing, cdi_kind=KIND, resource="r").env_dict()
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{rtx4090.gpus[0].uuid}=6141M"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6141M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
@@ -207,3 +209,24 @@ def test_bad_sharing_blocks_get_one_line_errors(doc: dict[str, object], message:
     with pytest.raises(InputError, match=message) as caught:
         sharing_from_doc(doc, where="resources[1].sharing")
     assert "\n" not in str(caught.value) and "resources[1].sharing" in str(caught.value)
+
+
+def test_mps_limits_are_keyed_by_cuda_ordinal_in_bus_order_or_by_uuid(eight_4090: Node) -> None:
+    """Replicas on two GPUs: ordinals follow PCI bus order whatever the order of the IDs; the
+    config's mps.limitKey: uuid names the GPUs instead; a bad key is one error."""
+    doc = {"replicas": 2, "mps": {"pipeDirectory": "/run/nvidia/mps"}}
+    sharing = sharing_from_doc(doc, where="r")
+    assert sharing is not None
+    high, low = sorted(eight_4090.gpus, key=lambda g: g.pci_bus_id)[-1:-3:-1]
+    ids = [f"{high.uuid}::0", f"{low.uuid}::0"]
+    env = allocate_shares(ids, eight_4090, sharing, cdi_kind=KIND, resource="r").env_dict()
+    half = (low.memory_bytes >> 20) // 2
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"1={half}M,0={half}M"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    by_uuid = sharing_from_doc({**doc, "mps": {**doc["mps"], "limitKey": "uuid"}}, where="r")
+    assert by_uuid is not None
+    env = allocate_shares(ids, eight_4090, by_uuid, cdi_kind=KIND, resource="r").env_dict()
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{high.uuid}={half}M,{low.uuid}={half}M"
+    assert "CUDA_DEVICE_ORDER" not in env
+    with pytest.raises(InputError, match=r"mps.limitKey must be one of index, uuid, got 'bus'"):
+        sharing_from_doc({**doc, "mps": {**doc["mps"], "limitKey": "bus"}}, where="r")

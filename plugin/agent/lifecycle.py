@@ -15,17 +15,22 @@ log = logging.getLogger("cdigen.plugin")
 
 
 class Servable(Protocol):
-    """A plugin the process runs: started once, reloaded on SIGHUP, stopped at the end."""
+    """A plugin the process runs: started once, stopped at the end (and reloaded on SIGHUP if
+    it has a ``reload_policies() -> bool``)."""
 
     def start(self) -> None:
         """Start serving."""
 
+    def stop(self) -> None:
+        """Stop serving."""
+
+
+class ReloadableServable(Servable, Protocol):
+    """A plugin with policies to reload on SIGHUP."""
+
     def reload_policies(self) -> bool:
         """Reload the policies; False when the old ones stay."""
         ...
-
-    def stop(self) -> None:
-        """Stop serving."""
 
 
 def open_nvml(source: str, driver_root: str = "/", host_root: str = "/") -> Any:
@@ -60,14 +65,16 @@ def _exit_after(deadline_s: float) -> None:
     threading.Thread(target=run, name="stop-deadline", daemon=True).start()
 
 
-def serve_until_signalled(plugin: Servable) -> int:
-    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads the policies.
+def serve_until_signalled(plugin: Servable, *, name: str = "cdigen device plugin") -> int:
+    """Run ``plugin`` until SIGTERM/SIGINT (exit 0); SIGHUP reloads its policies when it has
+    any (``reload_policies``).
 
     It owns the process: from the stop signal on, the process ends within
     :data:`STOP_DEADLINE_S` even if a thread hangs (a stuck call in a gRPC worker, say).
     """
     stop = threading.Event()
     reload = threading.Event()
+    reload_policies = getattr(plugin, "reload_policies", None)
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         if not stop.is_set():
@@ -80,14 +87,15 @@ def serve_until_signalled(plugin: Servable) -> int:
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
+    if reload_policies is not None:
+        signal.signal(signal.SIGHUP, on_hup)
     try:
         plugin.start()
-        log.info("cdigen device plugin ready (pid %d)", os.getpid())
+        log.info("%s ready (pid %d)", name, os.getpid())
         while not stop.wait(0.2):
-            if reload.is_set():
+            if reload.is_set() and reload_policies is not None:
                 reload.clear()
-                if plugin.reload_policies():
+                if reload_policies():
                     log.info("policies reloaded")
     finally:
         plugin.stop()

@@ -8,7 +8,7 @@ Watchers:
 - :func:`node_reasons` — discovery errors and simulated ``healthy: false`` in a node file;
   :class:`NodeWatcher` re-reads the file when it changes (or re-runs NVML discovery
   periodically) and hands the node to the plugin, which also applies a new MIG layout.
-- :class:`plugin.xid.XidHealth` — critical Xid errors from NVML events, with recovery after a
+- :class:`plugin.agent.xid.XidHealth` — critical Xid errors from NVML events, with recovery after a
   quiet period when the device still answers (NVIDIA's plugin never recovers).
 - :class:`SpecDirWatcher` — every CDI name the plugin can hand out must exist in the spec dirs.
 """
@@ -16,6 +16,7 @@ Watchers:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -405,3 +406,12 @@ class SpecDirWatcher:
 
 def _show(dirs: Sequence[Path]) -> str:
     return ", ".join(str(d) for d in dirs) or "(no spec dir)"
+
+
+def with_board_health(node: Node, down: frozenset[str]) -> Node:
+    """``node`` with the GPUs in ``down`` marked unhealthy (the board owns health; the node
+    source's own flags reach the board first, as one of its sources)."""
+    if not any(g.uuid in down and g.healthy for g in node.gpus):
+        return node
+    gpus = tuple(dataclasses.replace(g, healthy=False) if g.uuid in down else g for g in node.gpus)
+    return dataclasses.replace(node, gpus=gpus)

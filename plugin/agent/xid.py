@@ -1,4 +1,4 @@
-"""Device health from NVML Xid events (see :mod:`plugin.health` for the board it reports to)."""
+"""Device health from NVML Xid events (reported to :mod:`plugin.agent.health`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.health import SOURCE_XID, HealthBoard
+from plugin.agent.health import SOURCE_XID, HealthBoard
 
 log = logging.getLogger(__name__)
 
