@@ -30,9 +30,8 @@ from cdigen import logs
 from cdigen.cdi.edits import ContainerEdits, merge_edits
 from cdigen.cdi.load import LoadedSpec, SpecLoadError, load_spec
 from cdigen.cdi.names import qualified_name
-from cdigen.cdi.specdir import SPEC_SUFFIXES, spec_files, spec_suffix
+from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS, SPEC_SUFFIXES, spec_files, spec_suffix
 
-DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 _MEMO_LIMIT = 4096  # merged edits kept per state for repeated requests (Allocate's hot path)
 
 log = logs.logger()

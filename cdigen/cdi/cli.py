@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.cdi.specdir import STATIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
 
 if TYPE_CHECKING:
     from cdigen.cdi.host import HostFS
 
-DEFAULT_OUTPUT_DIR = "/etc/cdi"
+DEFAULT_OUTPUT_DIR = str(STATIC_SPEC_DIR)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -293,7 +294,7 @@ def _located(fs: HostFS, path: str) -> str:
 
 def run_validate(args: argparse.Namespace) -> int:
     """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
-    from cdigen.cdi.cache import DEFAULT_SPEC_DIRS
+    from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
     from cdigen.cdi.specdir import spec_files as spec_paths
     from cdigen.cdi.validate import file_problems, refuse_dangling_link
     from cdigen.fileio import read_text
@@ -348,7 +349,8 @@ def run_list(args: argparse.Namespace) -> int:
     lint is ``cdigen validate``'s. A ``--spec-dir`` given that does not exist is said on stderr
     (exit 2 when none of them exists); the default dirs may be missing, as for runtimes.
     """
-    from cdigen.cdi.cache import DEFAULT_SPEC_DIRS, SpecCache
+    from cdigen.cdi.cache import SpecCache
+    from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
 
     spec_dirs = args.spec_dir or DEFAULT_SPEC_DIRS
     if args.spec_dir:

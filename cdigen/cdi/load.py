@@ -427,15 +427,6 @@ def _version_problem(doc: Mapping[str, Any]) -> str | None:
     return f"cdiVersion: {shortfall}" if shortfall else None
 
 
-def _kind_problem(kind: str) -> str | None:
-    vendor, sep, cls = kind.partition("/")  # parser.ParseQualifier
-    if not sep or not vendor or not cls:
-        return f"invalid kind {kind!r}: expected vendor/class, e.g. nvidia.com/gpu"
-    if len(vendor) == 1 or len(cls) == 1:  # parser.validateVendorOrClassName slices name[1:0]
-        return f"invalid kind {kind!r}: the CDI library v1.1.0 crashes on a one-letter part"
-    return names.vendor_problem(vendor) or names.class_problem(cls)
-
-
 def check_spec_doc(
     doc: Mapping[str, Any],
 ) -> tuple[ContainerEdits, dict[str, ContainerEdits], list[str]]:
@@ -444,7 +435,7 @@ def check_spec_doc(
     version = _version_problem(doc)
     if version:
         problems.append(version)
-    kind_problem = _kind_problem(doc.get("kind", ""))
+    kind_problem = names.kind_problem(doc.get("kind", ""))
     if kind_problem:
         problems.append(f"kind: {kind_problem}")
     spec_edits = _edits(doc.get("containerEdits"))

@@ -57,10 +57,11 @@ def split_kind(kind: str) -> tuple[str, str]:
 
 
 def kind_problem(kind: str) -> str | None:
-    """Why ``kind`` is not a valid ``vendor/class``, or None."""
-    if kind.count("/") != 1:
+    """Why ``kind`` is not a valid ``vendor/class``, or None: the one check for a kind we
+    write, accept in a config or load."""
+    vendor, sep, cls = kind.partition("/")  # as the CDI library's parser.ParseQualifier
+    if not sep or not vendor or not cls:
         return f"invalid kind {kind!r}: expected vendor/class, e.g. nvidia.com/gpu"
-    vendor, cls = split_kind(kind)
     return vendor_problem(vendor) or class_problem(cls)
 
 

@@ -11,6 +11,11 @@ import stat
 from pathlib import Path
 
 SPEC_SUFFIXES = (".yaml", ".json")  # what runtimes load from a spec dir, and nothing else
+# The spec dirs runtimes read by default (later wins): static specs, written at boot, and
+# dynamic ones such as per-claim specs, on a tmpfs that a reboot empties.
+STATIC_SPEC_DIR = Path("/etc/cdi")
+DYNAMIC_SPEC_DIR = Path("/var/run/cdi")
+DEFAULT_SPEC_DIRS = (STATIC_SPEC_DIR, DYNAMIC_SPEC_DIR)
 
 
 def spec_suffix(name: str) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.model import MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
@@ -61,9 +62,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument(
         "--cdi-dir",
-        default="/var/run/cdi",
+        default=str(DYNAMIC_SPEC_DIR),
         metavar="DIR",
-        help="where the per-claim CDI specs go (default /var/run/cdi)",
+        help=f"where the per-claim CDI specs go (default {DYNAMIC_SPEC_DIR})",
     )
     serve.add_argument(
         "--state-dir",

@@ -22,6 +22,7 @@ from typing import Any
 
 from cdigen.cdi.host import HostFS, scan_driver
 from cdigen.cdi.spec import SpecOptions
+from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DRIVER = DRA_DRIVER
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
-DEFAULT_CDI_DIR = "/var/run/cdi"
+DEFAULT_CDI_DIR = str(DYNAMIC_SPEC_DIR)
 SOURCE_NODE = "node"
 # in rising severity; None (Kubernetes 1.35+) only informs: nothing is kept off the device
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")

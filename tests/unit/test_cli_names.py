@@ -130,11 +130,11 @@ def test_validate_without_arguments_reads_the_runtimes_spec_dirs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     etc, run, _ = spec_dirs
-    monkeypatch.setattr("cdigen.cdi.cache.DEFAULT_SPEC_DIRS", (etc, run / "missing"))
+    monkeypatch.setattr("cdigen.cdi.specdir.DEFAULT_SPEC_DIRS", (etc, run / "missing"))
     assert main(["validate"]) == 0
     assert capsys.readouterr().out == f"{etc}/nvidia.com-gpu.yaml: ok\n"
 
-    monkeypatch.setattr("cdigen.cdi.cache.DEFAULT_SPEC_DIRS", (run,))
+    monkeypatch.setattr("cdigen.cdi.specdir.DEFAULT_SPEC_DIRS", (run,))
     assert main(["validate"]) == 2
     assert f"no CDI spec files (*.yaml, *.json) in {run}" in capsys.readouterr().err
 
