@@ -28,7 +28,7 @@ from plugin.resources import (
     shared_resource,
 )
 from plugin.service import Preference
-from plugin.sharing import ShareAllocation, allocate_shares
+from plugin.sharing import ShareAllocation, allocate_shares, share_devices
 
 if TYPE_CHECKING:
     from policies.allocator import Allocator
@@ -174,9 +174,12 @@ def _share(
     if sharing is None:
         return None
     name = resource.name
+    advertised = {d.id: d for d in share_devices(node, sharing)}
 
     def share(ids: Sequence[str]) -> ShareAllocation:
-        return allocate_shares(ids, node, sharing, cdi_kind=cdi_kind, resource=name)
+        return allocate_shares(
+            ids, node, sharing, cdi_kind=cdi_kind, resource=name, advertised=advertised
+        )
 
     return share
 

@@ -34,10 +34,8 @@ from plugin.agent.mps import (
 )
 from policies.shares import (
     MAX_REPLICAS,
-    gpu_part,
     no_slices_reason,
     replica_ids,
-    share_kind,
     slice_count,
     slice_ids,
 )
@@ -253,18 +251,28 @@ def _mps_env(
 
 
 def allocate_shares(
-    ids: Sequence[str], node: Node, sharing: Sharing, *, cdi_kind: str, resource: str
+    ids: Sequence[str],
+    node: Node,
+    sharing: Sharing,
+    *,
+    cdi_kind: str,
+    resource: str,
+    advertised: Mapping[str, ShareDevice] | None = None,
 ) -> ShareAllocation:
     """What a container gets for the share IDs the kubelet allocated to it.
 
-    Raises ShareRefused for a slice set on several GPUs, for more than one replica when
-    ``failRequestsGreaterThanOne`` is set, and for IDs that are not this resource's shares.
+    ``advertised``: the resource's shares by ID (:func:`share_devices`), which say each share's
+    GPU; built here when not given. Raises ShareRefused for a slice set on several GPUs, for
+    more than one replica when ``failRequestsGreaterThanOne`` is set, and for IDs that are not
+    this resource's shares.
     """
+    if advertised is None:
+        advertised = {d.id: d for d in share_devices(node, sharing)}
     gpus = {g.uuid: g for g in node.gpus}
     per_gpu: dict[str, int] = {}
     for device_id in ids:
-        uuid = gpu_part(device_id)
-        if uuid not in gpus or share_kind(device_id) != sharing.kind:
+        share = advertised.get(device_id)
+        if share is None:
             raise ShareRefused(
                 f"{device_id} is not a {sharing.kind} of a GPU on this node",
                 where=resource,
@@ -272,7 +280,7 @@ def allocate_shares(
                 if sharing.kind == "replica"
                 else "expected IDs like <uuid>::slice-0",
             )
-        per_gpu[uuid] = per_gpu.get(uuid, 0) + 1
+        per_gpu[share.gpu_uuid] = per_gpu.get(share.gpu_uuid, 0) + 1
     if sharing.kind == "replica":
         if sharing.fail_requests_greater_than_one and len(ids) > 1:
             raise ShareRefused(

@@ -215,3 +215,34 @@ def test_the_circle_check_sees_a_lazy_circle() -> None:
     graph = module_graph()
     graph["cdigen.model"] = {*graph["cdigen.model"], "cdigen.nodefile"}  # a lazy import back
     assert ["cdigen.model", "cdigen.nodefile"] in circles(graph)
+
+
+# What turns a device ID back into its parts: the advertised records already hold them.
+ID_PARSERS = {"gpu_part", "share_kind", "SHARE_SEPARATOR", "SLICE_MARKER"}
+
+
+def id_parsing(top: str) -> list[str]:
+    """Uses in ``top`` of the share-ID parsers, and splits of a string at ``::``."""
+    found = []
+    for path in modules(top):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and node.module == "policies.shares":
+                found += [f"{where} imports {a.name}" for a in node.names if a.name in ID_PARSERS]
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"split", "rsplit", "partition", "rpartition"}
+                and any(isinstance(a, ast.Constant) and a.value == "::" for a in node.args)
+            ):
+                found.append(f"{where} splits at '::'")
+    return found
+
+
+def test_no_device_id_is_parsed_back_into_parts_in_plugin() -> None:
+    """Allocate looks a share up among the records it advertised (each holds its GPU)."""
+    assert id_parsing("plugin") == []
+
+
+def test_the_id_parsing_check_sees_a_parse() -> None:
+    assert id_parsing("policies") != []  # policies/shares.py itself, where IDs are made
