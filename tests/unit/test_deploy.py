@@ -597,6 +597,22 @@ def test_dockerfile_copies_every_package_pyproject_builds() -> None:
         assert f"!{top}/" in ignore or f"!{top}" in ignore, f".dockerignore excludes {top}"
 
 
+def test_every_package_ships_in_the_wheel() -> None:
+    """pyproject lists the packages explicitly: a new one left out imports here (from the
+    checkout) and fails in the image and after pip install."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for top in ("cdigen", "policies", "plugin")
+        for init in (REPO / top).rglob("__init__.py")
+    }
+    assert found <= listed, f"pyproject.toml misses {sorted(found - listed)}"
+
+
 def _mps_daemon(component: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The ``mps-control`` container and the volumes a component's DaemonSet patch adds."""
     doc = yaml.safe_load((component / "kustomization.yaml").read_text())
