@@ -51,6 +51,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_allocator_large.py",
         "tests/unit/test_sharing_allocator.py",
     ),
+    "cdigen/cdi/write.py": (
+        "tests/unit/test_cdi_write.py",
+        "tests/unit/test_spec_dir_safety.py",
+        "tests/unit/test_dra_files.py",
+    ),
     "plugin/layout.py": (
         "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",
