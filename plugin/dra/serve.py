@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import HealthBoard, node_reasons
+from plugin.agent.health import HealthBoard, Reason, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 from plugin.agent.xid import XidHealth
@@ -70,7 +69,6 @@ DEFAULT_TAINT_XIDS: Mapping[int, str] = {
     64: "NoSchedule",
     94: "NoSchedule",
 }
-_XID_RE = re.compile(r"critical Xid (\d+)")
 SLICE_RESYNC_S = 2.0  # how often the published slices are compared with what we want
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -363,10 +361,9 @@ class DraPlugin:
         for device, held in sorted(reasons.items()):
             worst: tuple[int, int] | None = None  # (effect rank, xid)
             for reason in held:
-                match = _XID_RE.search(reason)
-                if not match:
+                xid = reason.xid if isinstance(reason, Reason) else None
+                if xid is None:
                     continue
-                xid = int(match.group(1))
                 effect = self.options.taint_xids.get(xid)
                 if effect is None:
                     continue

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from plugin.agent.xid import xid_reason
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
@@ -271,7 +272,7 @@ def test_health_streams_every_device_and_then_changes(harness: Harness) -> None:
     while not got and time.monotonic() < deadline:
         time.sleep(0.02)
     gpu1 = plugin.node.gpus[1].uuid
-    plugin.board.set_reasons("xid", {gpu1: "critical Xid 79"})
+    plugin.board.set_reasons("xid", {gpu1: xid_reason(79)})
     watcher.join(5)
     assert len(got) == 2
     first = {d.device.device_name: d.health for d in got[0].devices}
