@@ -58,6 +58,11 @@ class Gpu:
     healthy: bool = True  # simulation: node files may set healthy: false
     error: str | None = None  # a discovery call failed on this GPU; it is advertised unhealthy
 
+    @property
+    def usable(self) -> bool:
+        """Whether the GPU may be given out: healthy, and discovery read it without error."""
+        return self.healthy and self.error is None
+
 
 @dataclass(frozen=True)
 class Link:
