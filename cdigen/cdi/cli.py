@@ -15,7 +15,7 @@ from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
 
 if TYPE_CHECKING:
-    from cdigen.cdi.host import HostFS
+    from cdigen.cdi.hostfs import HostFS
 
 DEFAULT_OUTPUT_DIR = str(STATIC_SPEC_DIR)
 
@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """Handle ``cdigen generate``."""
     from cdigen.cdi.checks import check_driver_libraries, check_roots
-    from cdigen.cdi.host import find_hook
+    from cdigen.cdi.driverfiles import find_hook
     from cdigen.cdi.names import make_kind
     from cdigen.cdi.spec import (
         SpecOptions,
@@ -242,7 +242,7 @@ def _warn_missing_capabilities(missing: tuple[str, ...], driver_root: str) -> No
 
 def _host_fs(args: argparse.Namespace) -> HostFS:
     """The view of the host for ``--host-root``; InputError if it cannot be used."""
-    from cdigen.cdi.host import HostFS
+    from cdigen.cdi.hostfs import HostFS
 
     if not args.host_root:
         raise InputError(

@@ -17,8 +17,10 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from cdigen.cdi import host as hostmod
-from cdigen.cdi.host import DeviceNodeInfo, DriverFiles, HostFS, Library
+from cdigen.cdi import devnodes
+from cdigen.cdi.devnodes import DeviceNodeInfo
+from cdigen.cdi.driverfiles import DriverFiles, Library, scan_driver
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import (
     DEFAULT_CLASS,
     DEFAULT_VENDOR,
@@ -172,14 +174,14 @@ def _device_entries(
     """``(names, device nodes)`` per GPU or MIG device, in index order."""
     entries = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
-        parent = node_doc(hostmod.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}", fs))
+        parent = node_doc(devnodes.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}", fs))
         if not gpu.mig_enabled:
             # DRM nodes only where they exist: they are extras, and a missing one would make
             # the runtime refuse the whole device
             drm = [
-                node_doc(hostmod.device_node(options.dev_root, p, fs))
-                for p in hostmod.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
-                if hostmod.node_exists(options.dev_root, p, fs)
+                node_doc(devnodes.device_node(options.dev_root, p, fs))
+                for p in devnodes.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
+                if devnodes.node_exists(options.dev_root, p, fs)
             ]
             entries.append((_gpu_names(gpu, options.name_strategies), [parent, *drm]))
             continue
@@ -188,7 +190,7 @@ def _device_entries(
         for position, mig in enumerate(migs):
             caps = [
                 node_doc(
-                    hostmod.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}", fs)
+                    devnodes.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}", fs)
                 )
                 for n in mig.cap_minors
             ]
@@ -453,7 +455,7 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS
         )
     devices.append({"name": "all", "containerEdits": {"deviceNodes": _copies(all_nodes.values())}})
 
-    control = [node_doc(n) for n in hostmod.control_nodes(options.dev_root, fs)]
+    control = [node_doc(n) for n in devnodes.control_nodes(options.dev_root, fs)]
     edits = _edits(driver, options.capabilities, options.hook_path, control)
     for cap in extra_capabilities(options):
         full = _edits(driver, (*options.capabilities, cap), options.hook_path, control)
@@ -486,5 +488,5 @@ def generate(node: Node, options: SpecOptions, fs: HostFS | None = None) -> Spec
     resolved directories); made here when not given.
     """
     fs = fs or HostFS(options.host_root)
-    driver = hostmod.scan_driver(options.driver_root, node.driver_version, fs)
+    driver = scan_driver(options.driver_root, node.driver_version, fs)
     return build_spec(node, options, driver, fs)

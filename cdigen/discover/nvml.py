@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from cdigen import logs
 from cdigen.cdi.checks import CONTAINERIZED_DRIVER_ROOT
-from cdigen.cdi.host import HOST, LD_CACHE, LIBRARY_DIRS, HostFS, host_path, read_ld_cache
+from cdigen.cdi.hostfs import HOST, HostFS, host_path
+from cdigen.cdi.libdirs import LD_CACHE, LIBRARY_DIRS, read_ld_cache
 from cdigen.discover.sources import NVML
 from cdigen.errors import DiscoveryError
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from cdigen.cdi.host import DriverFiles, HostFS
+from cdigen.cdi.driverfiles import DriverFiles
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
 from cdigen.cdi.spec import (
     SpecOptions,
