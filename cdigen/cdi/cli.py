@@ -133,6 +133,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Handle ``cdigen generate``."""
+    from cdigen.cdi.capabilities import parse_capabilities
     from cdigen.cdi.checks import check_driver_libraries, check_roots
     from cdigen.cdi.driverfiles import find_hook
     from cdigen.cdi.names import make_kind
@@ -140,7 +141,6 @@ def run_generate(args: argparse.Namespace) -> int:
         SpecOptions,
         generate,
         missing_capability_devices,
-        parse_capabilities,
         parse_name_strategies,
     )
     from cdigen.cdi.validate import check_spec

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
+from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
@@ -25,7 +26,6 @@ from cdigen.cdi.spec import (
     build_spec,
     extra_capabilities,
     missing_capability_devices,
-    ordered_capabilities,
 )
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.write import _TEMP_FILE, write_claim_spec

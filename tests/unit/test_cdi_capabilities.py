@@ -12,13 +12,10 @@ from typing import Any
 
 import pytest
 
+from cdigen.cdi.capabilities import CAPABILITIES, parse_capabilities
 from cdigen.cdi.hostfs import HOST
 from cdigen.cdi.ipc import ipc_problem
-from cdigen.cdi.spec import (
-    CAPABILITIES,
-    generate,
-    parse_capabilities,
-)
+from cdigen.cdi.spec import generate
 from cdigen.cdi.validate import spec_problems
 from cdigen.cdi.write import render_spec
 from cdigen.errors import InputError
