@@ -475,7 +475,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from cdigen.cdi.capabilities import parse_capabilities
     from cdigen.discover import from_hardware, load_node
-    from cdigen.discover.nvml import start_nvml
+    from cdigen.discover.nvml_library import start_nvml
     from cdigen.errors import InputError
     from cdigen.nodelock import GpuServerLock
     from plugin.agent.kubeapi import api_client
