@@ -93,7 +93,7 @@ class PluginConfig:
     def extra_capabilities(self, resource: str) -> tuple[str, ...]:
         """The capabilities ``resource`` asks for beyond the node-wide ones, in NVIDIA's
         order: Allocate hands each out as a capability device after the GPUs."""
-        from cdigen.cdi.spec import ordered_capabilities
+        from cdigen.cdi.capabilities import ordered_capabilities
 
         asked = (c for r in self.resources if r.name == resource for c in r.capabilities or ())
         return ordered_capabilities(c for c in asked if c not in self.capabilities)
@@ -102,7 +102,7 @@ class PluginConfig:
     def capability_devices(self) -> tuple[str, ...]:
         """Every capability some resource asks for beyond the node-wide ones: generateSpecs
         writes a capability device for each."""
-        from cdigen.cdi.spec import ordered_capabilities
+        from cdigen.cdi.capabilities import ordered_capabilities
 
         return ordered_capabilities(
             c for r in self.resources for c in self.extra_capabilities(r.name)
@@ -201,7 +201,7 @@ def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _capability_list(value: Any, *, where: str) -> tuple[str, ...]:
     """A config file's capability list (``[compute, graphics]``; ``all`` in it means every
     one); InputError naming ``where`` on an unknown one."""
-    from cdigen.cdi.spec import CAPABILITIES, parse_capabilities
+    from cdigen.cdi.capabilities import CAPABILITIES, parse_capabilities
 
     if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
         raise InputError(
@@ -229,7 +229,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         elif name == "generate_specs":
             out[name] = _parse_bool(value, where=var)
         elif name == "capabilities":
-            from cdigen.cdi.spec import parse_capabilities
+            from cdigen.cdi.capabilities import parse_capabilities
 
             parse_capabilities(value, where=var)  # here, so that the error names the variable
             out[name] = value
@@ -302,7 +302,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "resources":
             changes[name] = tuple(value)
         elif name == "capabilities":
-            from cdigen.cdi.spec import parse_capabilities
+            from cdigen.cdi.capabilities import parse_capabilities
 
             changes[name] = parse_capabilities(str(value))
         elif name == "ignored_xids":

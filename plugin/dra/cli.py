@@ -473,9 +473,9 @@ def _check(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cdigen.cdi.spec import parse_capabilities
+    from cdigen.cdi.capabilities import parse_capabilities
     from cdigen.discover import from_hardware, load_node
-    from cdigen.discover.nvml import start_nvml
+    from cdigen.discover.nvml_library import start_nvml
     from cdigen.errors import InputError
     from cdigen.nodelock import GpuServerLock
     from plugin.agent.kubeapi import api_client

@@ -17,14 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from cdigen.cdi.host import DriverFiles, HostFS
+from cdigen.cdi.capabilities import ordered_capabilities
+from cdigen.cdi.driverfiles import DriverFiles
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
 from cdigen.cdi.spec import (
     SpecOptions,
     build_spec,
     extra_capabilities,
     missing_capability_devices,
-    ordered_capabilities,
 )
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.write import _TEMP_FILE, write_claim_spec

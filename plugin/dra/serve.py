@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from cdigen.cdi.host import HostFS, scan_driver
+from cdigen.cdi.driverfiles import scan_driver
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.spec import SpecOptions
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.errors import InputError
