@@ -257,23 +257,36 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster) -> list[str]:
     nodes = _node_devices(cluster.slices)
     if not nodes:
         return ["no node publishes ResourceSlices: is a DRA driver running?"]
-    lines = []
+    said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
     for node, devices in sorted(nodes.items()):
         fit = FirstFit(devices, classes)
         state, held = _held(fit, cluster.claims.values())
         others = f", after {held} allocated claim(s) there" if held else ""
-        lines.append(f"on {node} ({len(devices)} device(s){others}):")
+        story = [f"{len(devices)} device(s){others}"]
         for claim in claims:
             allocation, reasons = fit.explain(claim, state)
             if allocation.error:
-                lines += _matching(fit, claim, state)
+                story += _matching(fit, claim, state)
                 whose = f"{claim.name}: " if len(claims) > 1 else ""
-                lines.append(f"  {whose}not allocatable: {allocation.error}")
-                lines += _grouped(reasons)
+                story.append(f"  {whose}not allocatable: {allocation.error}")
+                story += _grouped(reasons)
                 break
-            lines.append(f"  {claim.name}: would get {', '.join(allocation.devices)}")
+            story.append(f"  {claim.name}: would get {', '.join(allocation.devices)}")
             state.add(allocation.picks, fit.by_name)
+        said.setdefault(tuple(story), []).append(node)
+    lines = []
+    for told, names in said.items():
+        each = " each" if len(names) > 1 else ""
+        lines.append(f"on {_few(names)} ({told[0]}{each}):")
+        lines += told[1:]
     return lines
+
+
+def _few(names: Sequence[str]) -> str:
+    """``a, b, c``, or ``a, b and 5 more``."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{', '.join(names[:2])} and {len(names) - 2} more"
 
 
 def _matching(fit: FirstFit, claim: Claim, state: NodeState) -> list[str]:
@@ -297,10 +310,7 @@ def _grouped(reasons: Iterable[tuple[str, str]]) -> list[str]:
         groups.setdefault(why, []).append(device)
     lines = []
     for why, devices in list(groups.items())[:_GROUPS_PER_NODE]:
-        names = ", ".join(devices[:3])
-        if len(devices) > 3:
-            names = f"{', '.join(devices[:2])} and {len(devices) - 2} more"
-        lines.append(f"    {names}: {shortened(why, 100)}")
+        lines.append(f"    {_few(devices)}: {shortened(why, 100)}")
     if len(groups) > _GROUPS_PER_NODE:
         lines.append(f"    ... {len(groups) - _GROUPS_PER_NODE} other reason(s)")
     return lines

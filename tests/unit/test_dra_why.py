@@ -223,3 +223,45 @@ def test_the_refused_claim_in_the_docs_is_refused_as_shown(
     argv, printed = _doc_session("cdigen dra check old-claim.yaml")
     assert main(argv) == 1
     assert capsys.readouterr() == ("", printed)
+
+
+def test_a_selector_that_matches_nothing_is_named(
+    cluster: tuple[FakeApiServer, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api, kubeconfig = cluster
+    claim = api.claims[("default", "memory-18gi-gpu-memory-x2")]
+    exactly = claim["spec"]["devices"]["requests"][0]["exactly"]
+    expression = 'device.attributes["gpu.cdigen.dev"].productName.contains("H100")'
+    exactly["selectors"] = [{"cel": {"expression": expression}}]
+    assert _why(kubeconfig, "memory-18gi") == 0
+    out = capsys.readouterr().out
+    assert f"    selector 0: {expression}\n" in out
+    assert "  request share: 0 device(s) match its class and selectors, 0 of them" in out
+    assert "    gpu-0: selector 0 is false\n" in out
+    assert "    gpu-2, gpu-3 and 6 more: selector 0 is false\n" in out
+    assert len(out.splitlines()) <= 25
+
+
+def test_nodes_with_the_same_story_are_told_once(
+    cluster: tuple[FakeApiServer, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api, kubeconfig = cluster
+    for n in range(40):
+        _publish(api, "builtin:dgx1-v100", f"node-v{n:02}")
+    assert _why(kubeconfig, "memory-18gi") == 0
+    out = capsys.readouterr().out
+    assert "\non node-b, node-v00 and 39 more (8 device(s) each):\n" in out
+    assert len(out.splitlines()) <= 25
+
+
+def test_a_pod_of_many_claims_still_fits_one_screen() -> None:
+    from plugin.dra.why import Cluster, explain_pod
+
+    claims = {("default", f"c{n}"): _claim(f"c{n}", f"u{n}", "1Gi") for n in range(20)}
+    pod = _pod("many", "t", "c0", None)
+    pod["spec"]["resourceClaims"] = [
+        {"name": f"c{n}", "resourceClaimName": f"c{n}"} for n in range(20)
+    ]
+    lines = explain_pod(Cluster(pod, claims, [], []), driver=DRIVER)
+    assert len(lines) == 25
+    assert lines[-1] == "... 18 more line(s): `cdigen dra explain` shows one node in full"
