@@ -298,13 +298,32 @@ def _unchecked(value: Any, shape: Any, where: str) -> tuple[str, str] | None:
     return None
 
 
+def _empty_request(doc: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(field, why)`` of the first request with neither ``exactly`` nor ``firstAvailable``:
+    it would be passed with nothing in it checked."""
+    spec, base = doc.get("spec") or {}, "spec"
+    if doc.get("kind") == "ResourceClaimTemplate":
+        spec, base = (spec.get("spec") if isinstance(spec, Mapping) else None) or {}, "spec.spec"
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    for n, request in enumerate(requests if isinstance(requests, list) else ()):
+        if not isinstance(request, Mapping) or not (
+            request.get("exactly") or request.get("firstAvailable")
+        ):
+            return f"{base}.devices.requests[{n}]", (
+                "a request with neither exactly nor firstAvailable is not checked; write it as "
+                "resource.k8s.io/v1 does, e.g. exactly: {deviceClassName: gpu.cdigen.dev}"
+            )
+    return None
+
+
 def refuse_unchecked(doc: Mapping[str, Any], source: str) -> None:
     """:class:`UncheckedField` (exit 1, naming the file and the field) when ``doc``, a claim,
     template or class, has a field the offline tools do not check; other kinds pass."""
     shape = _SPECS.get(str(doc.get("kind")))
     if shape is None:
         return
-    found = _unchecked(doc.get("spec") or {}, shape, "spec")
+    found = _unchecked(doc.get("spec") or {}, shape, "spec") or _empty_request(doc)
     if found:
         field, why = found
         raise UncheckedField(why, where=f"{source}: {field}")

@@ -474,3 +474,9 @@ def test_a_field_the_tools_do_not_simulate_is_refused(
     del doc["spec"]["spec"]["devices"]["requests"][0]["exactly"][field]
     path.write_text(yaml.safe_dump(doc))  # adminAccess: false is the default, and checked
     assert main(["dra", "check", str(path)]) == 0
+    doc["spec"]["spec"]["devices"]["requests"].append({"name": "bare"})
+    path.write_text(yaml.safe_dump(doc))  # a request with nothing in it to check
+    assert main(["dra", "check", str(path)]) == 1
+    assert "spec.spec.devices.requests[1]: a request with neither exactly nor firstAvailable" in (
+        capsys.readouterr().err
+    )
