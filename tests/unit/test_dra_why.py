@@ -12,7 +12,9 @@ import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from plugin.dra.slices import MemoryShares, build_slices
+from plugin.dra.kube import KubeApi, SlicePublisher
+from plugin.dra.slices import MemoryShares
+from plugin.kubeapi import api_client
 from policies.device_view import device_views
 from policies.dra_order import ordered_views
 from tests.fake_apiserver import FakeApiServer
@@ -21,14 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
 
 
-def _publish(api: FakeApiServer, source: str, node: str, step: int | None = None) -> None:
-    """The slices `dra serve --node SOURCE [--memory-step]` publishes for ``node``."""
+def _publish(kubeconfig: Path, source: str, node: str, step: int | None = None) -> None:
+    """The slices `dra serve --node SOURCE [--memory-step]` publishes for ``node``, through the
+    plugin's own publisher."""
     found = load_node(source)
     views = ordered_views(device_views(found), found)
-    shares = MemoryShares(step) if step else None
-    for body in build_slices(views, driver=DRIVER, node_name=node, generation=1, shares=shares):
-        body["metadata"]["resourceVersion"] = api.next_version()
-        api.slices[body["metadata"]["name"]] = body
+    kube = KubeApi(api_client(str(kubeconfig)))
+    publisher = SlicePublisher(kube, driver=DRIVER, node_name=node)
+    publisher.publish(views, shares=MemoryShares(step) if step else None)
 
 
 def _claim(name: str, uid: str, memory: str, device: str | None = None) -> dict[str, Any]:
@@ -112,9 +114,10 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApiServer, Path]]:
     """The 4090 story live: node-a a 24 GB card shared in 1 MiB steps, node-b a DGX-1 of whole
     V100s; two pods hold 3 GiB each of gpu-0 on node-a, a third asks 18 GiB."""
     api = FakeApiServer().start()
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     try:
-        _publish(api, "builtin:rtx4090", "node-a", step=1 << 20)
-        _publish(api, "builtin:dgx1-v100", "node-b")
+        _publish(kubeconfig, "builtin:rtx4090", "node-a", step=1 << 20)
+        _publish(kubeconfig, "builtin:dgx1-v100", "node-b")
         for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
             api.add_class(doc)
         for pod, uid in (("memory-3gi-a", "7c1e"), ("memory-3gi-b", "9d2f")):
@@ -123,7 +126,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApiServer, Path]]:
             api.add_pod(_pod(pod, "memory-3gi", claim, "node-a"))
         api.add_claim(_claim("memory-18gi-gpu-memory-x2", "0e5b0000-0000-4000-8000-0000", "18Gi"))
         api.add_pod(_pod("memory-18gi", "memory-18gi", "memory-18gi-gpu-memory-x2", None))
-        yield api, api.kubeconfig(tmp_path / "kubeconfig")
+        yield api, kubeconfig
     finally:
         api.stop()
 
@@ -245,9 +248,9 @@ def test_a_selector_that_matches_nothing_is_named(
 def test_nodes_with_the_same_story_are_told_once(
     cluster: tuple[FakeApiServer, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api, kubeconfig = cluster
+    _, kubeconfig = cluster
     for n in range(40):
-        _publish(api, "builtin:dgx1-v100", f"node-v{n:02}")
+        _publish(kubeconfig, "builtin:dgx1-v100", f"node-v{n:02}")
     assert _why(kubeconfig, "memory-18gi") == 0
     out = capsys.readouterr().out
     assert "\non node-b, node-v00 and 39 more (8 device(s) each):\n" in out
