@@ -510,8 +510,8 @@ def _api_timeout(seconds: float) -> None:
 
 
 def _why(args: argparse.Namespace) -> int:
+    from plugin.agent.kubeapi import api_client
     from plugin.dra.why import explain_pod, read_cluster
-    from plugin.kubeapi import api_client
 
     _dns_subdomain(args.driver_name, "--driver-name")
     _dns_subdomain(args.namespace, "--namespace", example="default")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
-from plugin.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
+from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
 from policies.claim_docs import refuse_unchecked
 from policies.claims import (
     Claim,

@@ -1,11 +1,13 @@
 """docs/dra.md, docs/dra-sharing.md and docs/mig.md: every ``$ cdigen ...`` session in them that
 needs no cluster prints what the doc shows (a last line ``...`` stands for the rest; ``| head -N``
-keeps the first N lines). Commands run in deploy/dra/examples, where the claim files are."""
+keeps the first N lines). Commands run in a copy of deploy/dra/examples, where the claim files
+are, beside the files the doc shows (a block whose first line is ``# NAME.yaml``)."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = ("docs/dra.md", "docs/dra-sharing.md", "docs/mig.md")
 EXAMPLES = REPO / "deploy" / "dra" / "examples"
 LIVE = ("serve", "why")  # need a kubelet or an API server: tested against the simulators
+
+
+def shown_files(doc: str) -> dict[str, str]:
+    """The files ``doc`` shows: each fenced block whose first line is ``# NAME.yaml``."""
+    text = (REPO / doc).read_text(encoding="utf-8")
+    return {
+        m.group(1): m.group(0).split("\n", 1)[1]
+        for m in re.finditer(r"(?<=^```yaml\n)# ([\w.-]+\.yaml)\n.*?(?=^```)", text, re.S | re.M)
+    }
 
 
 def sessions() -> list[tuple[str, str, list[str]]]:
@@ -56,8 +67,13 @@ def test_the_session_prints_what_the_doc_shows(
     expected: list[str],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.chdir(EXAMPLES)
+    here = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, here)
+    for name, text in shown_files(doc).items():
+        (here / name).write_text(text, encoding="utf-8")
+    monkeypatch.chdir(here)
     command, _, pipe = command.partition(" | ")
     main(shlex.split(command)[1:])
     captured = capsys.readouterr()
