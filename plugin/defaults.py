@@ -7,6 +7,8 @@ DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 DEFAULT_CDI_KIND = "nvidia.com/gpu"
 MIG_STRATEGIES = ("none", "single", "mixed")
+# the DRA plugin also makes MIG devices per claim (KEP-4815, docs/mig.md)
+DRA_MIG_STRATEGIES = (*MIG_STRATEGIES, "dynamic")
 STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar", "native")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from cdigen.mig_profiles import MigPlacement, mig_geometry
 from cdigen.model import Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
@@ -27,7 +28,8 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
-MIG_STRATEGIES = ("none", "single", "mixed")
+# dynamic (DRA only): every MIG placement is a device, made at prepare (KEP-4815)
+MIG_STRATEGIES = ("none", "single", "mixed", "dynamic")
 
 AttributeKind = Literal["string", "int", "bool", "version"]
 
@@ -51,6 +53,8 @@ class DeviceView:
     mig: MigDevice | None
     attributes: Mapping[str, Attribute]
     capacity: Mapping[str, int]
+    # --mig-strategy dynamic: the MIG device this one becomes at prepare (mig is None till then)
+    placement: MigPlacement | None = None
 
     @property
     def uuid(self) -> str:
@@ -129,6 +133,31 @@ def gpu_device_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.index}"
 
 
+def placement_name(gpu: Gpu, placement: MigPlacement) -> str:
+    """The DNS-label name of an on-demand MIG placement: ``gpu-<index>-<profile>-at-<start>``
+    (``gpu-0-1g-10gb-at-3``)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", placement.profile.name.lower()).strip("-")
+    return f"gpu-{gpu.index}-{slug}-at-{placement.start}"
+
+
+def placement_views(whole: DeviceView) -> list[DeviceView]:
+    """Every MIG placement of ``whole``'s GPU as a device (no UUID: it has none until made);
+    none when cdigen does not know how the model partitions (:mod:`cdigen.mig_profiles`)."""
+    geometry = mig_geometry(whole.gpu.name)
+    if geometry is None:
+        return []
+    base = {k: v for k, v in whole.attributes.items() if k != "uuid"}
+    base["type"] = Attribute("string", "mig")
+    base["parentUUID"] = Attribute("string", whole.gpu.uuid)
+    views = []
+    for placement in geometry.placements():
+        attrs = {**base, "profile": Attribute("string", placement.profile.name)}
+        capacity = {"memory": placement.profile.memory_bytes}
+        name = placement_name(whole.gpu, placement)
+        views.append(DeviceView(name, whole.gpu, None, attrs, capacity, placement))
+    return views
+
+
 def gpu_view(
     node: Node,
     gpu: Gpu,
@@ -147,8 +176,10 @@ def device_views(
 ) -> tuple[DeviceView, ...]:
     """Every device of ``node`` in DRA terms, GPUs by index, each GPU's MIG devices after it.
 
-    With ``mig_strategy`` ``none`` every GPU is one whole device; otherwise a MIG-enabled GPU
-    offers its MIG devices instead of itself. ``sysfs_root`` (when given) supplies ``pcieRoot``.
+    With ``mig_strategy`` ``none`` every GPU is one whole device; ``dynamic`` offers every MIG
+    placement of a MIG-enabled GPU (its MIG devices of the moment are not offered); otherwise a
+    MIG-enabled GPU offers its MIG devices instead of itself. ``sysfs_root`` (when given)
+    supplies ``pcieRoot``.
     """
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
@@ -157,6 +188,9 @@ def device_views(
     views: list[DeviceView] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
+        if gpu.mig_enabled and mig_strategy == "dynamic" and mig_geometry(gpu.name):
+            views.extend(placement_views(whole))
+            continue
         if gpu.mig_enabled and mig_strategy != "none":
             for mig in gpu.mig_devices:
                 attrs = dict(whole.attributes)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from plugin.dra.counters import build_counter_slices
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
 from plugin.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from policies.device_view import DeviceView
@@ -259,15 +260,7 @@ class SlicePublisher:
             or [0]
         )
         self.generation = max(self.generation, published) + 1
-        wanted = build_slices(
-            views,
-            driver=self.driver,
-            node_name=self.node_name,
-            generation=self.generation,
-            owner=self._owner,
-            shares=shares,
-            taints=taints,
-        )
+        wanted = self._build(views, shares, taints)
         self._written = {}
         for body in wanted:
             name = body["metadata"]["name"]
@@ -291,6 +284,32 @@ class SlicePublisher:
             self.generation,
         )
         return wanted
+
+    def _build(
+        self,
+        views: Sequence[DeviceView],
+        shares: MemoryShares | None,
+        taints: Mapping[str, Sequence[TaintDoc]] | None,
+    ) -> list[dict[str, Any]]:
+        """The slices of this generation; with MIG placements (counters), in the layout of the
+        server's version, and an ApiCallError (retried) while that version is unknown."""
+        common: dict[str, Any] = {
+            "driver": self.driver,
+            "node_name": self.node_name,
+            "generation": self.generation,
+            "owner": self._owner,
+            "shares": shares,
+            "taints": taints,
+        }
+        if not any(v.placement is not None for v in views):
+            return build_slices(views, **common)
+        minor = getattr(self._api, "server_minor", lambda: None)()
+        if minor is None:
+            raise ApiCallError(
+                "cannot read the API server's version, which decides where the MIG counters "
+                "go (their own ResourceSlices from Kubernetes 1.35)"
+            )
+        return build_counter_slices(views, server_minor=minor, **common)
 
     def _informational_taints(
         self, taints: Mapping[str, Sequence[TaintDoc]]

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from cdigen.cdi.host import DriverFiles, HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
@@ -40,6 +40,7 @@ from plugin.dra.claims import (
     quoted,
 )
 from plugin.dra.config import claim_configs, claim_sharing, config_for
+from plugin.dra.dynamic_mig import MadeMig, MigDoc, MigMaker, mig_doc_problem
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
 
@@ -73,6 +74,7 @@ class ClaimDoc(TypedDict):
     devices: list[DeviceDoc]
     shareable: dict[str, bool]
     specPath: str
+    migDevices: NotRequired[list[MigDoc]]  # made for the claim (--mig-strategy dynamic)
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,10 @@ class Preparer:
         driver_files: DriverFiles,
         fs: HostFS,
         mps: MpsSettings | None = None,
+        mig: MigMaker | None = None,
     ) -> None:
         self.driver = driver
+        self._mig = mig  # makes the MIG device of an allocated placement
         self.pool = pool
         self._node = node
         self._views = {v.name: v for v in views}
@@ -211,6 +215,9 @@ class Preparer:
                     ref.uid,
                     done["specPath"],
                 )
+                error = self._destroy_migs(done)  # made again below
+                if error:
+                    return PrepareResult(error=error)
             try:
                 return PrepareResult(tuple(self._prepare_locked(ref, claim)))
             except CdigenError as exc:
@@ -232,6 +239,61 @@ class Preparer:
                 )
             self._refuse_if_held(ref, result)
             views.append(view)
+        made = self._make_migs(ref, views)
+        try:
+            return self._prepare_views(ref, claim, allocated, extra, explicit, views, made)
+        except BaseException:  # nothing half-made stays: the MIG devices made go again
+            for one in made:
+                error = self._mig.destroy(one.doc) if self._mig else ""
+                if error:
+                    log.error("claim %s: %s", ref.shown, error)
+            raise
+
+    def _make_migs(self, ref: ClaimRef, views: list[DeviceView]) -> list[MadeMig]:
+        """Make the MIG device of each placement in ``views`` and put it in its view's place;
+        MigError (with those made destroyed) when one cannot be made."""
+        made: list[MadeMig] = []
+        for n, view in enumerate(views):
+            if view.placement is None:
+                continue
+            try:
+                if self._mig is None:
+                    raise InputError(
+                        f"device {view.name!r} is a MIG placement, and this plugin cannot make "
+                        "MIG devices (no NVML)",
+                        where=f"ResourceClaim {ref.namespace}/{ref.name}",
+                        hint="serve --mig-strategy dynamic with NVML (--node nvml)",
+                    )
+                one = self._mig.create(view)
+            except CdigenError:
+                for earlier in made:
+                    assert self._mig is not None
+                    self._mig.destroy(earlier.doc)
+                raise
+            made.append(one)
+            views[n] = replace(view, mig=one.mig)
+        return made
+
+    def _destroy_migs(self, done: ClaimDoc) -> str:
+        """Destroy the MIG devices made for a prepared claim. The first error, or ""."""
+        for doc in done.get("migDevices", []):
+            error = self._mig.destroy(doc) if self._mig else "no NVML to destroy MIG devices with"
+            if error:
+                return error
+        done["migDevices"] = []
+        return ""
+
+    def _prepare_views(
+        self,
+        ref: ClaimRef,
+        claim: Mapping[str, Any],
+        allocated: Sequence[AllocatedDevice],
+        extra: dict[str, tuple[str, ...]],
+        explicit: frozenset[str],
+        views: list[DeviceView],
+        migs: Sequence[MadeMig],
+    ) -> list[DeviceDoc]:
+        """Write the claim's spec for ``views`` (placements already made) and checkpoint it."""
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
         devices: list[DeviceDoc] = []
         if views:
@@ -276,6 +338,8 @@ class Preparer:
             "shareable": {r.device: r.shareable for r in allocated},
             "specPath": str(path) if views else "",
         }
+        if migs:
+            self._claims[ref.uid]["migDevices"] = [one.doc for one in migs]
         try:
             self._save()
         except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
@@ -407,6 +471,9 @@ class Preparer:
             if done is None:
                 # a spec written before a crash kept it out of the checkpoint, or nothing
                 return self._remove_unknown_spec(ref.uid)
+            error = self._destroy_migs(done)
+            if error:
+                return error
             error = _remove_spec(done["specPath"]) if done["specPath"] else ""
             if error:
                 return error
@@ -572,6 +639,13 @@ def _claim_doc_problem(uid: str, claim: Any, spec_dir: Path, driver: str) -> str
         if problem:
             return f".devices[{index}]{problem}"
         device.setdefault("shareId", None)
+    migs = claim.get("migDevices", [])
+    if not isinstance(migs, list):
+        return f".migDevices: {kind_of(migs)}, not a list"
+    for index, doc in enumerate(migs):
+        problem = mig_doc_problem(doc)
+        if problem:
+            return f".migDevices[{index}]{problem}"
     return None
 
 

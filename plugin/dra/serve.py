@@ -28,6 +28,7 @@ from cdigen.cdi.spec import SpecOptions
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.dra.claims import ClaimReader
+from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.kube import SliceApi, SlicePublisher
 from plugin.dra.metrics import DraMetrics
 from plugin.dra.mps import MpsSettings
@@ -90,6 +91,7 @@ class DraOptions:
     dev_root: str = "/"
     sysfs_root: str = "/sys"
     host_root: str = "/"
+    proc_root: str = "/proc"  # nvidia-caps minors of the MIG devices made (dynamic)
     delete_slices_on_exit: bool = False
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     recover_after_s: float = 60.0
@@ -121,6 +123,7 @@ class DraPlugin:
         node_owner: Callable[[str], dict[str, str] | None] | None = None,
         nvml: Any = None,
         resync_s: float = SLICE_RESYNC_S,
+        mig: MigMaker | None = None,
     ) -> None:
         self.options = options
         self.node = node
@@ -150,6 +153,7 @@ class DraPlugin:
             driver_files=scan_driver(options.driver_root, node.driver_version, fs),
             fs=fs,
             mps=options.mps,
+            mig=mig or self._mig_maker(),
         )
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
@@ -200,6 +204,12 @@ class DraPlugin:
         self._published = False
         self.features = FeatureFile(options.features_file)  # node labels for NFD
         self.board.subscribe(self._on_health)
+
+    def _mig_maker(self) -> MigMaker | None:
+        """What makes MIG devices at prepare: with --mig-strategy dynamic and NVML."""
+        if self._nvml is None or self.options.mig_strategy != "dynamic":
+            return None
+        return MigMaker(self._nvml, self.options.proc_root)
 
     def _device_data(self, name: str) -> dict[str, str]:
         """What a claim's device status says of device ``name`` (its UUID and PCI bus)."""
@@ -386,6 +396,8 @@ class DraPlugin:
     def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
         """A health change: republish the slices when the device taints change."""
         views, strategy = self.views, self.options.mig_strategy
+        if strategy == "dynamic":  # the labels describe the MIG devices there are now
+            strategy = "mixed"
         self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
         with self._taint_lock:
             taints = self.device_taints(reasons)

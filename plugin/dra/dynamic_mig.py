@@ -1,0 +1,179 @@
+"""MIG devices made per claim (``--mig-strategy dynamic``): at prepare, the GPU instance at the
+allocated placement and a compute instance filling it, through NVML; at unprepare, both
+destroyed. What was made is kept in the checkpoint (:class:`MigDoc`), so that a restarted plugin
+still destroys it.
+
+A create that fails leaves nothing: the GPU instance goes when its compute instance cannot be
+made, and the claim fails with what NVML said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+from cdigen.discover.nvml import read_mig_minors, text
+from cdigen.errors import CdigenError
+from cdigen.model import MigDevice
+from policies.device_view import DeviceView
+
+log = logging.getLogger(__name__)
+
+
+class MigError(CdigenError):
+    """NVML could not make or unmake a MIG device."""
+
+
+class MigDoc(TypedDict):
+    """A MIG device made for a claim, in the checkpoint."""
+
+    device: str  # the placement device it was made for
+    gpuUUID: str
+    gi: int
+    ci: int
+    uuid: str
+
+
+@dataclass(frozen=True)
+class MadeMig:
+    """A MIG device just made: the model's view of it and its checkpoint record."""
+
+    mig: MigDevice
+    doc: MigDoc
+
+
+def mig_doc_problem(doc: Any) -> str | None:
+    """What is wrong with one checkpoint record (``.field: why``, ``: why``), or None."""
+    if not isinstance(doc, dict):
+        return ": not an object"
+    for key in ("device", "gpuUUID", "uuid"):
+        if not isinstance(doc.get(key), str):
+            return f".{key}: not a string"
+    for key in ("gi", "ci"):
+        value = doc.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f".{key}: not an ID"
+    return None
+
+
+def _nvml_says(exc: Exception) -> str:
+    """``NVML says: <its text> (NVMLError_<Name>)``: the class name too, since pynvml's text
+    comes from the library (a bare code without it)."""
+    name = type(exc).__name__
+    return f"NVML says: {exc}" + (f" ({name})" if name != "NVMLError" else "")
+
+
+class MigMaker:
+    """Makes and unmakes MIG devices through an NVML module (pynvml or a test double)."""
+
+    def __init__(self, nvml: Any, proc_root: str | Path = "/proc") -> None:
+        self._nvml = nvml
+        self._proc_root = Path(proc_root)
+
+    def create(self, view: DeviceView) -> MadeMig:
+        """Make the MIG device of placement ``view``; MigError (one line) when NVML cannot,
+        with nothing left made."""
+        nvml, placement = self._nvml, view.placement
+        assert placement is not None, view.name
+        what = (
+            f"creating MIG {placement.profile.name} at memory slice {placement.start} of GPU "
+            f"{view.gpu.index} ({view.gpu.uuid}) for device {view.name}"
+        )
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(view.gpu.uuid)
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, placement.profile.gi_profile)
+            where = nvml.c_nvmlGpuInstancePlacement_t()
+            where.start, where.size = placement.start, placement.profile.memory_slices
+            gi = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, info.id, where)
+        except nvml.NVMLError as exc:
+            raise MigError(f"{what}: {_nvml_says(exc)}") from None
+        ci = None
+        try:
+            ci_info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gi, placement.profile.ci_profile, nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+            )
+            ci = nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_info.id)
+            gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
+            ci_id = int(nvml.nvmlComputeInstanceGetInfo(ci).id)
+            mig = self._mig_device(handle, view, gi_id, ci_id)
+        except (nvml.NVMLError, MigError) as exc:
+            self._undo(gi, ci, what)
+            detail = str(exc) if isinstance(exc, MigError) else _nvml_says(exc)
+            raise MigError(f"{what}: {detail}") from None
+        log.info("made MIG device %s (GI %d, CI %d) for %s", mig.uuid, gi_id, ci_id, view.name)
+        doc: MigDoc = {
+            "device": view.name,
+            "gpuUUID": view.gpu.uuid,
+            "gi": gi_id,
+            "ci": ci_id,
+            "uuid": mig.uuid,
+        }
+        return MadeMig(mig, doc)
+
+    def _undo(self, gi: Any, ci: Any, what: str) -> None:
+        """Destroy what a failed create made (logged, never raised: the create's error wins)."""
+        nvml = self._nvml
+        try:
+            if ci is not None:
+                nvml.nvmlComputeInstanceDestroy(ci)
+            nvml.nvmlGpuInstanceDestroy(gi)
+        except nvml.NVMLError as exc:
+            log.error("%s failed, and its GPU instance could not be destroyed: %s", what, exc)
+
+    def _mig_device(self, handle: Any, view: DeviceView, gi: int, ci: int) -> MigDevice:
+        """The MIG device NVML now lists for GI ``gi``, CI ``ci``, with its nvidia-caps minors."""
+        nvml, gpu = self._nvml, view.gpu
+        assert view.placement is not None
+        minors = read_mig_minors(self._proc_root)
+        caps = (minors.get((gpu.minor, gi)), minors.get((gpu.minor, gi, ci)))
+        if caps[0] is None or caps[1] is None:
+            raise MigError(
+                f"no nvidia-caps minors for GI {gi} CI {ci} of GPU minor {gpu.minor} in "
+                f"{self._proc_root}/driver/nvidia-caps/mig-minors"
+            )
+        for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nvml.NVMLError:
+                continue  # an empty slot
+            if (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)) != (
+                gi,
+                ci,
+            ):
+                continue
+            return MigDevice(
+                uuid=text(nvml.nvmlDeviceGetUUID(mig)),
+                profile=view.placement.profile.name,
+                gi_id=gi,
+                ci_id=ci,
+                memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
+                cap_minors=(caps[0], caps[1]),
+            )
+        raise MigError(f"NVML does not list the MIG device of GI {gi} CI {ci}")
+
+    def destroy(self, doc: MigDoc) -> str:
+        """Destroy the compute and GPU instance of ``doc``; one already gone is fine. The
+        error (one line), or ""."""
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(doc["gpuUUID"])
+            try:
+                gi = nvml.nvmlDeviceGetGpuInstanceById(handle, doc["gi"])
+            except nvml.NVMLError_NotFound:
+                log.info("MIG device %s was already gone", doc["uuid"])
+                return ""
+            with contextlib.suppress(nvml.NVMLError_NotFound):  # the CI alone already gone
+                nvml.nvmlComputeInstanceDestroy(
+                    nvml.nvmlGpuInstanceGetComputeInstanceById(gi, doc["ci"])
+                )
+            nvml.nvmlGpuInstanceDestroy(gi)
+        except nvml.NVMLError as exc:
+            return (
+                f"destroying MIG device {doc['uuid']} (GI {doc['gi']}, CI {doc['ci']}) of GPU "
+                f"{doc['gpuUUID']}: {_nvml_says(exc)}"
+            )
+        log.info("destroyed MIG device %s (GI %d, CI %d)", doc["uuid"], doc["gi"], doc["ci"])
+        return ""
