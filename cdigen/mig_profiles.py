@@ -61,8 +61,10 @@ class MigGeometry:
     profiles: tuple[MigProfile, ...]
 
     def placements(self) -> tuple[MigPlacement, ...]:
-        """Every placement of every profile, smallest profile first."""
-        return tuple(MigPlacement(p, s) for p in self.profiles for s in p.starts)
+        """Every placement of every profile, smallest profile first, each profile's from the
+        highest memory slice down: a first fit then fills the GPU from the top and keeps the
+        low slices, where the large profiles must start, free the longest."""
+        return tuple(MigPlacement(p, s) for p in self.profiles for s in sorted(p.starts)[::-1])
 
 
 def _profiles(sizes: dict[str, int], double_memory_1g: str | None) -> tuple[MigProfile, ...]:

@@ -45,6 +45,8 @@ class FakeApiServer:
         self.release = threading.Event()
         self.fail: dict[str, int] = {}
         self.version = ("1", "36")  # what /version answers
+        # False: the DRAPartitionableDevices gate is off, and the counter fields are dropped
+        self.partitionable = True
         # (namespace, claim) -> field manager -> the status.devices keys it applied
         self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
@@ -111,6 +113,15 @@ class FakeApiServer:
         meta = claim["metadata"]
         with self.lock:
             self.claims[(meta["namespace"], meta["name"])] = claim
+
+
+def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as stored: without the counter fields while the partitionable gate is off."""
+    if not api.partitionable:
+        body["spec"].pop("sharedCounters", None)
+        for device in body["spec"].get("devices") or []:
+            device.pop("consumesCounters", None)
+    return body
 
 
 def _matches(obj: dict[str, Any], selector: str) -> bool:
@@ -189,7 +200,7 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "AlreadyExists", f"{name} already exists")
                     body["metadata"]["uid"] = str(uuid.uuid4())
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(201, body)
             elif path.startswith(SLICES + "/") and method in ("PUT", "DELETE"):
                 name = parts[-1]
@@ -206,7 +217,7 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "Conflict", "the object has been modified")
                     body["metadata"]["uid"] = api.slices[name]["metadata"]["uid"]
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(200, body)
             elif (
                 method == "GET"

@@ -212,6 +212,7 @@ class SlicePublisher:
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
         self._said_none = False  # the warning about effect None, said once
+        self._said_counters = False  # the error about dropped counters, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
         """The Node owner reference for slices published from now on."""
@@ -272,6 +273,7 @@ class SlicePublisher:
                 if version:
                     body["metadata"]["resourceVersion"] = version
                 stored = self._api.replace_slice(name, body)
+            self._check_counters_kept(body, stored)
             got = ((stored or {}).get("metadata") or {}).get("resourceVersion")
             self._written[name] = (str(got) if got else None, body.get("spec"))
         for name in existing:
@@ -310,6 +312,28 @@ class SlicePublisher:
                 "go (their own ResourceSlices from Kubernetes 1.35)"
             )
         return build_counter_slices(views, server_minor=minor, **common)
+
+    def _check_counters_kept(
+        self, sent: Mapping[str, Any], stored: Mapping[str, Any] | None
+    ) -> None:
+        """Say once when the API server dropped the counters we sent: its
+        DRAPartitionableDevices feature gate is off, and the scheduler would then allocate
+        overlapping MIG placements that prepare cannot make."""
+        spec = (stored or {}).get("spec")
+        if self._said_counters or not isinstance(spec, Mapping):
+            return
+        sent_spec = sent.get("spec") or {}
+        pairs = zip(sent_spec.get("devices") or [], spec.get("devices") or [], strict=False)
+        dropped = ("sharedCounters" in sent_spec and "sharedCounters" not in spec) or any(
+            "consumesCounters" in d and "consumesCounters" not in g for d, g in pairs
+        )
+        if dropped:
+            self._said_counters = True
+            log.error(
+                "the API server dropped the MIG counters of the ResourceSlices: enable the "
+                "DRAPartitionableDevices feature gate (API server and scheduler), or serve "
+                "another --mig-strategy; until then claims for overlapping placements fail"
+            )
 
     def _informational_taints(
         self, taints: Mapping[str, Sequence[TaintDoc]]

@@ -156,3 +156,29 @@ def test_a_destroy_that_fails_keeps_the_claim_for_the_kubelets_retry(
     del nvml.fail["nvmlGpuInstanceDestroy"]
     assert harness.kubelet.unprepare([ref]).claims["uid-d"].error == ""
     assert nvml.instances == {} and _checkpoint(harness) == {}
+
+
+def test_a_checkpoint_with_a_damaged_mig_record_refuses_the_start(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    from cdigen.errors import InputError
+
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-c", PLACEMENT)
+    assert harness.kubelet.prepare([ref]).claims["uid-c"].error == ""
+    harness.stop()
+    path = harness.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["claims"]["uid-c"]["migDevices"][0]["gi"] = "one"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"claims\['uid-c'\]\.migDevices\[0\]\.gi: not an ID"):
+        _start(harness, nvml, tmp_path)
+
+
+def test_a_server_that_drops_the_counters_is_said_once(
+    harness: Harness, nvml: MigNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness.api.partitionable = False  # the DRAPartitionableDevices gate is off
+    _start(harness, nvml, tmp_path)
+    said = [r for r in caplog.records if "dropped the MIG counters" in r.message]
+    assert len(said) == 1 and "DRAPartitionableDevices" in said[0].message
