@@ -110,3 +110,26 @@ def test_a_gpu_cdigen_cannot_partition_keeps_its_mig_devices() -> None:
     node = replace(node, gpus=(replace(node.gpus[0], name="NVIDIA A30"),))
     names = [v.name for v in device_views(node, mig_strategy="dynamic")]
     assert names == ["gpu-0-mig-7-0", "gpu-0-mig-8-0"]
+
+
+def test_the_shipped_mig_classes_select_placements_and_a_first_fit_fills_from_the_top(
+    tmp_path: Any,
+) -> None:
+    """The DeviceClasses of deploy/dra match placement devices (type and profile are there),
+    and the scheduler's first fit meets each profile's highest placement first."""
+    from pathlib import Path
+
+    from policies.claims import FirstFit, NodeState, load_manifests, slice_devices
+
+    claim = tmp_path / "claim.yaml"
+    claim.write_text(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\n"
+        "spec:\n  devices:\n    requests:\n    - name: mig\n      exactly:\n"
+        "        deviceClassName: mig-1g.10gb.gpu.cdigen.dev\n"
+    )
+    classes = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "deviceclasses.yaml"
+    claims, shipped = load_manifests([claim, classes])
+    for minor in (34, 36):
+        fit = FirstFit(slice_devices(_slices(make_node(1, mig_gpu=0), minor)), shipped)
+        allocation, _ = fit.explain(claims[0], NodeState())
+        assert allocation.error == "" and allocation.devices == ("gpu-0-1g-10gb-at-6",)
