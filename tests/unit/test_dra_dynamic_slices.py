@@ -133,3 +133,22 @@ def test_the_shipped_mig_classes_select_placements_and_a_first_fit_fills_from_th
         fit = FirstFit(slice_devices(_slices(make_node(1, mig_gpu=0), minor)), shipped)
         allocation, _ = fit.explain(claims[0], NodeState())
         assert allocation.error == "" and allocation.devices == ("gpu-0-1g-10gb-at-6",)
+
+
+@pytest.mark.parametrize("doc", ["docs/dra.md", "docs/mig.md"])
+def test_the_docs_console_sample_for_dynamic_is_what_users_get(
+    doc: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+    from pathlib import Path
+
+    from cdigen.cli import main
+
+    text = (Path(__file__).resolve().parents[2] / doc).read_text()
+    command = (
+        "$ cdigen dra serve --node builtin:dgx-a100-mig-mixed --node-name n --mig-strategy dynamic"
+    )
+    after = text.split(command + "\n", 1)[1]
+    shown = after.split("\n```", 1)[0]
+    assert main(shlex.split(command)[2:]) == 2
+    assert capsys.readouterr().err.strip() == shown.strip()
