@@ -216,7 +216,16 @@ class DraPlugin:
         view = next((v for v in self.views if v.name == name), None)
         if view is None:
             return {}
-        return {"uuid": view.uuid, "pciBusId": view.gpu.pci_bus_id}
+        uuid = view.uuid
+        if view.placement is not None:  # the MIG device made for the claim holding it
+            made = [
+                m["uuid"]
+                for claim in self.preparer.prepared().values()
+                for m in claim.get("migDevices", [])
+                if m["device"] == name
+            ]
+            uuid = made[0] if made else uuid
+        return {"uuid": uuid, "pciBusId": view.gpu.pci_bus_id}
 
     def _views(self, node: Node) -> list[DeviceView]:
         views = device_views(

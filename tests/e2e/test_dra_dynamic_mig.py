@@ -86,6 +86,10 @@ def test_prepare_makes_the_mig_device_and_unprepare_destroys_it(
         f"/dev/nvidia-caps/nvidia-cap{cap_minor(gpu.minor, made.gi_id)}",
         f"/dev/nvidia-caps/nvidia-cap{cap_minor(gpu.minor, made.gi_id, 0)}",
     ]
+    plugin = harness.plugin
+    assert plugin is not None and plugin.status is not None and plugin.status.wait_idle(5)
+    (status,) = harness.api.claims[("default", "mig")]["status"]["devices"]
+    assert status["device"] == PLACEMENT and status["data"]["uuid"] == made.uuid
     assert harness.kubelet.unprepare([ref]).claims["uid-m"].error == ""
     assert nvml.instances == {} and nvml.node.gpus[1].mig_devices == ()
     assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-m").exists()
