@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cdigen.mig_profiles import MigPlacement, mig_geometry
+from cdigen.mig_profiles import MigGeometry, MigPlacement, mig_geometry
 from cdigen.model import Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
@@ -140,12 +140,9 @@ def placement_name(gpu: Gpu, placement: MigPlacement) -> str:
     return f"gpu-{gpu.index}-{slug}-at-{placement.start}"
 
 
-def placement_views(whole: DeviceView) -> list[DeviceView]:
-    """Every MIG placement of ``whole``'s GPU as a device (no UUID: it has none until made);
-    none when cdigen does not know how the model partitions (:mod:`cdigen.mig_profiles`)."""
-    geometry = mig_geometry(whole.gpu.name)
-    if geometry is None:
-        return []
+def placement_views(whole: DeviceView, geometry: MigGeometry) -> list[DeviceView]:
+    """Every MIG placement of ``whole``'s GPU, partitioned as ``geometry`` says, as a device
+    (no UUID: it has none until made)."""
     base = {k: v for k, v in whole.attributes.items() if k != "uuid"}
     base["type"] = Attribute("string", "mig")
     base["parentUUID"] = Attribute("string", whole.gpu.uuid)
@@ -172,14 +169,19 @@ def gpu_view(
 
 
 def device_views(
-    node: Node, *, mig_strategy: str = "mixed", sysfs_root: str | Path | None = None
+    node: Node,
+    *,
+    mig_strategy: str = "mixed",
+    sysfs_root: str | Path | None = None,
+    geometries: Mapping[str, MigGeometry] | None = None,
 ) -> tuple[DeviceView, ...]:
     """Every device of ``node`` in DRA terms, GPUs by index, each GPU's MIG devices after it.
 
     With ``mig_strategy`` ``none`` every GPU is one whole device; ``dynamic`` offers every MIG
     placement of a MIG-enabled GPU (its MIG devices of the moment are not offered); otherwise a
     MIG-enabled GPU offers its MIG devices instead of itself. ``sysfs_root`` (when given)
-    supplies ``pcieRoot``.
+    supplies ``pcieRoot``; ``geometries`` (by GPU UUID, as NVML tells them) how GPUs partition,
+    cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out.
     """
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
@@ -188,8 +190,9 @@ def device_views(
     views: list[DeviceView] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
-        if gpu.mig_enabled and mig_strategy == "dynamic" and mig_geometry(gpu.name):
-            views.extend(placement_views(whole))
+        geometry = (geometries or {}).get(gpu.uuid) or mig_geometry(gpu.name)
+        if gpu.mig_enabled and mig_strategy == "dynamic" and geometry is not None:
+            views.extend(placement_views(whole, geometry))
             continue
         if gpu.mig_enabled and mig_strategy != "none":
             for mig in gpu.mig_devices:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cdigen.mig_profiles import mig_geometry
 from cdigen.model import Gpu
 from plugin.dra.slices import (
     MAX_DEVICES_PER_SLICE,
@@ -46,18 +45,31 @@ def counter_set_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.index}-mig"
 
 
-def counter_set(gpu: Gpu) -> dict[str, Any]:
-    """One MIG-enabled GPU's counter set: its memory in bytes, its compute slices, and each
-    memory slice (1: a placement takes it whole)."""
-    geometry = mig_geometry(gpu.name)
-    assert geometry is not None, gpu.name  # placement views exist only for known models
+def counter_set(placements: Sequence[DeviceView]) -> dict[str, Any]:
+    """One MIG-enabled GPU's counter set, from its ``placements``: its memory in bytes, its
+    compute slices (the largest profile's), and each memory slice (1: a placement takes it
+    whole)."""
+    gpu = placements[0].gpu
+    made = [v.placement for v in placements if v.placement is not None]
     counters = {
         MEMORY: {"value": quantity_text(gpu.memory_bytes)},
-        COMPUTE: {"value": str(geometry.compute_slices)},
+        COMPUTE: {"value": str(max(p.profile.compute_slices for p in made))},
     }
-    for n in range(geometry.memory_slices):
+    for n in range(max(p.memory_slices.stop for p in made)):
         counters[memory_slice_counter(n)] = {"value": "1"}
     return {"name": counter_set_name(gpu), "counters": counters}
+
+
+def _by_gpu(views: Sequence[DeviceView]) -> tuple[list[list[DeviceView]], list[DeviceView]]:
+    """The placement views grouped by GPU (in view order), and the other views."""
+    groups: dict[int, list[DeviceView]] = {}
+    others: list[DeviceView] = []
+    for view in views:
+        if view.placement is None:
+            others.append(view)
+        else:
+            groups.setdefault(view.gpu.index, []).append(view)
+    return list(groups.values()), others
 
 
 def consumption(view: DeviceView) -> list[dict[str, Any]]:
@@ -96,16 +108,10 @@ def _contents_1_34(
 ) -> list[dict[str, Any]]:
     """One slice per MIG GPU (its counter set and placements, in view order), then the other
     devices."""
-    by_gpu: dict[int, list[DeviceView]] = {}
-    others: list[DeviceView] = []
-    for view in views:
-        if view.placement is None:
-            others.append(view)
-        else:
-            by_gpu.setdefault(view.gpu.index, []).append(view)
+    groups, others = _by_gpu(views)
     contents: list[dict[str, Any]] = [
-        {"sharedCounters": [counter_set(group[0].gpu)], "devices": _docs(group, shares, taints)}
-        for group in by_gpu.values()
+        {"sharedCounters": [counter_set(group)], "devices": _docs(group, shares, taints)}
+        for group in groups
     ]
     limit = MAX_DEVICES_WITH_TAINTS if any(taints.get(v.name) for v in others) else None
     for chunk in _chunks(others, limit or MAX_DEVICES_PER_SLICE):
@@ -119,8 +125,7 @@ def _contents_1_35(
     taints: Mapping[str, Sequence[TaintDoc]],
 ) -> list[dict[str, Any]]:
     """Counter slices (8 sets each), then device slices of at most 64 devices, in view order."""
-    gpus: dict[int, Gpu] = {v.gpu.index: v.gpu for v in views if v.placement is not None}
-    sets = [counter_set(gpu) for gpu in gpus.values()]
+    sets = [counter_set(group) for group in _by_gpu(views)[0]]
     contents: list[dict[str, Any]] = [
         {"sharedCounters": chunk} for chunk in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE)
     ]

@@ -10,14 +10,17 @@ made, and the claim fails with what NVML said.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 from cdigen.discover.nvml import read_mig_minors, text
 from cdigen.errors import CdigenError
-from cdigen.model import MigDevice
+from cdigen.mig_profiles import MigGeometry, MigProfile
+from cdigen.model import Gpu, MigDevice
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
@@ -66,12 +69,69 @@ def _nvml_says(exc: Exception) -> str:
     return f"NVML says: {exc}" + (f" ({name})" if name != "NVMLError" else "")
 
 
+# the GPU instance profiles offered: whole memory and compute slices, no media-engine or
+# graphics variants (those share engines the counters do not model)
+_PLAIN_PROFILES = (
+    *(f"NVML_GPU_INSTANCE_PROFILE_{n}_SLICE" for n in (1, 2, 3, 4, 6, 7, 8)),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+)
+
+
 class MigMaker:
     """Makes and unmakes MIG devices through an NVML module (pynvml or a test double)."""
 
     def __init__(self, nvml: Any, proc_root: str | Path = "/proc") -> None:
         self._nvml = nvml
         self._proc_root = Path(proc_root)
+
+    def geometries(self, gpus: Iterable[Gpu]) -> dict[str, MigGeometry]:
+        """How each MIG-enabled GPU of ``gpus`` partitions, by UUID, as NVML tells it (the
+        GPUs it cannot tell are left out: cdigen's table stands in)."""
+        out: dict[str, MigGeometry] = {}
+        for gpu in gpus:
+            if not gpu.mig_enabled:
+                continue
+            try:
+                geometry = self._geometry(self._nvml.nvmlDeviceGetHandleByUUID(gpu.uuid))
+            except self._nvml.NVMLError as exc:
+                log.warning("GPU %d: NVML gives no MIG profiles (%s)", gpu.index, exc)
+                continue
+            if geometry is not None:
+                out[gpu.uuid] = geometry
+        return out
+
+    def _geometry(self, handle: Any) -> MigGeometry | None:
+        nvml = self._nvml
+        profiles = []
+        for constant in _PLAIN_PROFILES:
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, getattr(nvml, constant))
+            except nvml.NVMLError:  # not offered by this GPU
+                continue
+            name = text(info.name).removeprefix("MIG ").strip()
+            ci = getattr(nvml, f"NVML_COMPUTE_INSTANCE_PROFILE_{info.sliceCount}_SLICE", None)
+            if not name or ci is None or info.instanceCount < 1:
+                continue
+            found = (nvml.c_nvmlGpuInstancePlacement_t * info.instanceCount)()
+            count = ctypes.c_uint(info.instanceCount)
+            nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+                handle, info.id, found, ctypes.byref(count)
+            )
+            places = [found[i] for i in range(count.value)]
+            if not places:
+                continue
+            starts = tuple(sorted(int(p.start) for p in places))
+            size = int(places[0].size)
+            profiles.append(
+                MigProfile(name, getattr(nvml, constant), ci, size, int(info.sliceCount),
+                           int(info.memorySizeMB), starts)
+            )  # fmt: skip
+        if not profiles:
+            return None
+        memory = max(s + p.memory_slices for p in profiles for s in p.starts)
+        compute = max(p.compute_slices for p in profiles)
+        profiles.sort(key=lambda p: (p.compute_slices, p.memory_slices, p.name))
+        return MigGeometry(memory, compute, tuple(profiles))
 
     def create(self, view: DeviceView) -> MadeMig:
         """Make the MIG device of placement ``view``; MigError (one line) when NVML cannot,

@@ -128,6 +128,7 @@ class DraPlugin:
         self.options = options
         self.node = node
         self._nvml = nvml
+        self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
         self.views = self._views(node)
         self.board = HealthBoard(
             [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
@@ -153,7 +154,7 @@ class DraPlugin:
             driver_files=scan_driver(options.driver_root, node.driver_version, fs),
             fs=fs,
             mps=options.mps,
-            mig=mig or self._mig_maker(),
+            mig=self._mig,
         )
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
@@ -229,7 +230,10 @@ class DraPlugin:
 
     def _views(self, node: Node) -> list[DeviceView]:
         views = device_views(
-            node, mig_strategy=self.options.mig_strategy, sysfs_root=self.options.sysfs_root
+            node,
+            mig_strategy=self.options.mig_strategy,
+            sysfs_root=self.options.sysfs_root,
+            geometries=self._mig.geometries(node.gpus) if self._mig else None,
         )
         return ordered_views(views, node)
 

@@ -7,18 +7,22 @@ overlaps another is refused (``NVML_ERROR_INSUFFICIENT_RESOURCES``). A compute i
 listed as a MIG device (``nvmlDeviceGetMigDeviceHandleByIndex``), as the driver does.
 
     nvml = MigNvml(node, fail={"nvmlGpuInstanceCreateComputeInstance": {0: code}})
+    nvml = MigNvml(node, geometries={"NVIDIA A30": a30})  # a model cdigen's table lacks
+
+How a GPU partitions comes from ``geometries`` (by product name), else cdigen's table.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
-from cdigen.mig_profiles import MigProfile, mig_geometry
+from cdigen.mig_profiles import MigGeometry, MigProfile, mig_geometry
 from cdigen.model import Gpu
 from tests.fakes.fake_pynvml import FakeNvml, Handle
 
@@ -58,13 +62,16 @@ def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
 class MigNvml(FakeNvml):
     """:class:`FakeNvml` that also makes and unmakes GPU and compute instances."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, geometries: Mapping[str, MigGeometry] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self.geometries = dict(geometries or {})
         self.instances: dict[tuple[int, int], _Instance] = {}
         self._made = 0
 
     def _profile(self, gpu: Gpu, gi_profile: int) -> MigProfile:
-        geometry = mig_geometry(gpu.name)
+        geometry = self.geometries.get(gpu.name) or mig_geometry(gpu.name)
         if not gpu.mig_enabled or geometry is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         for profile in geometry.profiles:
@@ -93,6 +100,19 @@ class MigNvml(FakeNvml):
         info.instanceCount = len(found.starts)
         info.name = f"MIG {found.name}".encode()
         return info
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, device: Handle, profileId: int, placementsRef: Any, countRef: Any
+    ) -> int:
+        gpu = self._gpu("nvmlDeviceGetGpuInstancePossiblePlacements", device)
+        profile = self._profile(gpu, profileId)
+        count = countRef._obj  # a byref() of a c_uint: in, the room; out, how many
+        if count.value < len(profile.starts):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+        for n, start in enumerate(profile.starts):
+            placementsRef[n].start, placementsRef[n].size = start, profile.memory_slices
+        count.value = len(profile.starts)
+        return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self, handle: Handle, profileId: int, placement: Any

@@ -152,3 +152,67 @@ def test_the_docs_console_sample_for_dynamic_is_what_users_get(
     shown = after.split("\n```", 1)[0]
     assert main(shlex.split(command)[2:]) == 2
     assert capsys.readouterr().err.strip() == shown.strip()
+
+
+def _a30() -> tuple[Any, Any]:
+    """A node with one A30 in MIG mode (a model cdigen's table lacks), and its geometry."""
+    from dataclasses import replace
+
+    from cdigen.mig_profiles import MigGeometry, MigProfile
+
+    geometry = MigGeometry(
+        4,
+        4,
+        (
+            MigProfile("1g.6gb", 0, 0, 1, 1, 5836, (0, 1, 2, 3)),
+            MigProfile("2g.12gb", 1, 1, 2, 2, 11672, (0, 2)),
+            MigProfile("4g.24gb", 3, 3, 4, 4, 23344, (0,)),
+        ),
+    )
+    node = make_node(1, mig_gpu=0)
+    gpu = replace(node.gpus[0], name="NVIDIA A30", memory_bytes=24 << 30, mig_devices=())
+    return replace(node, gpus=(gpu,)), geometry
+
+
+def test_nvml_tells_how_a_gpu_partitions_where_cdigens_table_does_not_know_it(
+    tmp_path: Any,
+) -> None:
+    from plugin.dra.dynamic_mig import MigMaker
+    from tests.fakes.fake_mig import MigNvml
+
+    node, a30 = _a30()
+    nvml = MigNvml(node, geometries={"NVIDIA A30": a30})
+    nvml.nvmlInit()
+    nvml.write_mig_minors(tmp_path)
+    maker = MigMaker(nvml, tmp_path)
+    geometries = maker.geometries(node.gpus)
+    assert geometries == {node.gpus[0].uuid: a30}
+    views = device_views(node, mig_strategy="dynamic", geometries=geometries)
+    assert [v.name for v in views] == [
+        "gpu-0-1g-6gb-at-3", "gpu-0-1g-6gb-at-2", "gpu-0-1g-6gb-at-1", "gpu-0-1g-6gb-at-0",
+        "gpu-0-2g-12gb-at-2", "gpu-0-2g-12gb-at-0", "gpu-0-4g-24gb-at-0",
+    ]  # fmt: skip
+    for minor in (34, 35, 36):
+        slices = build_counter_slices(
+            views, driver=DRIVER, node_name="n", generation=1, server_minor=minor
+        )
+        validate_pool(slices, f"1.{minor}")
+        (counters,) = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
+        assert set(counters["counters"]) == {
+            "memory", "compute-slices", *(f"memory-slice-{n}" for n in range(4))
+        }  # fmt: skip
+        assert counters["counters"]["compute-slices"] == {"value": "4"}
+    made = maker.create(views[4])  # 2g.12gb at 2
+    assert made.mig.profile == "2g.12gb" and nvml.node.gpus[0].mig_devices == (made.mig,)
+    assert maker.destroy(made.doc) == "" and nvml.instances == {}
+
+
+def test_the_table_read_back_through_nvml_is_the_table(tmp_path: Any) -> None:
+    from plugin.dra.dynamic_mig import MigMaker
+    from tests.fakes.fake_mig import MigNvml
+
+    node = make_node(1, mig_gpu=0)
+    nvml = MigNvml(node)
+    nvml.nvmlInit()
+    (read,) = MigMaker(nvml, tmp_path).geometries(node.gpus).values()
+    assert read == mig_geometry(node.gpus[0].name)
