@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -42,10 +42,45 @@ class MigDoc(TypedDict):
 
 @dataclass(frozen=True)
 class MadeMig:
-    """A MIG device just made: the model's view of it and its checkpoint record."""
+    """A MIG device just made: the model's view of it, its checkpoint record, and the major of
+    the nvidia-caps devices (from /proc/devices; None if not there)."""
 
     mig: MigDevice
     doc: MigDoc
+    caps_major: int | None = None
+
+
+def caps_major(proc_root: Path) -> int | None:
+    """The char major of ``nvidia-caps`` in ``<proc_root>/devices``, or None."""
+    try:
+        lines = (proc_root / "devices").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 2 and parts[1] == "nvidia-caps" and parts[0].isdecimal():
+            return int(parts[0])
+    return None
+
+
+def complete_cap_nodes(spec: Mapping[str, Any], made: Sequence[MadeMig]) -> None:
+    """Give the nvidia-caps nodes of the MIG devices ``made`` their type, major and minor where
+    the host has no such node yet (the driver makes the instance, not its /dev entry): with
+    them the runtime makes the node in the container, without one on the host."""
+    wanted = {
+        f"/dev/nvidia-caps/nvidia-cap{minor}": one.caps_major
+        for one in made
+        for minor in one.mig.cap_minors
+    }
+    for device in spec.get("devices", []):
+        for node in device.get("containerEdits", {}).get("deviceNodes", []):
+            major = wanted.get(node["path"])
+            if major is None or "type" in node:
+                continue
+            node.update(
+                type="c", major=major, minor=int(node["path"].rpartition("cap")[2]),
+                fileMode=0o444, permissions="r",
+            )  # fmt: skip
 
 
 def mig_doc_problem(doc: Any) -> str | None:
@@ -171,7 +206,7 @@ class MigMaker:
             "ci": ci_id,
             "uuid": mig.uuid,
         }
-        return MadeMig(mig, doc)
+        return MadeMig(mig, doc, caps_major(self._proc_root))
 
     def _undo(self, gi: Any, ci: Any, what: str) -> None:
         """Destroy what a failed create made (logged, never raised: the create's error wins)."""

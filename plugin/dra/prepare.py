@@ -50,7 +50,7 @@ from plugin.dra.claims import (
     quoted,
 )
 from plugin.dra.config import claim_configs, claim_sharing, config_for
-from plugin.dra.dynamic_mig import MadeMig, MigMaker
+from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
 
@@ -278,6 +278,7 @@ class Preparer:
                 edits = spec.setdefault("containerEdits", {})
                 edits["env"] = [*edits.get("env", []), *env]
                 edits["mounts"] = [*edits.get("mounts", []), *mounts]
+            complete_cap_nodes(spec, migs)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
             write_claim_spec(spec, path, within=self._spec_dir)
         devices = [self._device_doc(ref.uid, r, extra.get(r.request, ())) for r in allocated]

@@ -14,7 +14,7 @@ import pytest
 
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.prepare import claim_spec_path
-from tests.cdihost import FakeHost, build_host, make_node
+from tests.cdihost import CAPS_MAJOR, FakeHost, build_host, make_node
 from tests.fakes.fake_mig import MigNvml, cap_minor
 from tests.helpers.dra import DRIVER, Harness
 from tests.helpers.slice_rules import validate_pool
@@ -81,11 +81,11 @@ def test_prepare_makes_the_mig_device_and_unprepare_destroys_it(
     (device,) = spec["devices"]  # the new MIG device: its GPU and its GI's and CI's caps
     paths = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
     gpu = nvml.node.gpus[1]
-    assert paths == [
-        f"/dev/nvidia{gpu.minor}",
-        f"/dev/nvidia-caps/nvidia-cap{cap_minor(gpu.minor, made.gi_id)}",
-        f"/dev/nvidia-caps/nvidia-cap{cap_minor(gpu.minor, made.gi_id, 0)}",
-    ]
+    caps = [cap_minor(gpu.minor, made.gi_id), cap_minor(gpu.minor, made.gi_id, 0)]
+    assert paths == [f"/dev/nvidia{gpu.minor}", *(f"/dev/nvidia-caps/nvidia-cap{n}" for n in caps)]
+    # the host has no node for the new instance's caps: the runtime makes it from these
+    for node, minor in zip(device["containerEdits"]["deviceNodes"][1:], caps, strict=True):
+        assert (node["type"], node["major"], node["minor"]) == ("c", CAPS_MAJOR, minor)
     plugin = harness.plugin
     assert plugin is not None and plugin.status is not None and plugin.status.wait_idle(5)
     (status,) = harness.api.claims[("default", "mig")]["status"]["devices"]

@@ -24,6 +24,7 @@ import pynvml
 
 from cdigen.mig_profiles import MigGeometry, MigProfile, mig_geometry
 from cdigen.model import Gpu
+from tests.cdihost import CAPS_MAJOR
 from tests.fakes.fake_pynvml import FakeNvml, Handle
 
 MAX_GPU_INSTANCES = 15  # GI IDs 0..14, eight CIs each: what /proc's mig-minors lists
@@ -223,6 +224,9 @@ class MigNvml(FakeNvml):
         path = proc_root / "driver" / "nvidia-caps" / "mig-minors"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
+        (proc_root / "devices").write_text(
+            f"Character devices:\n195 nvidia\n{CAPS_MAJOR} nvidia-caps\n\nBlock devices:\n"
+        )
 
 
 def pynvml_mig(gpu: Gpu, profile: MigProfile, uuid: str, gi: int) -> Any:
