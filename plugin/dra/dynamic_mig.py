@@ -229,25 +229,30 @@ class MigMaker:
                 f"no nvidia-caps minors for GI {gi} CI {ci} of GPU minor {gpu.minor} in "
                 f"{self._proc_root}/driver/nvidia-caps/mig-minors"
             )
+        mig = self._listed(handle, gi, ci)
+        if mig is None:
+            raise MigError(f"NVML does not list the MIG device of GI {gi} CI {ci}")
+        return MigDevice(
+            uuid=text(nvml.nvmlDeviceGetUUID(mig)),
+            profile=view.placement.profile.name,
+            gi_id=gi,
+            ci_id=ci,
+            memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
+            cap_minors=(caps[0], caps[1]),
+        )
+
+    def _listed(self, handle: Any, gi: int, ci: int) -> Any:
+        """The MIG device handle NVML lists for GI ``gi``, CI ``ci`` of GPU ``handle``, or None."""
+        nvml = self._nvml
         for slot in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except nvml.NVMLError:
                 continue  # an empty slot
-            if (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig)) != (
-                gi,
-                ci,
-            ):
-                continue
-            return MigDevice(
-                uuid=text(nvml.nvmlDeviceGetUUID(mig)),
-                profile=view.placement.profile.name,
-                gi_id=gi,
-                ci_id=ci,
-                memory_bytes=int(nvml.nvmlDeviceGetMemoryInfo(mig).total),
-                cap_minors=(caps[0], caps[1]),
-            )
-        raise MigError(f"NVML does not list the MIG device of GI {gi} CI {ci}")
+            ids = (nvml.nvmlDeviceGetGpuInstanceId(mig), nvml.nvmlDeviceGetComputeInstanceId(mig))
+            if ids == (gi, ci):
+                return mig
+        return None
 
     def destroy(self, doc: MigDoc) -> str:
         """Destroy the compute and GPU instance of ``doc``; one already gone is fine. The
@@ -259,6 +264,11 @@ class MigMaker:
                 gi = nvml.nvmlDeviceGetGpuInstanceById(handle, doc["gi"])
             except nvml.NVMLError_NotFound:
                 log.info("MIG device %s was already gone", doc["uuid"])
+                return ""
+            listed = self._listed(handle, doc["gi"], doc["ci"])
+            if listed is not None and text(nvml.nvmlDeviceGetUUID(listed)) != doc["uuid"]:
+                # ours went (a GPU reset), and the IDs were given to another MIG device since
+                log.info("MIG device %s was already gone (its GI is reused)", doc["uuid"])
                 return ""
             with contextlib.suppress(nvml.NVMLError_NotFound):  # the CI alone already gone
                 nvml.nvmlComputeInstanceDestroy(

@@ -185,6 +185,7 @@ class Preparer:
                 error = self._destroy_migs(done)  # made again below
                 if error:
                     return PrepareResult(error=error)
+                self._save_quietly()  # the checkpoint no longer names them
             try:
                 return PrepareResult(tuple(self._prepare_locked(ref, claim)))
             except CdigenError as exc:
@@ -466,6 +467,13 @@ class Preparer:
                 return error
             log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
         return ""
+
+    def _save_quietly(self) -> None:
+        """:meth:`_save`, a failure logged (the next save writes the same)."""
+        try:
+            self._save()
+        except CdigenError as exc:
+            log.error("cannot write the checkpoint: %s", exc)
 
     def _save(self) -> None:
         doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}

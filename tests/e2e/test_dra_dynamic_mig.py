@@ -186,3 +186,21 @@ def test_a_server_that_drops_the_counters_is_said_once(
     _start(harness, nvml, tmp_path)
     said = [r for r in caplog.records if "dropped the MIG counters" in r.message]
     assert len(said) == 1 and "DRAPartitionableDevices" in said[0].message
+
+
+def test_unprepare_leaves_a_reused_gpu_instance_id_alone(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """Ours went with a GPU reset and another MIG device got its GI ID: that one stays."""
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-g", PLACEMENT)
+    assert harness.kubelet.prepare([ref]).claims["uid-g"].error == ""
+    (ours,) = nvml.node.gpus[1].mig_devices
+    maker = MigMaker(nvml, tmp_path / "proc")
+    assert maker.destroy(_checkpoint(harness)["uid-g"]["migDevices"][0]) == ""  # type: ignore[index]
+    assert harness.plugin is not None
+    other_view = next(v for v in harness.plugin.views if v.name == "gpu-1-1g-10gb-at-0")
+    other = maker.create(other_view)
+    assert other.mig.gi_id == ours.gi_id and other.mig.uuid != ours.uuid
+    assert harness.kubelet.unprepare([ref]).claims["uid-g"].error == ""
+    assert nvml.node.gpus[1].mig_devices == (other.mig,)
