@@ -174,6 +174,7 @@ def device_views(
     mig_strategy: str = "mixed",
     sysfs_root: str | Path | None = None,
     geometries: Mapping[str, MigGeometry] | None = None,
+    taken: Mapping[str, Sequence[range]] | None = None,
 ) -> tuple[DeviceView, ...]:
     """Every device of ``node`` in DRA terms, GPUs by index, each GPU's MIG devices after it.
 
@@ -181,7 +182,8 @@ def device_views(
     placement of a MIG-enabled GPU (its MIG devices of the moment are not offered); otherwise a
     MIG-enabled GPU offers its MIG devices instead of itself. ``sysfs_root`` (when given)
     supplies ``pcieRoot``; ``geometries`` (by GPU UUID, as NVML tells them) how GPUs partition,
-    cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out.
+    cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out; ``taken`` (by GPU
+    UUID) the memory slices no placement may cover.
     """
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
@@ -192,7 +194,12 @@ def device_views(
         whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
         geometry = (geometries or {}).get(gpu.uuid) or mig_geometry(gpu.name)
         if gpu.mig_enabled and mig_strategy == "dynamic" and geometry is not None:
-            views.extend(placement_views(whole, geometry))
+            held = [set(r) for r in (taken or {}).get(gpu.uuid, ())]
+            views.extend(
+                v
+                for v in placement_views(whole, geometry)
+                if v.placement is None or not any(h & set(v.placement.memory_slices) for h in held)
+            )
             continue
         if gpu.mig_enabled and mig_strategy != "none":
             for mig in gpu.mig_devices:

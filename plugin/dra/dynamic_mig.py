@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -133,6 +133,35 @@ class MigMaker:
                 continue
             if geometry is not None:
                 out[gpu.uuid] = geometry
+        return out
+
+    def taken(
+        self, gpus: Iterable[Gpu], ours: Collection[tuple[str, int]]
+    ) -> dict[str, list[range]]:
+        """The memory slices held by GPU instances that were not made for a claim (by hand, by
+        a MIG manager), by GPU UUID: no placement over them can be made. ``ours``: (GPU UUID,
+        GI ID) of those made for claims."""
+        out: dict[str, list[range]] = {}
+        for gpu in gpus:
+            gis = sorted(
+                {m.gi_id for m in gpu.mig_devices} - {gi for u, gi in ours if u == gpu.uuid}
+            )
+            for gi in gis:
+                try:
+                    handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                    info = self._nvml.nvmlGpuInstanceGetInfo(
+                        self._nvml.nvmlDeviceGetGpuInstanceById(handle, gi)
+                    )
+                except self._nvml.NVMLError as exc:
+                    log.warning("GPU %d: no placement for GPU instance %d (%s)", gpu.index, gi, exc)
+                    continue
+                start = int(info.placement.start)
+                out.setdefault(gpu.uuid, []).append(range(start, start + int(info.placement.size)))
+                log.warning(
+                    "GPU %d: GPU instance %d, not made for a claim, holds memory slices %d-%d: "
+                    "the placements over them are not offered",
+                    gpu.index, gi, start, start + int(info.placement.size) - 1,
+                )  # fmt: skip
         return out
 
     def _geometry(self, handle: Any) -> MigGeometry | None:

@@ -134,6 +134,15 @@ class Preparer:
             self._node = node
             self._views = {v.name: v for v in views}
 
+    def made_migs(self) -> frozenset[tuple[str, int]]:
+        """The MIG devices made for prepared claims, as (GPU UUID, GPU instance ID)."""
+        with self._lock:
+            return frozenset(
+                (m["gpuUUID"], m["gi"])
+                for claim in self._claims.values()
+                for m in claim.get("migDevices", [])
+            )
+
     def prepared(self) -> dict[str, ClaimDoc]:
         """A copy of the prepared claims by UID."""
         with self._lock:

@@ -129,11 +129,6 @@ class DraPlugin:
         self.node = node
         self._nvml = nvml
         self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
-        self.views = self._views(node)
-        self.board = HealthBoard(
-            [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
-        )
-        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
         fs = HostFS(options.host_root)
         spec_options = SpecOptions(
             driver_root=options.driver_root,
@@ -146,7 +141,7 @@ class DraPlugin:
             driver=options.driver,
             pool=options.node_name,
             node=node,
-            views=self.views,
+            views=(),
             reader=claims,
             spec_dir=options.cdi_dir,
             checkpoint=options.checkpoint,
@@ -156,6 +151,13 @@ class DraPlugin:
             mps=options.mps,
             mig=self._mig,
         )
+        # after the checkpoint: with dynamic MIG it says which MIG devices are ours
+        self.views = self._views(node)
+        self.preparer.set_devices(node, self.views)
+        self.board = HealthBoard(
+            [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
+        )
+        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
         )
@@ -229,11 +231,16 @@ class DraPlugin:
         return {"uuid": uuid, "pciBusId": view.gpu.pci_bus_id}
 
     def _views(self, node: Node) -> list[DeviceView]:
+        geometries, taken = None, None
+        if self._mig is not None:  # how GPUs partition, and what others made on them
+            geometries = self._mig.geometries(node.gpus)
+            taken = self._mig.taken(node.gpus, self.preparer.made_migs())
         views = device_views(
             node,
             mig_strategy=self.options.mig_strategy,
             sysfs_root=self.options.sysfs_root,
-            geometries=self._mig.geometries(node.gpus) if self._mig else None,
+            geometries=geometries,
+            taken=taken,
         )
         return ordered_views(views, node)
 

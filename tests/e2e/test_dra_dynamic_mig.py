@@ -12,8 +12,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from cdigen.model import Node
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.prepare import claim_spec_path
+from policies.device_view import device_views
 from tests.cdihost import CAPS_MAJOR, FakeHost, build_host, make_node
 from tests.fakes.fake_mig import MigNvml, cap_minor
 from tests.helpers.dra import DRIVER, Harness
@@ -38,9 +40,13 @@ def nvml(host: FakeHost, tmp_path: Path) -> MigNvml:
     return fake
 
 
-def _start(harness: Harness, nvml: MigNvml, tmp_path: Path) -> None:
+def _start(harness: Harness, nvml: MigNvml, tmp_path: Path, node: Node | None = None) -> None:
     proc = str(tmp_path / "proc")
-    harness.start(mig_strategy="dynamic", proc_root=proc, mig=MigMaker(nvml, proc))
+    harness.start(node, mig_strategy="dynamic", proc_root=proc, mig=MigMaker(nvml, proc))
+
+
+def _published(harness: Harness) -> set[str]:
+    return {d["name"] for s in harness.api.slices.values() for d in s["spec"].get("devices") or []}
 
 
 def _checkpoint(harness: Harness) -> dict[str, object]:
@@ -139,7 +145,9 @@ def test_a_restarted_plugin_destroys_the_mig_device_at_unprepare(
          "uuid": made.uuid}
     ]  # fmt: skip
     harness.stop()
-    _start(harness, nvml, tmp_path)  # a new plugin: only the checkpoint knows the device
+    # a new plugin, which discovers the MIG device: the checkpoint says it is the claim's
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert PLACEMENT in _published(harness)
     assert harness.kubelet.prepare([ref]).claims["uid-r"] == before
     assert len(nvml.instances) == 1, "preparing again makes nothing new"
     assert harness.kubelet.unprepare([ref]).claims["uid-r"].error == ""
@@ -204,3 +212,19 @@ def test_unprepare_leaves_a_reused_gpu_instance_id_alone(
     assert other.mig.gi_id == ours.gi_id and other.mig.uuid != ours.uuid
     assert harness.kubelet.unprepare([ref]).claims["uid-g"].error == ""
     assert nvml.node.gpus[1].mig_devices == (other.mig,)
+
+
+def test_a_gpu_instance_made_by_hand_keeps_the_placements_over_it_out(
+    harness: Harness, nvml: MigNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    by_hand = next(
+        v for v in device_views(nvml.node, mig_strategy="dynamic") if v.name == "gpu-1-3g-40gb-at-0"
+    )
+    MigMaker(nvml, tmp_path / "proc").create(by_hand)  # as nvidia-smi mig -cgi ... -C would
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    published = _published(harness)
+    assert {"gpu-1-3g-40gb-at-4", "gpu-1-1g-10gb-at-4", "gpu-1-4g-40gb-at-0"} - published == {
+        "gpu-1-4g-40gb-at-0"
+    }
+    assert not {"gpu-1-3g-40gb-at-0", "gpu-1-1g-10gb-at-3", "gpu-1-7g-80gb-at-0"} & published
+    assert any("not made for a claim, holds memory slices 0-3" in r.message for r in caplog.records)
