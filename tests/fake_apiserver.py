@@ -50,6 +50,8 @@ class FakeApiServer:
         self.release = threading.Event()
         self.fail: dict[str, int] = {}
         self.version = ("1", "36")  # what /version answers
+        # False: the DRAPartitionableDevices gate is off, and the counter fields are dropped
+        self.partitionable = True
         # (namespace, claim) -> field manager -> the status.devices keys it applied
         self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
@@ -137,6 +139,15 @@ def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"kind": f"{kind}List", "apiVersion": version, "metadata": {}, "items": bare}
 
 
+def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as stored: without the counter fields while the partitionable gate is off."""
+    if not api.partitionable:
+        body["spec"].pop("sharedCounters", None)
+        for device in body["spec"].get("devices") or []:
+            device.pop("consumesCounters", None)
+    return body
+
+
 def _matches(obj: dict[str, Any], selector: str) -> bool:
     for term in filter(None, selector.split(",")):
         field, _, value = term.partition("=")
@@ -217,7 +228,7 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "AlreadyExists", f"{name} already exists")
                     body["metadata"]["uid"] = str(uuid.uuid4())
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(201, body)
             elif path.startswith(SLICES + "/") and method in ("PUT", "DELETE"):
                 name = parts[-1]
@@ -234,7 +245,7 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "Conflict", "the object has been modified")
                     body["metadata"]["uid"] = api.slices[name]["metadata"]["uid"]
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(200, body)
             elif method == "GET" and path == ALL_CLAIMS:
                 with api.lock:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DRA_MIG_STRATEGIES, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.agent.mps import LIMIT_KEYS
 
@@ -94,10 +94,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument(
         "--mig-strategy",
-        choices=MIG_STRATEGIES,
+        choices=DRA_MIG_STRATEGIES,
         default="mixed",
         help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
-        "whole GPUs only (default mixed)",
+        "whole GPUs only; dynamic: every MIG placement, made at prepare (needs --node nvml; "
+        "docs/mig.md) (default mixed)",
     )
     serve.add_argument(
         "--dev-root",
@@ -558,6 +559,12 @@ def _serve(args: argparse.Namespace) -> int:
                 where="--health-address",
                 hint="e.g. 127.0.0.1:9466, or :0 for any free port",
             ) from None
+    if args.mig_strategy == "dynamic" and not from_hardware(args.node):
+        raise InputError(
+            f"dynamic makes MIG devices through NVML, and --node is {args.node!r}",
+            where="--mig-strategy",
+            hint="pass --node nvml (the default) on the GPU node, or another strategy",
+        )
     setup_logging(args.dra_log_level, args.dra_log_format)
     options = DraOptions(
         node_name=args.node_name,
@@ -570,6 +577,7 @@ def _serve(args: argparse.Namespace) -> int:
         dev_root=args.dev_root,
         sysfs_root=args.sysfs_root,
         host_root=args.host_root,
+        proc_root=args.proc_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
         features_file=Path(args.features_file) if args.features_file else None,
         capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")

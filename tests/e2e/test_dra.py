@@ -20,6 +20,7 @@ from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
 from tests.helpers.shared import require_shared_tool
+from tests.helpers.slice_rules import validate_pool
 
 
 @pytest.fixture
@@ -86,18 +87,14 @@ def test_the_simulator_refuses_a_plugin_with_unknown_versions(harness: Harness) 
 # --------------------------------------------------------------------------- slices
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
 def test_published_slices_pass_strict_validation(harness: Harness, version: str) -> None:
-    import kubernetes_validate
-
+    major, minor = version.split(".")
+    harness.api.version = (major, minor)
     harness.start()
     slices = list(harness.api.slices.values())
     assert len(slices) == 1
-    for body in slices:
-        clean = json.loads(json.dumps(body))
-        clean["metadata"].pop("resourceVersion")
-        clean["metadata"].pop("uid")
-        kubernetes_validate.validate(clean, version, strict=True)
+    validate_pool(slices, version)
     spec = slices[0]["spec"]
     assert spec["driver"] == DRIVER and spec["nodeName"] == NODE_NAME
     assert spec["pool"] == {"name": NODE_NAME, "generation": 1, "resourceSliceCount": 1}

@@ -354,6 +354,7 @@ def test_what_check_accepts_covers_what_the_views_publish(source: str) -> None:
         (["--mps-pipe-dir", "/p", "--mps-shm-dir", "s"], "--mps-shm-dir: must be an absolute"),
         (["--mps-pipe-dir", "/p", "--mps-shm-dir", "/dev/shm"], "must not be the node's own"),
         (["--replicas", "0"], "--replicas: 0 is not in 1-1024"),
+        (["--mig-strategy", "dynamic"], "--mig-strategy: dynamic makes MIG devices through NVML"),
     ],
 )
 def test_bad_sharing_flags_are_one_line_exit_2(
