@@ -315,7 +315,7 @@ def bench_slices(calls: int) -> bool:
     from plugin.agent.kubeapi import api_client
     from plugin.dra.kube import KubeApi, SlicePublisher
     from policies.device_view import device_views
-    from policies.dra_order import ordered_views
+    from policies.dra.order import ordered_views
     from tests.fake_apiserver import FakeApiServer
 
     work = Path(tempfile.mkdtemp(prefix="bdra-"))

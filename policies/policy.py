@@ -280,7 +280,7 @@ def _function_names() -> frozenset[str]:
 def _plain_message(exc: CelEvaluationError, text: str, activation: Mapping[str, Any]) -> str:
     """The evaluation error as ``dra check`` says it: a missing name with the names there are
     and a did-you-mean, where cel-python only says ``no attribute 'x' in that domain``."""
-    from policies.claim_check import did_you_mean
+    from policies.dra.check import did_you_mean
 
     message = str(exc)
     lines = text.splitlines()

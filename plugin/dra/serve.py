@@ -50,7 +50,7 @@ from plugin.dra.service import (
 from plugin.dra.slices import MemoryShares, TaintDoc
 from plugin.dra.status import StatusApi, StatusWriter
 from policies.device_view import DRA_DRIVER, DeviceView, device_views
-from policies.dra_order import ordered_views
+from policies.dra.order import ordered_views
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 One pool per node, named after the node; at most 128 devices per slice (64 when a device has a
 taint, as resource.k8s.io/v1 requires of a slice with taints or counters); devices in the order
-the allocation engine prefers (:mod:`policies.dra_order`), because the scheduler's first fit
+the allocation engine prefers (:mod:`policies.dra.order`), because the scheduler's first fit
 walks them in slice order.
 """
 

@@ -2,7 +2,7 @@
 
 Reads the pod, every ResourceClaim (those of other pods hold devices and capacity), the
 ResourceSlices and the DeviceClasses from the API server, and runs the offline scheduler
-simulator (:mod:`policies.claims`, as ``dra explain`` does) for the pod's unallocated claims on
+simulator (:mod:`policies.dra.claims`, as ``dra explain`` does) for the pod's unallocated claims on
 every node that publishes slices, after what the allocated claims there hold. One screen.
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
-from policies.claim_docs import refuse_unchecked
-from policies.claims import (
+from policies.dra.claim_docs import refuse_unchecked
+from policies.dra.claims import (
     Claim,
     DeviceClass,
     FirstFit,
@@ -25,10 +25,10 @@ from policies.claims import (
     SliceDevice,
     claim_from_doc,
     device_class,
-    format_bytes,
     qualify,
     slice_devices,
 )
+from policies.dra.explanation import format_bytes
 
 SCREEN_LINES = 25
 _GROUPS_PER_NODE = 3  # reasons shown per node, the devices sharing one reason on one line
@@ -134,24 +134,10 @@ def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
     """At most :data:`SCREEN_LINES` lines: the pod's phase, then each claim, allocated (its
     devices, node and CDI names for ``driver``) or not (why, node by node)."""
     pod = cluster.pod
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    namespace, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
-    status = pod.get("status") or {}
-    phase = str(status.get("phase") or "Pending")
-    node = spec.get("nodeName")
-    head = f"pod {namespace}/{name}: {phase}" + (f" on {node}" if node else "")
-    unscheduled = next(
-        (
-            c
-            for c in status.get("conditions") or ()
-            if c.get("type") == "PodScheduled" and c.get("status") == "False"
-        ),
-        None,
-    )
-    if unscheduled:
-        said = " ".join(str(unscheduled.get("message", "")).split())
-        said = said.split(". ", 1)[0].rstrip(".")  # the scheduler's verdict, not preemption's
-        head += f", not scheduled ({unscheduled.get('reason', '')}: {shortened(said, 90)})"
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", "default"))
+    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    head = _pod_line(pod, namespace, phase)
     lines = [head]
     entries = pod_claims(pod)
     if not entries:
@@ -191,6 +177,26 @@ def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
         lines = lines[: SCREEN_LINES - 1]
         lines.append(f"... {cut} more line(s): `cdigen dra explain` shows one node in full")
     return lines
+
+
+def _pod_line(pod: Mapping[str, Any], namespace: str, phase: str) -> str:
+    """``pod NS/NAME: PHASE [on NODE][, not scheduled (REASON: the scheduler's verdict)]``."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    head = f"pod {namespace}/{name}: {phase}" + (f" on {node}" if node else "")
+    unscheduled = next(
+        (
+            c
+            for c in (pod.get("status") or {}).get("conditions") or ()
+            if c.get("type") == "PodScheduled" and c.get("status") == "False"
+        ),
+        None,
+    )
+    if unscheduled:
+        said = " ".join(str(unscheduled.get("message", "")).split())
+        said = said.split(". ", 1)[0].rstrip(".")  # the scheduler's verdict, not preemption's
+        head += f", not scheduled ({unscheduled.get('reason', '')}: {shortened(said, 90)})"
+    return head
 
 
 def _allocated(
@@ -347,7 +353,7 @@ def _node_devices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[SliceDe
 
 def _held(fit: FirstFit, claims: Iterable[Mapping[str, Any]]) -> tuple[NodeState, int]:
     """What the allocated ``claims`` hold of ``fit``'s devices, and how many claims hold some."""
-    from policies.slice_devices import quantity
+    from policies.dra.slice_devices import quantity
 
     state = NodeState()
     held = 0

@@ -1,7 +1,7 @@
 """DRA part 2 end to end without a cluster: one 24 GB card shared by claims with their own
 limits (consumable capacity), one claim shared by several pods (time-slicing), and health as
 device taints; the plugin talks to the fake API server through the official client, the kubelet
-simulator prepares, and the scheduler's side is policies.claims' first fit over the slices the
+simulator prepares, and the scheduler's side is policies.dra.claims' first fit over the slices the
 plugin actually published."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
 from plugin.dra.serve import DraPlugin
 from plugin.dra.slices import MemoryShares
-from policies.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
+from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim

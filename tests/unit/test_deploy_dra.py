@@ -622,7 +622,7 @@ def test_mps_component_mounts_only_defined_volumes_without_host_network(
 def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
     mps_pod: dict[str, Any],
 ) -> None:
-    from plugin.dra.cli import _sharing_options
+    from plugin.dra.serve_cli import _sharing_options
 
     plugin_container, daemon = mps_pod["containers"]
     args = build_parser().parse_args(plugin_container["command"][1:])
@@ -649,8 +649,8 @@ def test_mps_daemon_has_at_dev_shm_the_directory_the_plugin_mounts_there_in_clai
     """MPS clients reach the daemon's shared memory: the claims' /dev/shm is the daemon's."""
     from cdigen.discover import load_node
     from plugin.dra.claims import AllocatedDevice
-    from plugin.dra.cli import _sharing_options
     from plugin.dra.mps import claim_limits
+    from plugin.dra.serve_cli import _sharing_options
     from policies.device_view import device_views
 
     plugin_container, daemon = mps_pod["containers"]

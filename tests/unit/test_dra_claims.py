@@ -1,5 +1,5 @@
-"""The scheduler's first fit offline (policies.claims), `cdigen dra explain` and `cdigen dra
-check` (policies.claim_check)."""
+"""The scheduler's first fit offline (policies.dra.claims), `cdigen dra explain` and `cdigen dra
+check` (policies.dra.check)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import yaml
 from cdigen.cli import main
 from cdigen.discover import load_node
 from plugin.dra.slices import MemoryShares, build_slices
-from policies.claims import (
+from policies.device_view import attribute_names, device_views, published_attribute_names
+from policies.dra.claims import (
     CapacityPolicy,
     FirstFit,
     NodeState,
@@ -22,7 +23,6 @@ from policies.claims import (
     load_manifests,
     slice_devices,
 )
-from policies.device_view import attribute_names, device_views, published_attribute_names
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
 DRIVER = "gpu.cdigen.dev"
@@ -316,7 +316,7 @@ def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
     selectors = doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
     selectors[0]["cel"]["expression"] = 'device.attributes["gpu.nvidia.com"].index == 0'
     selectors.append({"cel": {"expression": "device.driver == "}})
-    from policies.claim_check import Published, check_document
+    from policies.dra.check import Published, check_document
 
     problems = [str(p) for p in check_document(doc, "x.yaml", Published.of(DRIVER))]
     assert "publishes NVIDIA's names under 'gpu.cdigen.dev'" in problems[0]

@@ -11,7 +11,7 @@ from cdigen.discover import load_node
 from cdigen.mig_profiles import mig_geometry
 from plugin.dra.counters import build_counter_slices
 from policies.device_view import device_views
-from policies.dra_order import ordered_views
+from policies.dra.order import ordered_views
 from tests.cdihost import make_node
 from tests.helpers.slice_rules import pool_problems, validate_pool
 
@@ -119,7 +119,7 @@ def test_the_shipped_mig_classes_select_placements_and_a_first_fit_fills_from_th
     and the scheduler's first fit meets each profile's highest placement first."""
     from pathlib import Path
 
-    from policies.claims import FirstFit, NodeState, load_manifests, slice_devices
+    from policies.dra.claims import FirstFit, NodeState, load_manifests, slice_devices
 
     claim = tmp_path / "claim.yaml"
     claim.write_text(

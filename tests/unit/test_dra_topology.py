@@ -11,9 +11,9 @@ import pytest
 
 from cdigen.discover import load_node
 from plugin.dra.slices import build_slices
-from policies.claims import Claim, FirstFit, load_manifests, slice_devices
 from policies.device_view import device_views
-from policies.dra_order import engine_order, ordered_views
+from policies.dra.claims import Claim, FirstFit, load_manifests, slice_devices
+from policies.dra.order import engine_order, ordered_views
 from policies.graph import build_topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"

@@ -16,7 +16,7 @@ from plugin.agent.kubeapi import api_client
 from plugin.dra.kube import KubeApi, SlicePublisher
 from plugin.dra.slices import MemoryShares
 from policies.device_view import device_views
-from policies.dra_order import ordered_views
+from policies.dra.order import ordered_views
 from tests.fake_apiserver import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]

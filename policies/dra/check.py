@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from policies.cel import CelCompileError, compile_expression
-from policies.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_claim_documents
 from policies.device_view import published_attribute_names, published_capacity_names
+from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_claim_documents
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 

@@ -10,8 +10,8 @@ devices with a ``NoSchedule``/``NoExecute`` taint, and backtracks when a later p
 the real one does. It is a simulator for tests and ``cdigen dra explain``: it answers what the
 scheduler's first fit would pick on a free (or given) node, not where pods go in a cluster.
 
-The manifests are read by :mod:`policies.claim_docs`, the slices' devices by
-:mod:`policies.slice_devices`; their names are re-exported here.
+The manifests are read by :mod:`policies.dra.claim_docs`, the slices' devices by
+:mod:`policies.dra.slice_devices`; their names are re-exported here.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from cdigen.errors import InputError
 from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
-from policies.claim_docs import (
+from policies.dra.claim_docs import (
     Claim,
     Constraint,
     DeviceClass,
@@ -36,7 +36,8 @@ from policies.claim_docs import (
     read_claim_documents,
     read_documents,
 )
-from policies.slice_devices import (
+from policies.dra.explanation import format_bytes
+from policies.dra.slice_devices import (
     TAINT_EFFECTS,
     CapacityPolicy,
     SliceDevice,
@@ -68,7 +69,6 @@ __all__ = [
     "qualify",
     "read_claim_documents",
     "read_documents",
-    "render_explanation",
     "slice_devices",
 ]
 
@@ -375,45 +375,3 @@ class FirstFit:
                 whys.append(f"{request.name}: {why}" if len(claim.requests) > 1 else why)
             reasons.append((device.name, "; ".join(whys)))
         return allocation, reasons
-
-
-def format_bytes(amount: int) -> str:
-    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
-    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
-        if amount >= 1 << shift and amount % (1 << shift) == 0:
-            return f"{amount >> shift}{suffix}"
-    return str(amount)
-
-
-def render_explanation(
-    claim: Claim,
-    allocation: Allocation,
-    reasons: Sequence[tuple[str, str]],
-    *,
-    node: str,
-    link_score: int | None = None,
-) -> list[str]:
-    """``cdigen dra explain`` output: the picks (or the failure), then every other device and
-    why it lost."""
-    lines = []
-    if allocation.error:
-        lines.append(f"claim {claim.name} ({claim.source}) on {node}: not allocatable")
-        lines.append(f"  {allocation.error}")
-    else:
-        picked = ", ".join(allocation.devices)
-        lines.append(f"claim {claim.name} ({claim.source}) on {node}: first fit picks {picked}")
-        for pick in allocation.picks:
-            consumed = ", ".join(
-                f"{name.rpartition('/')[2]} {format_bytes(amount)}"
-                for name, amount in sorted(pick.consumed.items())
-            )
-            lines.append(
-                f"  {pick.request}: {pick.device}" + (f" (consumes {consumed})" if consumed else "")
-            )
-        if link_score is not None:
-            lines.append(f"  link score of the set: {link_score}")
-    if reasons:
-        lines.append("not picked:")
-        width = max(len(name) for name, _ in reasons)
-        lines += [f"  {name:<{width}}  {why}" for name, why in reasons]
-    return lines

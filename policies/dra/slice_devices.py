@@ -1,7 +1,7 @@
 """The devices of our ResourceSlices as the DRA scheduler reads them: attributes, capacities
 (with their KEP-5075 request policies) and taints, qualified by driver domain.
 
-Part of the offline scheduler simulator (:mod:`policies.claims`).
+Part of the offline scheduler simulator (:mod:`policies.dra.claims`).
 """
 
 from __future__ import annotations
