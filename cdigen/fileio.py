@@ -7,10 +7,15 @@ import functools
 import json
 import math
 import os
+import re
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import logging
 
 from cdigen import logs
 from cdigen.errors import InputError, WriteError
@@ -347,3 +352,37 @@ def make_dirs(directory: Path) -> None:
                 f"cannot create directory {d}: {exc.strerror}", where=str(directory)
             ) from None
         os.chmod(d, _DIR_MODE)
+
+
+# atomic_write's temp files: mkstemp(prefix=".<name>.", suffix=".tmp") adds 8 of [a-z0-9_]
+TEMP_FILE = re.compile(r"\.[^/]+\.(?:yaml|json)\.[a-z0-9_]{8}\.tmp")
+
+
+def remove_temp_files(
+    directory: Path, logger: Callable[[], logging.Logger], prefix: str = "."
+) -> list[Path]:
+    """Remove from ``directory`` the temp files of :func:`atomic_write` whose names start with
+    ``prefix`` (a killed run left them; call under the directory's lock); links, directories and
+    every other file are left alone. ``logger`` gives the logger to say so, only when there is
+    something to say (setting up logging costs the boot path). What was removed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed: list[Path] = []
+    for name in sorted(names):
+        path = directory / name
+        if not name.startswith(prefix) or not TEMP_FILE.fullmatch(name):
+            continue
+        if path.is_symlink() or not path.is_file():
+            continue
+        try:
+            path.unlink()
+        except OSError as exc:
+            logger().warning(
+                "cannot remove %s, left by an interrupted cdigen run: %s", path, exc.strerror
+            )
+            continue
+        logger().info("removed %s, left by an interrupted cdigen run", path)
+        removed.append(path)
+    return removed

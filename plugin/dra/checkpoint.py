@@ -165,3 +165,19 @@ def _device_doc_problem(device: Any) -> str | None:
     if device.get("shareId") is not None and not isinstance(device.get("shareId"), str):
         return f".shareId: {kind_of(device.get('shareId'))}, not a string or null"
     return None
+
+
+def remove_spec(path: str | Path) -> str:
+    """Remove a claim's spec file (one already gone is fine). The error, or ""."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return f"cannot remove {path}: {exc.strerror}"
+    return ""
+
+
+def spec_present(claim: ClaimDoc) -> bool:
+    """True when the claim needs no spec or its spec is in the CDI dir."""
+    return not claim["specPath"] or os.path.exists(claim["specPath"])

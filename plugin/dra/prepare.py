@@ -20,27 +20,30 @@ from typing import Any
 from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
-from cdigen.cdi.names import capability_device_name, qualified_name
+from cdigen.cdi.names import qualified_name
 from cdigen.cdi.spec import (
     SpecOptions,
-    build_spec,
-    extra_capabilities,
-    missing_capability_devices,
 )
-from cdigen.cdi.types import SpecDoc
-from cdigen.cdi.write import _TEMP_FILE, write_claim_spec
+from cdigen.cdi.write import write_claim_spec
 from cdigen.errors import CdigenError, InputError
-from cdigen.fileio import atomic_write
-from cdigen.model import Gpu, Node
+from cdigen.fileio import atomic_write, remove_temp_files
+from cdigen.model import Node
 from plugin.dra.checkpoint import (
     CHECKPOINT_VERSION,
-    CLAIM_CLASS,
     ClaimDoc,
     DeviceDoc,
     claim_spec_path,
     claim_spec_prefix,
     legacy_claim_spec_path,
     load_checkpoint,
+    remove_spec,
+    spec_present,
+)
+from plugin.dra.claim_spec import (
+    ClaimSpecs,
+    claim_capability_name,
+    claim_device_name,
+    claim_kind,
 )
 from plugin.dra.claims import (
     AllocatedDevice,
@@ -50,7 +53,7 @@ from plugin.dra.claims import (
     kind_of,
     quoted,
 )
-from plugin.dra.config import claim_configs, claim_sharing, config_for
+from plugin.dra.config import claim_configs, claim_sharing
 from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
@@ -67,11 +70,6 @@ class PrepareResult:
 
     devices: tuple[DeviceDoc, ...] = ()
     error: str = ""
-
-
-def claim_kind(driver: str) -> str:
-    """The CDI kind of the transient per-claim specs: ``k8s.<driver>/claim``."""
-    return f"k8s.{driver}/{CLAIM_CLASS}"
 
 
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -102,37 +100,26 @@ class Preparer:
         self.driver = driver
         self._mig = mig  # makes the MIG device of an allocated placement
         self.pool = pool
-        self._node = node
         self._views = {v.name: v for v in views}
         self._reader = reader
         self._spec_dir = spec_dir
         self._checkpoint = checkpoint
-        # the capabilities claims may ask for beyond the node-wide ones (--capability-devices)
-        self._offered = extra_capabilities(options)
-        self._options = replace(
-            options,
-            vendor=f"k8s.{driver}",
-            cls=CLAIM_CLASS,
-            name_strategies=("uuid",),
-            hook_path=None,
-            cdi_version=None,
-            capability_devices=(),
+        self._specs = ClaimSpecs(
+            driver=driver, node=node, options=options, driver_files=driver_files, fs=fs
         )
-        self._driver_files = driver_files
-        self._fs = fs
         self._mps = mps or MpsSettings()
         self._lock = threading.Lock()
         self._claims: dict[str, ClaimDoc] = load_checkpoint(
             checkpoint, spec_dir=spec_dir, driver=driver
         )
         # what a kill -9 during a write left: only our own temp files, never another writer's
-        remove_temp_files(spec_dir, f".{claim_spec_prefix(driver)}")
-        remove_temp_files(checkpoint.parent, f".{checkpoint.name}.")
+        remove_temp_files(spec_dir, lambda: log, f".{claim_spec_prefix(driver)}")
+        remove_temp_files(checkpoint.parent, lambda: log, f".{checkpoint.name}.")
 
     def set_devices(self, node: Node, views: Sequence[DeviceView]) -> None:
         """A new layout: prepare from now on against these devices."""
         with self._lock:
-            self._node = node
+            self._specs.node = node
             self._views = {v.name: v for v in views}
 
     def made_migs(self) -> frozenset[tuple[str, int]]:
@@ -168,7 +155,7 @@ class Preparer:
     def _prepare(self, ref: ClaimRef) -> PrepareResult:
         with self._lock:
             done = self._claims.get(ref.uid)
-            if done is not None and _spec_present(done):
+            if done is not None and spec_present(done):
                 return PrepareResult(tuple(done["devices"]))
         try:
             claim = self._reader.read_claim(ref.namespace, ref.name)
@@ -182,7 +169,7 @@ class Preparer:
         with self._lock:
             done = self._claims.get(ref.uid)
             if done is not None:
-                if _spec_present(done):  # prepared by a concurrent duplicate call
+                if spec_present(done):  # prepared by a concurrent duplicate call
                     return PrepareResult(tuple(done["devices"]))
                 # the CDI dir lost the spec (a tmpfs after a reboot): write it again
                 log.warning(
@@ -204,7 +191,7 @@ class Preparer:
 
     def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[DeviceDoc]:
         allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
-        extra, explicit = self._extra_capabilities(ref, claim, allocated)
+        extra, explicit = self._specs.capabilities_asked(ref, claim, allocated)
         views: list[DeviceView] = []
         for result in allocated:
             view = self._views.get(result.device)
@@ -275,7 +262,7 @@ class Preparer:
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
         if views:
             asked = ordered_capabilities(c for caps in extra.values() for c in caps)
-            spec = self._claim_spec(ref, views, asked, explicit)
+            spec = self._specs.build(ref, views, asked, explicit)
             made = {d["name"] for d in spec["devices"]}
             extra = {
                 request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in made)
@@ -307,7 +294,7 @@ class Preparer:
         except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
             del self._claims[ref.uid]
             if views:
-                _remove_spec(path)
+                remove_spec(path)
             raise
         log.info(
             "prepared claim %s/%s (%s): %s",
@@ -347,86 +334,6 @@ class Preparer:
                 hint="a device is shared only when both claims were allocated it for sharing",
             )
 
-    def _extra_capabilities(
-        self, ref: ClaimRef, claim: Mapping[str, Any], allocated: Sequence[AllocatedDevice]
-    ) -> tuple[dict[str, tuple[str, ...]], frozenset[str]]:
-        """The capabilities beyond the node-wide ones that each request's config (GpuConfig,
-        plugin.dra.config) asks for, and those asked by name (not through ``all``, which means
-        every one offered); InputError on a bad config or a capability named that this driver
-        does not offer (--capability-devices)."""
-        configs = claim_configs(claim, ref, driver=self.driver)
-        out: dict[str, tuple[str, ...]] = {}
-        explicit: set[str] = set()
-        if not configs:
-            return out, frozenset()
-        for result in allocated:
-            entry = config_for(configs, result.request)
-            if entry is None or result.request in out:
-                continue
-            asked = tuple(
-                c
-                for c in entry.config.capabilities
-                if c not in self._options.capabilities
-                and (c in self._offered or not entry.config.every)
-            )
-            if not entry.config.every:
-                explicit.update(asked)
-            missing = [c for c in asked if c not in self._offered]
-            if missing:
-                raise InputError(
-                    f"request {result.request!r} asks for driver capabilities "
-                    f"{', '.join(missing)}, which this driver does not offer "
-                    f"(offered: {', '.join(self._offered) or 'none'})",
-                    where=f"ResourceClaim {ref.namespace}/{ref.name} "
-                    f"status.allocation.devices.config[{entry.index}] ({entry.source})",
-                    hint=f"start cdigen dra serve with --capability-devices "
-                    f"{','.join(ordered_capabilities((*self._offered, *missing)))}, "
-                    "or drop them from the config",
-                )
-            out[result.request] = asked
-        return out, frozenset(explicit)
-
-    def _claim_spec(
-        self,
-        ref: ClaimRef,
-        views: Sequence[DeviceView],
-        capabilities: tuple[str, ...] = (),
-        explicit: frozenset[str] = frozenset(),
-    ) -> SpecDoc:
-        """The transient spec of one claim: cdigen's generator on a node holding only the
-        claim's devices, each renamed to a name unique to the claim, and a device per asked
-        capability (what it adds to the common edits), renamed alike. InputError when the
-        driver root has no files for a capability in ``explicit`` (asked for by name)."""
-        uid = ref.uid
-        gpus: dict[int, Gpu] = {}
-        for view in views:
-            gpu = gpus.get(view.gpu.index)
-            if view.mig is None:
-                gpus[view.gpu.index] = replace(view.gpu, mig_enabled=False, mig_devices=())
-            elif gpu is None:
-                gpus[view.gpu.index] = replace(view.gpu, mig_devices=(view.mig,))
-            else:
-                gpus[view.gpu.index] = replace(gpu, mig_devices=(*gpu.mig_devices, view.mig))
-        sub_node = replace(self._node, gpus=tuple(gpus.values()), links=())
-        options = replace(self._options, capability_devices=capabilities)
-        spec = build_spec(sub_node, options, self._driver_files, self._fs)
-        missing = [c for c in missing_capability_devices(spec, options) if c in explicit]
-        if missing:
-            raise InputError(
-                f"the driver root {options.driver_root} has no files for driver capabilities "
-                f"{', '.join(missing)}",
-                where=f"ResourceClaim {ref.namespace}/{ref.name}",
-                hint="install the driver's libraries for them on this node, or drop them from "
-                "the claim's config",
-            )
-        by_uuid = {v.uuid: f"{uid}-{v.name}" for v in views}
-        for cap in capabilities:
-            by_uuid[capability_device_name(cap)] = claim_capability_name(uid, cap)
-        spec["devices"] = [
-            {**d, "name": by_uuid[d["name"]]} for d in spec["devices"] if d["name"] in by_uuid
-        ]
-        return spec
-
     # ------------------------------------------------------------------ unprepare
 
     def unprepare(self, ref: ClaimRef) -> str:
@@ -452,7 +359,7 @@ class Preparer:
             error = self._destroy_migs(done)
             if error:
                 return error
-            error = _remove_spec(done["specPath"]) if done["specPath"] else ""
+            error = remove_spec(done["specPath"]) if done["specPath"] else ""
             if error:
                 return error
             del self._claims[ref.uid]
@@ -472,7 +379,7 @@ class Preparer:
         ):
             if not os.path.lexists(path):
                 continue
-            error = _remove_spec(path)
+            error = remove_spec(path)
             if error:
                 return error
             log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
@@ -490,54 +397,3 @@ class Preparer:
         atomic_write(
             self._checkpoint, json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o600
         )
-
-
-def claim_device_name(uid: str, result: AllocatedDevice) -> str:
-    """The CDI device name of one allocated device in its claim's transient spec."""
-    return f"{uid}-{result.device}"
-
-
-def claim_capability_name(uid: str, capability: str) -> str:
-    """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
-    the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
-    return f"{uid}-{capability_device_name(capability)}"
-
-
-def _remove_spec(path: str | Path) -> str:
-    """Remove a claim's spec file (one already gone is fine). The error, or ""."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        return f"cannot remove {path}: {exc.strerror}"
-    return ""
-
-
-def _spec_present(claim: ClaimDoc) -> bool:
-    """True when the claim needs no spec or its spec is in the CDI dir."""
-    return not claim["specPath"] or os.path.exists(claim["specPath"])
-
-
-def remove_temp_files(directory: Path, prefix: str) -> list[Path]:
-    """Remove the temp files of atomic_write that start with ``prefix`` (ours: a kill -9 left
-    them) from ``directory``; any other file is left alone. What was removed."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    removed: list[Path] = []
-    for name in sorted(names):
-        path = directory / name
-        if not name.startswith(prefix) or not _TEMP_FILE.fullmatch(name) or path.is_symlink():
-            continue
-        if not path.is_file():
-            continue
-        try:
-            path.unlink()
-        except OSError as exc:
-            log.warning("cannot remove %s, left by an interrupted write: %s", path, exc.strerror)
-            continue
-        log.info("removed %s, left by an interrupted write", path)
-        removed.append(path)
-    return removed

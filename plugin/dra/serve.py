@@ -10,32 +10,26 @@ node's slices when it starts.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cdigen.cdi.driverfiles import scan_driver
 from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.spec import SpecOptions
-from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
-from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import HealthBoard, Reason, node_reasons
+from plugin.agent.health import HealthBoard, node_reasons
 from plugin.agent.kubeapi import api_error
-from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.kube import SliceApi, SlicePublisher
 from plugin.dra.labels import dra_labels
 from plugin.dra.metrics import DraMetrics
-from plugin.dra.mps import MpsSettings
+from plugin.dra.options import DraOptions
 from plugin.dra.prepare import Preparer
 from plugin.dra.service import (
     DRA_WORKERS,
@@ -47,65 +41,46 @@ from plugin.dra.service import (
     registration_service,
     socket_paths,
 )
-from plugin.dra.slices import MemoryShares, TaintDoc
+from plugin.dra.slices import TaintDoc
 from plugin.dra.status import StatusApi, StatusWriter
-from policies.device_view import DRA_DRIVER, DeviceView, device_views
+from plugin.dra.taints import xid_taints
+from policies.device_view import DeviceView, device_views
 from policies.dra.order import ordered_views
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DRIVER = DRA_DRIVER
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
-DEFAULT_CDI_DIR = str(DYNAMIC_SPEC_DIR)
 SOURCE_NODE = "node"
-# in rising severity; None (Kubernetes 1.35+) only informs: nothing is kept off the device
-TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
-# Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus), 95
-# (uncontained ECC), 64 and 94 (row remapping, contained ECC). All NoSchedule, as NVIDIA's DRA
-# driver does: new claims stay off the device and running pods are left to the admin (a
-# DeviceTaintRule, or --taint-xid 79=NoExecute to evict).
-DEFAULT_TAINT_XIDS: Mapping[int, str] = {
-    48: "NoSchedule",
-    79: "NoSchedule",
-    95: "NoSchedule",
-    64: "NoSchedule",
-    94: "NoSchedule",
-}
 SLICE_RESYNC_S = 2.0  # how often the published slices are compared with what we want
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
-@dataclass(frozen=True)
-class DraOptions:
-    """Everything ``cdigen dra serve`` was told."""
-
-    node_name: str
-    driver: str = DEFAULT_DRIVER
-    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
-    cdi_dir: Path = Path(DEFAULT_CDI_DIR)
-    state_dir: Path | None = None  # default: <kubelet dir>/plugins/<driver>
-    mig_strategy: str = "mixed"
-    driver_root: str = "/"
-    dev_root: str = "/"
-    sysfs_root: str = "/sys"
-    host_root: str = "/"
-    proc_root: str = "/proc"  # nvidia-caps minors of the MIG devices made (dynamic)
-    delete_slices_on_exit: bool = False
-    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
-    recover_after_s: float = 60.0
-    memory_shares: MemoryShares | None = None  # publish whole GPUs as consumable capacity
-    mps: MpsSettings = field(default_factory=MpsSettings)
-    taint_xids: Mapping[int, str] = field(default_factory=lambda: dict(DEFAULT_TAINT_XIDS))
-    # driver capabilities claims may ask for beyond the node-wide ones (GpuConfig, docs/dra.md)
-    capability_devices: tuple[str, ...] = ()
-    features_file: Path | None = None  # NFD feature file kept current with the node labels
-
-    @property
-    def checkpoint(self) -> Path:
-        """Where the prepared claims are kept across restarts."""
-        base = self.state_dir or self.kubelet_dir / "plugins" / self.driver
-        return base / "checkpoint.json"
+def _preparer(
+    options: DraOptions, node: Node, claims: ClaimReader, mig: MigMaker | None
+) -> Preparer:
+    """The claims' preparer: the driver's files scanned once, specs made like generate's."""
+    fs = HostFS(options.host_root)
+    spec_options = SpecOptions(
+        driver_root=options.driver_root,
+        dev_root=options.dev_root,
+        sysfs_root=options.sysfs_root,
+        host_root=options.host_root,
+        capability_devices=options.capability_devices,
+    )
+    return Preparer(
+        driver=options.driver,
+        pool=options.node_name,
+        node=node,
+        views=(),
+        reader=claims,
+        spec_dir=options.cdi_dir,
+        checkpoint=options.checkpoint,
+        options=spec_options,
+        driver_files=scan_driver(options.driver_root, node.driver_version, fs),
+        fs=fs,
+        mps=options.mps,
+        mig=mig,
+    )
 
 
 class DraPlugin:
@@ -128,28 +103,7 @@ class DraPlugin:
         self.node = node
         self._nvml = nvml
         self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
-        fs = HostFS(options.host_root)
-        spec_options = SpecOptions(
-            driver_root=options.driver_root,
-            dev_root=options.dev_root,
-            sysfs_root=options.sysfs_root,
-            host_root=options.host_root,
-            capability_devices=options.capability_devices,
-        )
-        self.preparer = Preparer(
-            driver=options.driver,
-            pool=options.node_name,
-            node=node,
-            views=(),
-            reader=claims,
-            spec_dir=options.cdi_dir,
-            checkpoint=options.checkpoint,
-            options=spec_options,
-            driver_files=scan_driver(options.driver_root, node.driver_version, fs),
-            fs=fs,
-            mps=options.mps,
-            mig=self._mig,
-        )
+        self.preparer = _preparer(options, node, claims, self._mig)
         # after the checkpoint: with dynamic MIG it says which MIG devices are ours
         self.views = self._views(node)
         self.preparer.set_devices(node, self.views)
@@ -180,8 +134,19 @@ class DraPlugin:
             self.status = StatusWriter(
                 claims, driver=options.driver, pool=options.node_name, device_data=self._device_data
             )
+        self._dra_server, self._reg_server = self._servers()
+        self._xid: XidHealth | None = None
+        self._taint_lock = threading.Lock()
+        self.taints: dict[str, list[TaintDoc]] = {}
+        self._published = False
+        self.features = FeatureFile(options.features_file)  # node labels for NFD
+        self.board.subscribe(self._on_health)
+
+    def _servers(self) -> tuple[UnixServer, UnixServer]:
+        """The DRA socket's server (claims, health stream) and the registration socket's."""
+        options = self.options
         reg_path, dra_path = socket_paths(options.kubelet_dir, options.driver)
-        self._dra_server = UnixServer(
+        dra = UnixServer(
             dra_path,
             dra_services(
                 self.preparer,
@@ -191,7 +156,7 @@ class DraPlugin:
             ),
             workers=DRA_WORKERS,
         )
-        self._reg_server = UnixServer(
+        registration = UnixServer(
             reg_path,
             registration_service(
                 RegistrationService(
@@ -200,12 +165,7 @@ class DraPlugin:
             ),
             workers=2,
         )
-        self._xid: XidHealth | None = None
-        self._taint_lock = threading.Lock()
-        self.taints: dict[str, list[TaintDoc]] = {}
-        self._published = False
-        self.features = FeatureFile(options.features_file)  # node labels for NFD
-        self.board.subscribe(self._on_health)
+        return dra, registration
 
     def _mig_maker(self) -> MigMaker | None:
         """What makes MIG devices at prepare: with --mig-strategy dynamic and NVML."""
@@ -385,32 +345,6 @@ class DraPlugin:
             views = ordered_views(views, self.node, tainted)
         self.publisher.publish(views, shares=self.options.memory_shares, taints=self.taints)
 
-    def device_taints(self, reasons: Mapping[str, tuple[str, ...]]) -> dict[str, list[TaintDoc]]:
-        """The taints the health reasons call for: one per device whose reasons name a
-        configured Xid (key ``<driver>/xid``, the Xid as value; NoExecute wins)."""
-        out: dict[str, list[TaintDoc]] = {}
-        for device, held in sorted(reasons.items()):
-            worst: tuple[int, int] | None = None  # (effect rank, xid)
-            for reason in held:
-                xid = reason.xid if isinstance(reason, Reason) else None
-                if xid is None:
-                    continue
-                effect = self.options.taint_xids.get(xid)
-                if effect is None:
-                    continue
-                rank = TAINT_EFFECTS.index(effect)
-                if worst is None or rank > worst[0]:
-                    worst = (rank, xid)
-            if worst is not None:
-                out[device] = [
-                    {
-                        "key": f"{self.options.driver}/xid",
-                        "value": str(worst[1]),
-                        "effect": TAINT_EFFECTS[worst[0]],
-                    }
-                ]
-        return out
-
     def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
         """A health change: republish the slices when the device taints change."""
         views, strategy = self.views, self.options.mig_strategy
@@ -418,7 +352,7 @@ class DraPlugin:
             strategy = "mixed"
         self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
         with self._taint_lock:
-            taints = self.device_taints(reasons)
+            taints = xid_taints(reasons, self.options.taint_xids, self.options.driver)
             if taints == self.taints:
                 return
             self.taints = taints
@@ -441,89 +375,3 @@ class DraPlugin:
                 self.publisher.delete_all()
             except Exception as exc:  # the API server may be gone at shutdown: say so, go on
                 log.error("could not delete the ResourceSlices: %s", api_error(exc))
-
-
-class HealthServer(ThreadingHTTPServer):
-    """``/healthz`` for the DRA plugin: 200 once registered with the kubelet, else 503; the
-    body says what is pending (JSON: registered, slicesPublished, slicesProblem). And
-    ``/metrics``, the plugin's Prometheus series (plugin/dra/metrics.py)."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], plugin: DraPlugin) -> None:
-        import socket
-
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        self.plugin = plugin
-        self._thread: threading.Thread | None = None
-        super().__init__(address, _HealthHandler)
-
-    def start(self) -> None:
-        """Serve in a daemon thread."""
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        """Stop serving and release the port."""
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join(timeout=2)
-            self._thread = None
-        self.server_close()
-
-
-class _HealthHandler(BaseHTTPRequestHandler):
-    server: HealthServer
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
-
-            self._send(200, self.server.plugin.metrics.exposition(), CONTENT_TYPE_PLAIN_0_0_4)
-            return
-        if path != "/healthz":
-            self._send(404, b"not found: try /healthz or /metrics\n")
-            return
-        plugin = self.server.plugin
-        problem = plugin.health_problem()
-        body = json.dumps(plugin.health_report(), sort_keys=True) + "\n"
-        self._send(503 if problem else 200, body.encode())
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("healthz http: " + format, *args)
-
-
-def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) -> int:
-    """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0,
-    within the agent's stop deadline (:func:`plugin.agent.lifecycle.serve_until_signalled`)."""
-    health: HealthServer | None = None
-    if health_address:
-        from plugin.agent.sockets import parse_address
-
-        try:
-            health = HealthServer(parse_address(health_address), plugin)
-        except OSError as exc:
-            raise InputError(
-                f"cannot listen on {health_address}: {exc.strerror or exc}",
-                where="--health-address",
-                hint="pick a free port, or :0 for any",
-            ) from None
-        health.start()
-        log.info("/healthz on http://%s:%d", *health.server_address[:2])
-
-    try:
-        return run_until_signalled(plugin, name="cdigen DRA plugin")
-    finally:
-        if health is not None:
-            health.close()

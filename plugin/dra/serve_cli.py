@@ -14,7 +14,7 @@ from plugin.agent.mps import LIMIT_KEYS
 from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, quantity_bytes
 
 if TYPE_CHECKING:
-    from plugin.dra.serve import DraOptions
+    from plugin.dra.options import DraOptions
 
 
 def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -221,7 +221,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
 
 def _taint_xids(items: list[str] | None) -> dict[int, str] | None:
     from cdigen.errors import InputError
-    from plugin.dra.serve import TAINT_EFFECTS
+    from policies.dra.slice_devices import TAINT_EFFECTS
 
     if not items:
         return None
@@ -246,8 +246,9 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.nodelock import GpuServerLock
     from plugin.agent.kubeapi import api_client
     from plugin.agent.logs import setup_logging
+    from plugin.dra.healthz import serve_until_signalled
     from plugin.dra.kube import KubeApi
-    from plugin.dra.serve import DraPlugin, serve_until_signalled
+    from plugin.dra.serve import DraPlugin
 
     _check_serve_args(args)
     setup_logging(args.dra_log_level, args.dra_log_format)
@@ -312,7 +313,7 @@ def _dra_options(args: argparse.Namespace) -> DraOptions:
     from pathlib import Path
 
     from cdigen.cdi.capabilities import parse_capabilities
-    from plugin.dra.serve import DraOptions
+    from plugin.dra.options import DraOptions
 
     return DraOptions(
         node_name=args.node_name,

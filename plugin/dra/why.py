@@ -204,8 +204,8 @@ def _allocated(
 ) -> list[str]:
     """An allocated claim: where, and each device with what it consumes and its CDI name."""
     from cdigen.cdi.names import qualified_name
+    from plugin.dra.claim_spec import claim_device_name, claim_kind
     from plugin.dra.claims import AllocatedDevice
-    from plugin.dra.prepare import claim_device_name, claim_kind
 
     allocation = (doc.get("status") or {}).get("allocation") or {}
     nodes = [

@@ -304,14 +304,14 @@ def test_a_claim_spec_failing_the_check_is_that_claims_error_and_leaves_no_file(
     the fault is planted) is refused before anything is written."""
     plugin = harness.start()
     preparer = plugin.preparer
-    make_spec = preparer._claim_spec
+    make_spec = preparer._specs.build
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         spec = make_spec(*args, **kwargs)
         spec["devices"][0]["containerEdits"]["deviceNodes"] = [{"path": "dev/nvidia0"}]
         return spec
 
-    monkeypatch.setattr(preparer, "_claim_spec", broken)
+    monkeypatch.setattr(preparer._specs, "build", broken)
     bad = harness.claim("bad", "uid-bad", "gpu-0")
     good = harness.claim("good", "uid-good", "gpu-1")
     response = harness.kubelet.prepare([bad])
@@ -319,7 +319,7 @@ def test_a_claim_spec_failing_the_check_is_that_claims_error_and_leaves_no_file(
     assert "dev/nvidia0" in error and "\n" not in error, error
     left = [p.name for p in harness.cdi_dir.glob("*")] if harness.cdi_dir.exists() else []
     assert [n for n in left if n != ".cdigen.lock"] == [], left
-    monkeypatch.setattr(preparer, "_claim_spec", make_spec)
+    monkeypatch.setattr(preparer._specs, "build", make_spec)
     assert harness.kubelet.prepare([good]).claims["uid-good"].error == ""
     spec = json.loads(claim_spec_path(harness.cdi_dir, DRIVER, "uid-good").read_text())
     assert spec["kind"] == f"k8s.{DRIVER}/claim"

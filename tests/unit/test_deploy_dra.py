@@ -283,7 +283,7 @@ def test_the_host_installed_driver_is_read_through_host_root(
 
 
 def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: list[str]) -> None:
-    from plugin.dra.serve import DraOptions
+    from plugin.dra.options import DraOptions
 
     options = DraOptions(
         node_name="n", driver=DRIVER, kubelet_dir=Path(flag(argv, "--kubelet-dir"))
