@@ -146,3 +146,8 @@ def test_a_conflict_with_three_files_names_them_all(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"remove or move {out / 'a.yaml'}, {out / 'b.yaml'} and {out / 'c.yaml'} (" in err
+    for name in ("b.yaml", "c.yaml"):
+        (out / name).unlink()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"remove or move {out / 'a.yaml'} (" in err  # one file: no list
