@@ -150,40 +150,40 @@ def allocated_devices(
     for index, result in enumerate(results):
         if not isinstance(result, Mapping):
             continue
-        if result.get("driver") != driver or result.get("pool") != pool:
-            continue
-        path = f"status.allocation.devices.results[{index}]"
-        request = field(result, "request", str, where, f"{path}.request") or ""
-        device = field(result, "device", str, where, f"{path}.device") or ""
-        share_id = field(result, "shareID", str, where, f"{path}.shareID") or None
-        admin = field(result, "adminAccess", bool, where, f"{path}.adminAccess") or False
-        if request and not _REQUEST_RE.fullmatch(request):
-            raise InputError(
-                f"{path}.request {quoted(request)} is not a request name (a DNS label, or "
-                "request/subrequest)",
-                where=where,
+        if result.get("driver") == driver and result.get("pool") == pool:
+            devices.append(
+                _allocated_device(result, f"status.allocation.devices.results[{index}]", where)
             )
-        if share_id is not None and not _UID_RE.fullmatch(share_id):
-            raise InputError(f"{path}.shareID {quoted(share_id)} is not a UID", where=where)
-        consumed = field(result, "consumedCapacity", Mapping, where, f"{path}.consumedCapacity")
-        if consumed is not None:
-            for key, value in consumed.items():
-                if not isinstance(value, str | int):
-                    raise InputError(
-                        f"{path}.consumedCapacity.{shortened(str(key), 40)} is {kind_of(value)}, "
-                        "not a quantity",
-                        where=where,
-                        hint="the API server sent a ResourceClaim of the wrong shape",
-                    )
-        devices.append(
-            AllocatedDevice(
-                request=request,
-                device=device,
-                admin_access=admin,
-                share_id=share_id,
-                consumed={str(k): str(v) for k, v in consumed.items()}
-                if consumed is not None
-                else None,
-            )
-        )
     return tuple(devices)
+
+
+def _allocated_device(result: Mapping[str, Any], path: str, where: str) -> AllocatedDevice:
+    """One allocation result of ours; InputError naming ``path`` for a field of the wrong shape."""
+    request = field(result, "request", str, where, f"{path}.request") or ""
+    device = field(result, "device", str, where, f"{path}.device") or ""
+    share_id = field(result, "shareID", str, where, f"{path}.shareID") or None
+    admin = field(result, "adminAccess", bool, where, f"{path}.adminAccess") or False
+    if request and not _REQUEST_RE.fullmatch(request):
+        raise InputError(
+            f"{path}.request {quoted(request)} is not a request name (a DNS label, or "
+            "request/subrequest)",
+            where=where,
+        )
+    if share_id is not None and not _UID_RE.fullmatch(share_id):
+        raise InputError(f"{path}.shareID {quoted(share_id)} is not a UID", where=where)
+    consumed = field(result, "consumedCapacity", Mapping, where, f"{path}.consumedCapacity")
+    for key, value in (consumed or {}).items():
+        if not isinstance(value, str | int):
+            raise InputError(
+                f"{path}.consumedCapacity.{shortened(str(key), 40)} is {kind_of(value)}, "
+                "not a quantity",
+                where=where,
+                hint="the API server sent a ResourceClaim of the wrong shape",
+            )
+    return AllocatedDevice(
+        request=request,
+        device=device,
+        admin_access=admin,
+        share_id=share_id,
+        consumed={str(k): str(v) for k, v in consumed.items()} if consumed is not None else None,
+    )

@@ -112,27 +112,34 @@ def claim_limits(
         pipe_dir=mps.pipe_dir or None,
     )
     env = [f"{name}={value}" for name, value in pairs]
-    mounts: list[MountDoc] = []
-    if mps.pipe_dir:
-        _refuse_unsafe(mps.pipe_dir, "--mps-pipe-dir", shared=False)
-        # read-only, as the device plugin mounts it: a client only connects to the sockets
+    mounts = _daemon_mounts(mps)
+    return env, mounts
+
+
+def _daemon_mounts(mps: MpsSettings) -> list[MountDoc]:
+    """The MPS daemon's pipe directory (read-only, as the device plugin mounts it: a client
+    only connects to the sockets) and its shared memory at /dev/shm; InputError if either
+    exists but is no place to mount."""
+    if not mps.pipe_dir:
+        return []
+    _refuse_unsafe(mps.pipe_dir, "--mps-pipe-dir", shared=False)
+    mounts: list[MountDoc] = [
+        {
+            "hostPath": mps.pipe_dir,
+            "containerPath": mps.pipe_dir,
+            "options": list(IPC_MOUNT_OPTIONS),
+        }
+    ]
+    if mps.shm_dir:
+        _refuse_unsafe(mps.shm_dir, "--mps-shm-dir", shared=True)
         mounts.append(
             {
-                "hostPath": mps.pipe_dir,
-                "containerPath": mps.pipe_dir,
-                "options": list(IPC_MOUNT_OPTIONS),
+                "hostPath": mps.shm_dir,
+                "containerPath": MPS_SHM_PATH,
+                "options": list(SHM_MOUNT_OPTIONS),
             }
         )
-        if mps.shm_dir:
-            _refuse_unsafe(mps.shm_dir, "--mps-shm-dir", shared=True)
-            mounts.append(
-                {
-                    "hostPath": mps.shm_dir,
-                    "containerPath": MPS_SHM_PATH,
-                    "options": list(SHM_MOUNT_OPTIONS),
-                }
-            )
-    return env, mounts
+    return mounts
 
 
 def consumed_memory(result: AllocatedDevice) -> int:

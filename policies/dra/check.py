@@ -92,64 +92,42 @@ def check_expression(
         return [Problem(source, field, str(exc), exc.line, exc.column)]
     problems: list[Problem] = []
     for match in _REFERENCE.finditer(expression):
-        what, domain = match.group(1), match.group(2)
-        name = match.group(3) or match.group(4)
-        line, column = _position(expression, match.start(2) - 1)
-        if what == "capacity":
-            if domain != published.driver:
-                problems.append(
-                    Problem(
-                        source,
-                        field,
-                        f"capacity domain {domain!r} is not published; use {published.driver!r}",
-                        line,
-                        column,
-                    )
-                )
-            elif name is not None and name not in published.capacity:
-                start = match.start(3) if match.group(3) else match.start(4)
-                line, column = _position(expression, start)
-                problems.append(
-                    Problem(
-                        source,
-                        field,
-                        f"no capacity {name!r} in {domain}"
-                        + did_you_mean(name, published.capacity),
-                        line,
-                        column,
-                    )
-                )
-            continue
-        names = published.attributes.get(domain)
-        if names is None:
-            hint = (
-                f"; this driver publishes NVIDIA's names under {published.driver!r}"
-                if domain == NVIDIA_DOMAIN
-                else ""
-            )
-            problems.append(
-                Problem(
-                    source,
-                    field,
-                    f"attribute domain {domain!r} is not published by {published.driver}{hint}",
-                    line,
-                    column,
-                )
-            )
-            continue
-        if name is not None and name not in names:
-            start = match.start(3) if match.group(3) else match.start(4)
-            line, column = _position(expression, start)
-            problems.append(
-                Problem(
-                    source,
-                    field,
-                    f"no attribute {name!r} in {domain}" + did_you_mean(name, names),
-                    line,
-                    column,
-                )
-            )
+        found = _reference_problem(match, expression, published)
+        if found is not None:
+            message, at = found
+            problems.append(Problem(source, field, message, *_position(expression, at)))
     return problems or _errs_on_a_device(program, source, field, published.driver)
+
+
+def _reference_problem(
+    match: re.Match[str], expression: str, published: Published
+) -> tuple[str, int] | None:
+    """What is wrong with one ``device.attributes/capacity[domain].name`` reference, and the
+    offset it points at (the domain, or the name), or None."""
+    what, domain = match.group(1), match.group(2)
+    name = match.group(3) or match.group(4)
+    name_at = match.start(3) if match.group(3) else match.start(4)
+    if what == "capacity":
+        if domain != published.driver:
+            message = f"capacity domain {domain!r} is not published; use {published.driver!r}"
+            return message, match.start(2) - 1
+        if name is not None and name not in published.capacity:
+            return f"no capacity {name!r} in {domain}" + did_you_mean(
+                name, published.capacity
+            ), name_at
+        return None
+    names = published.attributes.get(domain)
+    if names is None:
+        hint = (
+            f"; this driver publishes NVIDIA's names under {published.driver!r}"
+            if domain == NVIDIA_DOMAIN
+            else ""
+        )
+        message = f"attribute domain {domain!r} is not published by {published.driver}{hint}"
+        return message, match.start(2) - 1
+    if name is not None and name not in names:
+        return f"no attribute {name!r} in {domain}" + did_you_mean(name, names), name_at
+    return None
 
 
 SAMPLE_NODES = ("builtin:dgx-a100-mig-mixed", "builtin:dgx1-v100", "builtin:rtx4090")
