@@ -68,6 +68,31 @@ def claim_limits(
             hint="start cdigen dra serve with --mps-pipe-dir (docs/dra-sharing.md), or drop "
             "sharing from the GpuConfig",
         )
+    gpus = _memory_limits(allocated, views, mps, sharing, where)
+    if not gpus:
+        return [], []
+    threads = sharing.thread_percentage if sharing is not None else mps.thread_percentage
+    pairs = limits_env(
+        [GpuLimit(gpu, limit) for gpu, limit in gpus.values()],
+        [views[r.device].gpu for r in allocated],
+        limit_key=mps.limit_key,
+        thread_percentage=threads,
+        pipe_dir=mps.pipe_dir or None,
+    )
+    env = [f"{name}={value}" for name, value in pairs]
+    mounts = _daemon_mounts(mps)
+    return env, mounts
+
+
+def _memory_limits(
+    allocated: Sequence[AllocatedDevice],
+    views: Mapping[str, DeviceView],
+    mps: MpsSettings,
+    sharing: ClaimSharing | None,
+    where: str,
+) -> dict[str, tuple[Gpu, int | None]]:
+    """Per whole GPU of the claim (by UUID): the GPU and its pinned-memory limit in bytes
+    (None: none), from the claim's setting, the memory it consumed, or the node's replicas."""
     # the CUDA ordinal in the container: the claim's GPUs in PCI bus order (CUDA_DEVICE_ORDER)
     in_claim = sorted({views[r.device].gpu.pci_bus_id.lower() for r in allocated})
     per_device = dict(sharing.per_device_limits) if sharing is not None else {}
@@ -101,19 +126,7 @@ def claim_limits(
             where=where,
             hint="key the limits by the GPU's CUDA ordinal in the container, or its UUID",
         )
-    if not gpus:
-        return [], []
-    threads = sharing.thread_percentage if sharing is not None else mps.thread_percentage
-    pairs = limits_env(
-        [GpuLimit(gpu, limit) for gpu, limit in gpus.values()],
-        [views[r.device].gpu for r in allocated],
-        limit_key=mps.limit_key,
-        thread_percentage=threads,
-        pipe_dir=mps.pipe_dir or None,
-    )
-    env = [f"{name}={value}" for name, value in pairs]
-    mounts = _daemon_mounts(mps)
-    return env, mounts
+    return gpus
 
 
 def _daemon_mounts(mps: MpsSettings) -> list[MountDoc]:
