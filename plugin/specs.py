@@ -15,29 +15,25 @@ log = logging.getLogger("cdigen.plugin")
 
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
-    from cdigen.cdi.checks import check_driver_libraries, check_roots
+    from cdigen.cdi.checks import check_host
     from cdigen.cdi.driverfiles import find_hook
     from cdigen.cdi.hostfs import HostFS
     from cdigen.cdi.names import capability_device_name, split_kind
     from cdigen.cdi.spec import SpecOptions, missing_capability_devices
     from cdigen.cdi.write import generate_spec_file
-    from cdigen.discover import describes_hardware
 
     if not config.spec_dirs:
         raise InputError("generateSpecs needs a spec dir", where="specDir")
     vendor, cls = split_kind(config.cdi_kind)
     fs = HostFS(config.host_root)
     # the guards of `cdigen generate`: roots that exist, and the running driver's libraries
-    check_roots(
+    warning = check_host(
+        node,
+        source=config.node,
         driver_root=config.driver_root,
         dev_root=config.dev_root,
         sysfs_root=config.sysfs_root,
-        hook_path=None,
         fs=fs,
-    )
-    hardware = describes_hardware(config.node, node)
-    warning = check_driver_libraries(
-        node, config.driver_root, fs, source=config.node, hardware=hardware
     )
     if warning:
         log.warning("%s", warning)

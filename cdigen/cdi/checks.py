@@ -13,7 +13,7 @@ import os
 from cdigen.cdi.driverfiles import detect_driver_version
 from cdigen.cdi.hostfs import HostFS, host_path
 from cdigen.cdi.libdirs import library_dirs
-from cdigen.discover.sources import from_hardware
+from cdigen.discover.sources import describes_hardware, from_hardware
 from cdigen.errors import InputError
 from cdigen.model import Node
 
@@ -120,4 +120,30 @@ def check_driver_libraries(
     return (
         f"the spec lists device nodes only, no driver libraries: {why} "
         f"(fine to try out a simulated node; on a GPU node use --node nvml)"
+    )
+
+
+def check_host(
+    node: Node,
+    *,
+    source: str,
+    driver_root: str,
+    dev_root: str,
+    sysfs_root: str,
+    fs: HostFS,
+    hook_path: str | None = None,
+) -> str | None:
+    """The guards ``cdigen generate`` applies before it writes a spec, for a caller that has
+    its node already (the device plugin's generateSpecs, the DRA plugin's claim specs): roots
+    that exist (:func:`check_roots`), and the running driver's libraries under the driver root
+    (:func:`check_driver_libraries`). InputError, or the one-line warning for a simulated node."""
+    check_roots(
+        driver_root=driver_root,
+        dev_root=dev_root,
+        sysfs_root=sysfs_root,
+        hook_path=hook_path,
+        fs=fs,
+    )
+    return check_driver_libraries(
+        node, driver_root, fs, source=source, hardware=describes_hardware(source, node)
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -241,6 +242,8 @@ def _taint_xids(items: list[str] | None) -> dict[int, str] | None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from cdigen.cdi.checks import check_host
+    from cdigen.cdi.hostfs import HostFS
     from cdigen.discover import from_hardware, load_node
     from cdigen.discover.nvml_library import start_nvml
     from cdigen.nodelock import GpuServerLock
@@ -268,6 +271,17 @@ def _serve(args: argparse.Namespace) -> int:
         host_root=args.host_root,
     )
     api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    # the guards of `cdigen generate`, for the claims' specs: roots, the driver's libraries
+    warning = check_host(
+        node,
+        source=args.node,
+        driver_root=args.driver_root,
+        dev_root=args.dev_root,
+        sysfs_root=args.sysfs_root,
+        fs=HostFS(args.host_root),
+    )
+    if warning:
+        logging.getLogger("plugin.dra.serve").warning("%s", warning)
     # the device plugin must not serve this node's GPUs too: held while serving
     with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
         plugin = DraPlugin(

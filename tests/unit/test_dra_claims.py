@@ -481,3 +481,22 @@ def test_a_field_the_tools_do_not_simulate_is_refused(
     assert "spec.spec.devices.requests[1]: a request with neither exactly nor firstAvailable" in (
         capsys.readouterr().err
     )
+
+
+def test_serve_keeps_the_guards_of_generate_for_the_claims_specs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A driver root that is not there: exit 2, one line, before the API server is asked (the
+    claims' specs would have had no driver files)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    argv = ["dra", "serve", "--node", "builtin:rtx4090", "--node-name", "n"]
+    argv += ["--driver-root", str(tmp_path / "nowhere"), "--kubeconfig", str(kubeconfig)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--driver-root" in err and "nowhere" in err
