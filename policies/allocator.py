@@ -13,9 +13,10 @@ Two entry points, one engine:
 
 The engine's parts: :mod:`policies.objective` (the lexicographic objective, its key and the
 explanation of why a set lost), :mod:`policies.fast_path` (whole GPUs on bit masks),
-:mod:`policies.search` (the exact search over the subset tables of :mod:`policies.table`,
-and the greedy search above ``EXACT_LIMIT`` GPUs, behind one protocol), :mod:`policies.placement` (replicas, memory slices and MIG devices: pack, spread,
-best fit). Answers are memoized per request.
+:mod:`policies.search` (the exact search over the subset tables of :mod:`policies.table`, and
+the greedy search above ``EXACT_LIMIT`` GPUs, behind one protocol), :mod:`policies.placement`
+(replicas, memory slices and MIG devices: pack, spread, best fit). Answers are memoized per
+request.
 """
 
 from __future__ import annotations
