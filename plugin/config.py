@@ -185,7 +185,7 @@ def _validate(config: PluginConfig) -> PluginConfig:
     check_choice(config.log_level, LOG_LEVELS, what="log level")
     check_choice(config.log_format, LOG_FORMATS, what="log format")
     check_choice(config.mig_strategy, MIG_STRATEGIES, what="MIG strategy")
-    from plugin.kubelet import resource_name_problem
+    from plugin.registration import resource_name_problem
 
     for resource in config.resources:
         problem = resource_name_problem(resource.name)
