@@ -17,14 +17,8 @@ from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import (
-    SOURCE_NODE,
-    HealthBoard,
-    Poller,
-    SpecDirWatcher,
-    node_reasons,
-    with_board_health,
-)
+from plugin.agent.health import SOURCE_NODE, HealthBoard, node_reasons, with_board_health
+from plugin.agent.health_watchers import Poller, SpecDirWatcher
 from plugin.agent.lifecycle import open_nvml, serve_until_signalled
 from plugin.agent.sockets import make_plugin_dir
 from plugin.agent.xid import XidHealth

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 
 from cdigen.cdi.cache import SpecCache
 from cdigen.model import Node
-from plugin.agent.health import HealthBoard, NodeWatcher, Pollable, SpecDirWatcher
+from plugin.agent.health import HealthBoard
+from plugin.agent.health_watchers import NodeWatcher, Pollable, SpecDirWatcher
 from plugin.agent.xid import XidHealth
 from plugin.config import PluginConfig
 from plugin.layout import Layout
