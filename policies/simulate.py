@@ -263,7 +263,7 @@ def _share_run(
     name: str,
     choose: Callable[[list[str], int], tuple[str, ...]],
     everything: Sequence[str],
-    mix: tuple[Sequence[int], Sequence[int]],
+    mix: tuple[Sequence[int], Sequence[float]],
     slices: bool,
     target: float,
     seed: int,
