@@ -16,7 +16,8 @@ explanation of why a set lost), :mod:`policies.fast_path` (whole GPUs on bit mas
 :mod:`policies.search` (the exact search over the subset tables of :mod:`policies.table`, and
 the greedy search above ``EXACT_LIMIT`` GPUs, behind one protocol), :mod:`policies.placement`
 (replicas, memory slices and MIG devices: pack, spread, best fit). Answers are memoized per
-request.
+request. The request and answer types are :mod:`policies.answers`'s, exported here with the
+engine (``__all__``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
 from cdigen.errors import AllocationError
 from cdigen.model import Node
+from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
 from policies.fast_path import FastPath
 from policies.graph import build_topology
 from policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lost
@@ -57,38 +58,6 @@ log = logging.getLogger("cdigen.allocator")
 
 MEMO_LIMIT = 65536
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class AllocationRequest:
-    """What the kubelet asks: choose ``size`` of ``available`` (IDs: UUIDs, indexes, replicas)."""
-
-    available: tuple[str, ...]
-    must_include: tuple[str, ...]
-    size: int
-
-
-@dataclass(frozen=True)
-class AllocationAnswer:
-    """The chosen IDs (in the form asked), their link score, NUMA nodes, and any fallback."""
-
-    devices: tuple[str, ...]
-    link_score: int
-    numa_nodes: tuple[int, ...]
-    fallback_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class PositionAnswer:
-    """The chosen devices as indexes into the request's ``available`` (ascending, except when
-    more must-include devices than ``size`` were given: then the first of them, in order),
-    their distinct GPU positions (ascending), link score, NUMA nodes and any fallback."""
-
-    devices: tuple[int, ...]
-    positions: tuple[int, ...]
-    link_score: int
-    numa_nodes: tuple[int, ...]
-    fallback_reason: str | None = None
 
 
 class Allocator:
@@ -153,8 +122,7 @@ class Allocator:
         key = (tuple(available), tuple(must), size, slices)
         answer = self._position_memo.get(key)
         if answer is None:
-            fields = self._plain.positions(*key[:3]) if self._plain and not slices else None
-            answer = PositionAnswer(*fields) if fields is not None else None
+            answer = self._plain.positions(*key[:3]) if self._plain and not slices else None
             if answer is None:
                 answer = self._budgeted(lambda: self._solve_positions(*key))
             if len(self._position_memo) >= MEMO_LIMIT:
@@ -167,8 +135,7 @@ class Allocator:
         key = (request.available, request.must_include, request.size)
         answer = self._memo.get(key)
         if answer is None:
-            found = self._plain.ids(*key) if self._plain else None
-            answer = AllocationAnswer(*found) if found is not None else None
+            answer = self._plain.ids(request) if self._plain else None
             if answer is None:
                 answer = self._budgeted(lambda: self._solve_ids(request))
             if len(self._memo) >= MEMO_LIMIT:

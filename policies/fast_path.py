@@ -10,14 +10,11 @@ import logging
 from collections.abc import Callable, Sequence
 from itertools import compress
 
+from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
 from policies.search import ExactSearch
 from policies.shares import share_kind
 
 log = logging.getLogger("cdigen.allocator")
-
-# the fields of an answer: the chosen devices, their link score, NUMA nodes, fallback reason
-IdFields = tuple[tuple[str, ...], int, tuple[int, ...], str | None]
-PositionFields = tuple[tuple[int, ...], tuple[int, ...], int, tuple[int, ...], str | None]
 
 
 class FastPath:
@@ -44,11 +41,10 @@ class FastPath:
             if named in self.position_bits and share_kind(name) == "gpu":
                 self.id_bits[name] = self.position_bits[named]
 
-    def ids(
-        self, available: tuple[str, ...], must_ids: tuple[str, ...], size: int
-    ) -> IdFields | None:
+    def ids(self, request: AllocationRequest) -> AllocationAnswer | None:
         """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
         among them (at most ``size``), else None: the general path answers the rest."""
+        available, size = request.available, request.size
         bit_of = self.id_bits
         try:
             bits = list(map(bit_of.__getitem__, available))
@@ -59,6 +55,7 @@ class FastPath:
         if avail.bit_count() != len(bits) or not 0 < size <= len(bits):
             return None
         must = 0
+        must_ids = request.must_include
         if must_ids:
             if len(must_ids) > size:
                 return None
@@ -72,12 +69,16 @@ class FastPath:
         if best < 0:
             return None
         score, numa_nodes, fails = self.exact.facts(best)
-        chosen = tuple(compress(available, map(best.__and__, bits)))
-        return chosen, score, numa_nodes, _selector_note(fails)
+        return AllocationAnswer(
+            tuple(compress(available, map(best.__and__, bits))),
+            score,
+            numa_nodes,
+            _selector_note(fails),
+        )
 
     def positions(
         self, available: tuple[int, ...], must: tuple[int, ...], size: int
-    ) -> PositionFields | None:
+    ) -> PositionAnswer | None:
         """:meth:`ids` for devices as GPU positions (one device per GPU)."""
         get = self.position_bits.get
         bits = [get(p, 0) for p in available]
@@ -95,7 +96,7 @@ class FastPath:
         if best < 0:
             return None
         score, numa_nodes, fails = self.exact.facts(best)
-        return (
+        return PositionAnswer(
             tuple(compress(range(len(bits)), map(best.__and__, bits))),
             self.universe.positions_of(best),
             score,
