@@ -223,7 +223,7 @@ def _mig_capable(node: Node) -> bool:
 def _own_labels(node: Node) -> dict[str, str]:
     """cdigen's labels: what GFD has no label for."""
     labels = {
-        "gpu.healthy": str(sum(1 for g in node.gpus if g.healthy and not g.error)),
+        "gpu.healthy": str(sum(1 for g in node.gpus if g.usable)),
         "nvlink.domain-size": str(nvlink_domain_size(node)),
     }
     numa = [g.numa_node for g in node.gpus]

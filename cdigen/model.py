@@ -25,6 +25,8 @@ MAX_MIG_ID = 255  # GPU and compute instance IDs
 # How MIG devices are offered: not at all (whole GPUs), as the one kind of every GPU, or each
 # profile as its own kind (NVIDIA's device plugin's --mig-strategy words).
 MIG_STRATEGIES = ("none", "single", "mixed")
+# the DRA plugin also makes MIG devices per claim (KEP-4815, docs/mig.md)
+DRA_MIG_STRATEGIES = (*MIG_STRATEGIES, "dynamic")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,11 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
     healthy: bool = True  # simulation: node files may set healthy: false
     error: str | None = None  # a discovery call failed on this GPU; it is advertised unhealthy
+
+    @property
+    def usable(self) -> bool:
+        """Whether the GPU may be given out: healthy, and discovery read it without error."""
+        return self.healthy and self.error is None
 
 
 @dataclass(frozen=True)

@@ -230,6 +230,13 @@ def _gpu_from_dict(g: dict[str, Any]) -> Gpu:
 
 def check_node(node: Node, *, where: str, raw_links: list[dict[str, Any]] | None = None) -> None:
     """Raise InputError for what the schema cannot catch (duplicates, dangling links)."""
+    _check_unique_ids(node, where)
+    _check_gpus(node, where)
+    _check_links(node, where, raw_links)
+
+
+def _check_unique_ids(node: Node, where: str) -> None:
+    """No two GPUs with one index, UUID or PCI bus ID (unknown ones aside)."""
     for attr, label in (("index", "index"), ("uuid", "uuid"), ("pci_bus_id", "pciBusId")):
         seen: dict[object, int] = {}
         for pos, gpu in enumerate(node.gpus):
@@ -243,6 +250,11 @@ def check_node(node: Node, *, where: str, raw_links: list[dict[str, Any]] | None
                     hint=f"every GPU needs its own {label}",
                 )
             seen[value] = pos
+
+
+def _check_gpus(node: Node, where: str) -> None:
+    """Each GPU: its own minor, a minor and bus ID unless it has an error, MIG devices only
+    with MIG enabled, and MIG UUIDs used once in the node."""
     minors: dict[int, int] = {}
     mig_uuids: dict[str, str] = {}
     for pos, gpu in enumerate(node.gpus):
@@ -276,6 +288,11 @@ def check_node(node: Node, *, where: str, raw_links: list[dict[str, Any]] | None
                     f"{path}: {mig.uuid} is already used by {mig_uuids[mig.uuid]}", where=where
                 )
             mig_uuids[mig.uuid] = path
+
+
+def _check_links(node: Node, where: str, raw_links: list[dict[str, Any]] | None) -> None:
+    """Each link joins two different known GPUs, and each pair once; ``raw_links`` (the file's
+    own entries) name the ends as written."""
     indexes = {g.index for g in node.gpus}
     pairs: dict[tuple[int, int], int] = {}
     for pos, link in enumerate(node.links):

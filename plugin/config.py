@@ -100,7 +100,7 @@ class PluginConfig:
     def extra_capabilities(self, resource: str) -> tuple[str, ...]:
         """The capabilities ``resource`` asks for beyond the node-wide ones, in NVIDIA's
         order: Allocate hands each out as a capability device after the GPUs."""
-        from cdigen.cdi.spec import ordered_capabilities
+        from cdigen.cdi.capabilities import ordered_capabilities
 
         asked = (c for r in self.resources if r.name == resource for c in r.capabilities or ())
         return ordered_capabilities(c for c in asked if c not in self.capabilities)
@@ -109,7 +109,7 @@ class PluginConfig:
     def capability_devices(self) -> tuple[str, ...]:
         """Every capability some resource asks for beyond the node-wide ones: generateSpecs
         writes a capability device for each."""
-        from cdigen.cdi.spec import ordered_capabilities
+        from cdigen.cdi.capabilities import ordered_capabilities
 
         return ordered_capabilities(
             c for r in self.resources for c in self.extra_capabilities(r.name)
@@ -141,7 +141,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "resources":
             changes[name] = tuple(ResourceConfig(**fields) for fields in value)
         elif name == "capabilities":
-            from cdigen.cdi.spec import parse_capabilities
+            from cdigen.cdi.capabilities import parse_capabilities
 
             changes[name] = parse_capabilities(str(value))
         elif name == "ignored_xids":

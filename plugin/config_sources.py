@@ -98,7 +98,7 @@ def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
 def capability_list(value: Any, *, where: str) -> tuple[str, ...]:
     """A config file's capability list (``[compute, graphics]``; ``all`` in it means every
     one); InputError naming ``where`` on an unknown one."""
-    from cdigen.cdi.spec import CAPABILITIES, parse_capabilities
+    from cdigen.cdi.capabilities import CAPABILITIES, parse_capabilities
 
     if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
         raise InputError(
@@ -126,7 +126,7 @@ def overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         elif name == "generate_specs":
             out[name] = parse_bool(value, where=var)
         elif name == "capabilities":
-            from cdigen.cdi.spec import parse_capabilities
+            from cdigen.cdi.capabilities import parse_capabilities
 
             parse_capabilities(value, where=var)  # here, so that the error names the variable
             out[name] = value

@@ -333,7 +333,7 @@ def _mps_mount(pipe: str, resource: str) -> Mount:
     """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
     its named pipes, which a read-only mount allows (the kernel refuses writes there only to
     regular files, directories and symlinks). ShareRefused if the directory exists but is not
-    what the MPS daemon makes (see :func:`cdigen.cdi.host.ipc_problem`)."""
+    what the MPS daemon makes (see :func:`cdigen.cdi.ipc.ipc_problem`)."""
     problem = mps_directory_problem(pipe)
     if problem:
         raise ShareRefused(

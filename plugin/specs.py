@@ -16,7 +16,8 @@ log = logging.getLogger("cdigen.plugin")
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
     from cdigen.cdi.checks import check_driver_libraries, check_roots
-    from cdigen.cdi.host import HostFS, find_hook
+    from cdigen.cdi.driverfiles import find_hook
+    from cdigen.cdi.hostfs import HostFS
     from cdigen.cdi.names import capability_device_name, split_kind
     from cdigen.cdi.spec import SpecOptions, missing_capability_devices
     from cdigen.cdi.write import generate_spec_file

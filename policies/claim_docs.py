@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cdigen.errors import InputError
+from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, InputError
 from cdigen.fileio import read_text
 from policies.slice_devices import Taint, quantity
 
@@ -222,10 +222,120 @@ def claim_from_doc(doc: Mapping[str, Any], source: str) -> Claim:
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate", "DeviceClass")
 
 
+class UncheckedField(CdigenError):
+    """A claim or class holds a field the offline tools do not simulate: checking the rest
+    and saying OK (or picking devices) would be a claim about something never checked."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+# The resource.k8s.io/v1 fields `dra check` and `dra explain` simulate, nested as they are
+# written (a dict: its known keys; a one-item list: a list of that; None: any value).
+_SELECTOR = {"cel": {"expression": None}}
+_TOLERATION = dict.fromkeys(("key", "operator", "value", "effect", "tolerationSeconds"))
+_DEVICE_PART: dict[str, Any] = {
+    "deviceClassName": None,
+    "selectors": [_SELECTOR],
+    "allocationMode": None,
+    "count": None,
+    "capacity": {"requests": None},
+    "tolerations": [_TOLERATION],
+}
+_CLAIM_SPEC = {
+    "devices": {
+        "requests": [
+            {
+                "name": None,
+                "exactly": {**_DEVICE_PART, "adminAccess": None},
+                "firstAvailable": [{"name": None, **_DEVICE_PART}],
+            }
+        ],
+        "constraints": [dict.fromkeys(("requests", "matchAttribute", "distinctAttribute"))],
+        "config": [{"requests": None, "opaque": {"driver": None, "parameters": None}}],
+    }
+}
+_SPECS: dict[str, Any] = {
+    "ResourceClaim": _CLAIM_SPEC,
+    "ResourceClaimTemplate": {"metadata": None, "spec": _CLAIM_SPEC},
+    "DeviceClass": {
+        "selectors": [_SELECTOR],
+        "config": [{"opaque": {"driver": None, "parameters": None}}],
+        "extendedResourceName": None,
+    },
+}
+
+
+def _unchecked(value: Any, shape: Any, where: str) -> tuple[str, str] | None:
+    """``(field, why)`` of the first field of ``value`` outside ``shape``, or None."""
+    import difflib
+
+    if isinstance(shape, list) and isinstance(value, list):
+        for n, item in enumerate(value):
+            found = _unchecked(item, shape[0], f"{where}[{n}]")
+            if found:
+                return found
+    elif isinstance(shape, dict) and isinstance(value, Mapping):
+        for key, item in value.items():
+            field = f"{where}.{key}"
+            if key not in shape:
+                if where.endswith("]") and ".requests[" in where and key in _DEVICE_PART:
+                    return field, (
+                        "the v1beta1 request shape (device fields on the request itself) is "
+                        "not checked; write it as resource.k8s.io/v1 does, under exactly: "
+                        "{deviceClassName: ..., selectors: ...}"
+                    )
+                close = difflib.get_close_matches(str(key), list(shape), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "leave it out to check the rest"
+                return field, f"unknown field {key!r}, not checked; {hint}"
+            if key == "adminAccess" and item:
+                return field, (
+                    "adminAccess is not simulated (an admin claim may get devices in use); "
+                    "leave it out to check the rest"
+                )
+            found = _unchecked(item, shape[key], field)
+            if found:
+                return found
+    return None
+
+
+def _empty_request(doc: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(field, why)`` of the first request with neither ``exactly`` nor ``firstAvailable``:
+    it would be passed with nothing in it checked."""
+    spec, base = doc.get("spec") or {}, "spec"
+    if doc.get("kind") == "ResourceClaimTemplate":
+        spec, base = (spec.get("spec") if isinstance(spec, Mapping) else None) or {}, "spec.spec"
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    for n, request in enumerate(requests if isinstance(requests, list) else ()):
+        if not isinstance(request, Mapping) or not (
+            request.get("exactly") or request.get("firstAvailable")
+        ):
+            return f"{base}.devices.requests[{n}]", (
+                "a request with neither exactly nor firstAvailable is not checked; write it as "
+                "resource.k8s.io/v1 does, e.g. exactly: {deviceClassName: gpu.cdigen.dev}"
+            )
+    return None
+
+
+def refuse_unchecked(doc: Mapping[str, Any], source: str) -> None:
+    """:class:`UncheckedField` (exit 1, naming the file and the field) when ``doc``, a claim,
+    template or class, has a field the offline tools do not check; other kinds pass."""
+    shape = _SPECS.get(str(doc.get("kind")))
+    if shape is None:
+        return
+    found = _unchecked(doc.get("spec") or {}, shape, "spec") or _empty_request(doc)
+    if found:
+        field, why = found
+        raise UncheckedField(why, where=f"{source}: {field}")
+
+
 def read_claim_documents(path: str | Path) -> list[Mapping[str, Any]]:
-    """:func:`read_documents`, and a one-line InputError when none of them is a ResourceClaim,
-    ResourceClaimTemplate or DeviceClass (an empty file, a node file): nothing would be used."""
+    """:func:`read_documents`, a one-line InputError when none of them is a ResourceClaim,
+    ResourceClaimTemplate or DeviceClass (an empty file, a node file): nothing would be used,
+    and :class:`UncheckedField` for a field the offline tools do not check."""
     docs = read_documents(path)
+    for doc in docs:
+        refuse_unchecked(doc, str(path))
     if not any(doc["kind"] in CLAIM_KINDS for doc in docs):
         kinds = ", ".join(sorted({str(doc["kind"]) for doc in docs})) or "no documents"
         raise InputError(

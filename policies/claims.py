@@ -215,7 +215,9 @@ class FirstFit:
                 for name, amount in request.capacity.items():
                     total = device.capacity.get(qualify(name, device.driver))
                     if total is None or amount > total:
-                        return {}, f"needs {name} {amount}, has {total or 0}"
+                        return {}, (
+                            f"needs {name} {format_bytes(amount)}, has {format_bytes(total or 0)}"
+                        )
             return {}, ""
         if held_here:
             return {}, "already picked"

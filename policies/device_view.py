@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cdigen.model import MIG_STRATEGIES, Gpu, MigDevice, Node
+from cdigen.mig_profiles import MigGeometry, MigPlacement, mig_geometry
+from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -50,6 +51,8 @@ class DeviceView:
     mig: MigDevice | None
     attributes: Mapping[str, Attribute]
     capacity: Mapping[str, int]
+    # --mig-strategy dynamic: the MIG device this one becomes at prepare (mig is None till then)
+    placement: MigPlacement | None = None
 
     @property
     def uuid(self) -> str:
@@ -128,6 +131,28 @@ def gpu_device_name(gpu: Gpu) -> str:
     return f"gpu-{gpu.index}"
 
 
+def placement_name(gpu: Gpu, placement: MigPlacement) -> str:
+    """The DNS-label name of an on-demand MIG placement: ``gpu-<index>-<profile>-at-<start>``
+    (``gpu-0-1g-10gb-at-3``)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", placement.profile.name.lower()).strip("-")
+    return f"gpu-{gpu.index}-{slug}-at-{placement.start}"
+
+
+def placement_views(whole: DeviceView, geometry: MigGeometry) -> list[DeviceView]:
+    """Every MIG placement of ``whole``'s GPU, partitioned as ``geometry`` says, as a device
+    (no UUID: it has none until made)."""
+    base = {k: v for k, v in whole.attributes.items() if k != "uuid"}
+    base["type"] = Attribute("string", "mig")
+    base["parentUUID"] = Attribute("string", whole.gpu.uuid)
+    views = []
+    for placement in geometry.placements():
+        attrs = {**base, "profile": Attribute("string", placement.profile.name)}
+        capacity = {"memory": placement.profile.memory_bytes}
+        name = placement_name(whole.gpu, placement)
+        views.append(DeviceView(name, whole.gpu, None, attrs, capacity, placement))
+    return views
+
+
 def gpu_view(
     node: Node,
     gpu: Gpu,
@@ -142,20 +167,38 @@ def gpu_view(
 
 
 def device_views(
-    node: Node, *, mig_strategy: str = "mixed", sysfs_root: str | Path | None = None
+    node: Node,
+    *,
+    mig_strategy: str = "mixed",
+    sysfs_root: str | Path | None = None,
+    geometries: Mapping[str, MigGeometry] | None = None,
+    taken: Mapping[str, Sequence[range]] | None = None,
 ) -> tuple[DeviceView, ...]:
     """Every device of ``node`` in DRA terms, GPUs by index, each GPU's MIG devices after it.
 
-    With ``mig_strategy`` ``none`` every GPU is one whole device; otherwise a MIG-enabled GPU
-    offers its MIG devices instead of itself. ``sysfs_root`` (when given) supplies ``pcieRoot``.
+    With ``mig_strategy`` ``none`` every GPU is one whole device; ``dynamic`` offers every MIG
+    placement of a MIG-enabled GPU (its MIG devices of the moment are not offered); otherwise a
+    MIG-enabled GPU offers its MIG devices instead of itself. ``sysfs_root`` (when given)
+    supplies ``pcieRoot``; ``geometries`` (by GPU UUID, as NVML tells them) how GPUs partition,
+    cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out; ``taken`` (by GPU
+    UUID) the memory slices no placement may cover.
     """
-    if mig_strategy not in MIG_STRATEGIES:
+    if mig_strategy not in DRA_MIG_STRATEGIES:
         raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
     nvlink = nvlink_groups(node)
     groups = {"nvlinkDomain": nvlink.domain, "nvlinkClique": nvlink.clique}
     views: list[DeviceView] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
         whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
+        geometry = (geometries or {}).get(gpu.uuid) or mig_geometry(gpu.name)
+        if gpu.mig_enabled and mig_strategy == "dynamic" and geometry is not None:
+            held = [set(r) for r in (taken or {}).get(gpu.uuid, ())]
+            views.extend(
+                v
+                for v in placement_views(whole, geometry)
+                if v.placement is None or not any(h & set(v.placement.memory_slices) for h in held)
+            )
+            continue
         if gpu.mig_enabled and mig_strategy != "none":
             for mig in gpu.mig_devices:
                 attrs = dict(whole.attributes)

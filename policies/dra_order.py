@@ -91,11 +91,7 @@ def engine_order(node: Node, exclude: frozenset[int] = frozenset()) -> tuple[int
     """GPU indexes in the order a first fit should meet them (see the module doc). Unhealthy
     GPUs and those in ``exclude`` (tainted ones) come last, by index."""
     topology = build_topology(node)
-    usable = [
-        p
-        for p, g in enumerate(topology.gpus)
-        if g.healthy and not g.error and g.index not in exclude
-    ]
+    usable = [p for p, g in enumerate(topology.gpus) if g.usable and g.index not in exclude]
     order = _nested(topology, usable)
     rest = [p for p in range(topology.size) if p not in order]
     return tuple(topology.gpus[p].index for p in order + rest)

@@ -1,8 +1,9 @@
 """A fake Kubernetes API server on loopback for the DRA plugin's tests.
 
-It serves the few resource.k8s.io/v1 paths the plugin uses (ResourceSlices: list with field
-selectors, create, replace, delete; ResourceClaims: get) and core/v1 Node get, stores objects
-in memory, and logs every request. Faults on demand: ``hang`` a kind of request until
+It serves the few resource.k8s.io/v1 paths the plugin and ``dra why`` use (ResourceSlices: list
+with field selectors, create, replace, delete; ResourceClaims: get, list in a namespace or in
+all; DeviceClasses: get, list) and core/v1 Node and Pod get, stores objects in memory, and logs
+every request. Faults on demand: ``hang`` a kind of request until
 ``release`` is set, ``fail`` a kind with an HTTP status, and delete or change slices behind the
 plugin's back. The official kubernetes client talks to it through a
 kubeconfig written by :meth:`FakeApiServer.kubeconfig`.
@@ -20,6 +21,8 @@ from urllib.parse import parse_qs, urlparse
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
 class _Server(ThreadingHTTPServer):
@@ -38,13 +41,17 @@ class FakeApiServer:
         self.slices: dict[str, dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.classes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
-        # kinds: "slices", "claims", "claimstatus", "nodes"
+        # kinds: "slices", "claims", "claimstatus", "nodes", "pods", "classes"
         self.hang: set[str] = set()
         self.release = threading.Event()
         self.fail: dict[str, int] = {}
         self.version = ("1", "36")  # what /version answers
+        # False: the DRAPartitionableDevices gate is off, and the counter fields are dropped
+        self.partitionable = True
         # (namespace, claim) -> field manager -> the status.devices keys it applied
         self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
@@ -112,6 +119,34 @@ class FakeApiServer:
         with self.lock:
             self.claims[(meta["namespace"], meta["name"])] = claim
 
+    def add_pod(self, pod: dict[str, Any]) -> None:
+        """Store a Pod (``metadata.namespace`` defaults to ``default``)."""
+        meta = pod["metadata"]
+        with self.lock:
+            self.pods[(meta.get("namespace", "default"), meta["name"])] = pod
+
+    def add_class(self, device_class: dict[str, Any]) -> None:
+        """Store a DeviceClass."""
+        with self.lock:
+            self.classes[device_class["metadata"]["name"]] = device_class
+
+
+def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A list answer as the API server shapes it: ``<Kind>List``, and items without their own
+    kind and apiVersion."""
+    version = "v1" if kind == "Pod" else "resource.k8s.io/v1"
+    bare = [{k: v for k, v in i.items() if k not in ("kind", "apiVersion")} for i in items]
+    return {"kind": f"{kind}List", "apiVersion": version, "metadata": {}, "items": bare}
+
+
+def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as stored: without the counter fields while the partitionable gate is off."""
+    if not api.partitionable:
+        body["spec"].pop("sharedCounters", None)
+        for device in body["spec"].get("devices") or []:
+            device.pop("consumesCounters", None)
+    return body
+
 
 def _matches(obj: dict[str, Any], selector: str) -> bool:
     for term in filter(None, selector.split(",")):
@@ -164,6 +199,10 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             kind = (
                 "nodes"
                 if path.startswith("/api/v1/nodes")
+                else "pods"
+                if path.startswith("/api/v1/namespaces/")
+                else "classes"
+                if path.startswith(CLASSES)
                 else "slices"
                 if path.startswith(SLICES)
                 else "claimstatus"
@@ -189,7 +228,7 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "AlreadyExists", f"{name} already exists")
                     body["metadata"]["uid"] = str(uuid.uuid4())
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(201, body)
             elif path.startswith(SLICES + "/") and method in ("PUT", "DELETE"):
                 name = parts[-1]
@@ -206,8 +245,42 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         return self._status(409, "Conflict", "the object has been modified")
                     body["metadata"]["uid"] = api.slices[name]["metadata"]["uid"]
                     body["metadata"]["resourceVersion"] = api.next_version()
-                    api.slices[name] = body
+                    api.slices[name] = _gated(api, body)
                 self._send(200, body)
+            elif method == "GET" and path == ALL_CLAIMS:
+                with api.lock:
+                    items = list(api.claims.values())
+                self._send(200, _list("ResourceClaim", items))
+            elif (
+                method == "GET"
+                and len(parts) == 7
+                and parts[:5] == ["", "apis", "resource.k8s.io", "v1", "namespaces"]
+                and parts[6] == "resourceclaims"
+            ):
+                with api.lock:
+                    items = [c for (ns, _), c in api.claims.items() if ns == parts[5]]
+                self._send(200, _list("ResourceClaim", items))
+            elif method == "GET" and path == CLASSES:
+                with api.lock:
+                    items = list(api.classes.values())
+                self._send(200, _list("DeviceClass", items))
+            elif method == "GET" and path.startswith(CLASSES + "/") and len(parts) == 6:
+                with api.lock:
+                    found = api.classes.get(parts[5])
+                if found is None:
+                    return self._status(404, "NotFound", f'deviceclasses "{parts[5]}" not found')
+                self._send(200, found)
+            elif (
+                method == "GET"
+                and len(parts) == 7
+                and parts[:4] == ["", "api", "v1", "namespaces"]
+                and parts[5] == "pods"
+            ):
+                with api.lock:
+                    pod = api.pods.get((parts[4], parts[6]))
+                if pod is None:
+                    return self._status(404, "NotFound", f'pods "{parts[6]}" not found')
+                self._send(200, pod)
             elif (
                 method == "GET"
                 and len(parts) == 8

@@ -28,8 +28,9 @@ from pathlib import Path
 
 from cdigen import logs
 from cdigen.cdi.edits import ContainerEdits, merge_edits
-from cdigen.cdi.load import LoadedSpec, SpecLoadError, load_spec
+from cdigen.cdi.load import LoadedSpec, load_spec
 from cdigen.cdi.names import qualified_name
+from cdigen.cdi.specdecode import SpecLoadError
 from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS, SPEC_SUFFIXES, spec_files, spec_suffix
 
 _MEMO_LIMIT = 4096  # merged edits kept per state for repeated requests (Allocate's hot path)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 
-from cdigen.cdi.host import HostFS, detect_driver_version, host_path, library_dirs
+from cdigen.cdi.driverfiles import detect_driver_version
+from cdigen.cdi.hostfs import HostFS, host_path
+from cdigen.cdi.libdirs import library_dirs
 from cdigen.discover.sources import from_hardware
 from cdigen.errors import InputError
 from cdigen.model import Node

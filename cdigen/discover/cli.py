@@ -112,6 +112,12 @@ def _add_output(parser: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``discover``, ``topo`` and ``topo import`` to ``sub``."""
+    _register_discover(sub)
+    _register_topo(sub)
+
+
+def _register_discover(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``discover`` and its options."""
     discover = sub.add_parser(
         "discover",
         help="print the node description (GPUs, MIG devices, links) a source yields",
@@ -127,6 +133,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_output(discover)
     discover.set_defaults(func=run_discover)
 
+
+def _register_topo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``topo`` and its options, then its ``import`` subcommand."""
     topo = sub.add_parser(
         "topo",
         help="show the GPU topology as an 'nvidia-smi topo -m' matrix, Graphviz or JSON",
@@ -148,7 +157,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="import",
         help="turn a saved 'nvidia-smi topo -m' output into a node file",
     )
-    imp = topo_sub.add_parser(
+    _register_topo_import(topo_sub)
+
+
+def _register_topo_import(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``topo import`` and its options."""
+    imp = sub.add_parser(
         "import",
         description="Parse the text 'nvidia-smi topo -m' printed (tabs or spaces; NIC rows, "
         "the legend and '#' lines are ignored) into a node file. NV# pairs get # NVLinks and an "

@@ -1,7 +1,8 @@
 """Discovery through NVML (the ``pynvml`` module of nvidia-ml-py).
 
-The module is a parameter (tests pass ``tests/fakes/fake_pynvml``); host files are read below
-``sysfs_root`` (NUMA fallback) and ``proc_root`` (MIG capability minors), never from ``/`` directly.
+The module is a parameter (tests pass ``tests/fakes/fake_pynvml``); its library is loaded by
+:mod:`cdigen.discover.nvml_library`. Host files are read below ``sysfs_root`` (NUMA fallback)
+and ``proc_root`` (MIG capability minors), never from ``/`` directly.
 
 A failing call on one GPU does not stop discovery: that GPU carries ``error`` (and is advertised
 unhealthy later); fields that could not be read get placeholders (``uuid: GPU-unknown-index<N>``,
@@ -17,9 +18,6 @@ them crosses at most that many links at either end.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -28,8 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cdigen import logs
-from cdigen.cdi.checks import CONTAINERIZED_DRIVER_ROOT
-from cdigen.cdi.host import HOST, LD_CACHE, LIBRARY_DIRS, HostFS, host_path, read_ld_cache
+from cdigen.discover.nvml_library import NO_NVML_HINT, start_nvml
 from cdigen.discover.sources import NVML
 from cdigen.errors import DiscoveryError
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel
@@ -40,10 +37,6 @@ log = logs.logger("cdigen.discover.nvml")
 T = TypeVar("T")
 V = TypeVar("V")
 
-NO_NVML_HINT = (
-    "to run without a GPU driver use --node builtin:NAME (e.g. builtin:rtx4090) "
-    "or --node FILE with a node file"
-)
 NODE_SET_WORDS = 4  # nvmlDeviceGetMemoryAffinity node-set size in 64-bit words: 256 NUMA nodes
 _MIG_PROFILE = re.compile(r"MIG\s+((?:\d+c\.)?\d+g\.\d+gb(?:\+\w+)*)\s*$")
 _MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access\s+(\d+)$")
@@ -99,132 +92,6 @@ def cuda_version_text(version: int) -> str:
     return f"{version // 1000}.{(version % 1000) // 10}"
 
 
-NVML_SONAME = "libnvidia-ml.so.1"
-
-
-@dataclass(frozen=True)
-class LibraryAttempt:
-    """One place NVML's library was looked for, and why it was not used ("" if it was)."""
-
-    path: str
-    error: str = ""
-
-
-def nvml_library_paths(driver_root: str = "/", fs: HostFS = HOST) -> list[str]:
-    """Where ``libnvidia-ml.so.1`` may be under ``driver_root``, as this process reaches it: the
-    root's ``ld.so.cache`` entries first (what its loader would pick), then the usual library
-    directories that exist there (``LIBRARY_DIRS``). Symlinks resolve inside ``fs``'s root."""
-    cached = [p for _soname, p in read_ld_cache(host_path(driver_root, LD_CACHE), fs)]
-    wanted = [p for p in cached if p.rpartition("/")[2] == NVML_SONAME]
-    wanted += [f"{d}/{NVML_SONAME}" for d in LIBRARY_DIRS if fs.isdir(host_path(driver_root, d))]
-    paths: dict[str, str] = {}  # the directory's canonical name -> the path to load
-    for path in dict.fromkeys(wanted):
-        where = host_path(driver_root, path)
-        directory = fs.realpath(where.rpartition("/")[0])
-        try:
-            located = fs.locate(where)
-        except OSError:  # a symlink loop: nothing loadable there
-            located = fs.root.rstrip("/") + where if fs.confined else where
-        paths.setdefault(directory, located)
-    return list(dict.fromkeys(paths.values()))
-
-
-def preload_nvml_library(
-    nvml: Any,
-    driver_root: str = "/",
-    fs: HostFS = HOST,
-    *,
-    cdll: Callable[[str], Any] = ctypes.CDLL,
-) -> list[LibraryAttempt] | None:
-    """Load ``libnvidia-ml.so.1`` from ``driver_root`` into ``nvml`` (pynvml's ``nvmlLib``,
-    under its ``libLoadLock``) before ``nvmlInit``, which otherwise loads it by name only.
-
-    Returns the attempts, in order; the last has no error when a file was loaded. None when the
-    module already holds a library (nothing is tried). When nothing loads, ``nvmlInit`` falls
-    back to the dynamic loader's search by name, as pynvml does on its own.
-    """
-    lock = getattr(nvml, "libLoadLock", None)
-    attempts: list[LibraryAttempt] = []
-    with lock if lock is not None else contextlib.nullcontext():
-        if getattr(nvml, "nvmlLib", None) is not None:
-            return None
-        for path in nvml_library_paths(driver_root, fs):
-            if not os.path.lexists(path):
-                attempts.append(LibraryAttempt(path, "no such file"))
-                continue
-            try:
-                library = cdll(path)
-            except OSError as exc:
-                reason = str(exc).removeprefix(f"{path}: ")
-                attempts.append(LibraryAttempt(path, reason or "cannot be loaded"))
-                continue
-            nvml.nvmlLib = library
-            attempts.append(LibraryAttempt(path))
-            log.debug("NVML library: %s", path)
-            return attempts
-    return attempts
-
-
-def start_nvml(
-    nvml: Any,
-    *,
-    driver_root: str = "/",
-    host_root: str = "/",
-    cdll: Callable[[str], Any] = ctypes.CDLL,
-) -> None:
-    """Load NVML's library (from ``driver_root`` first, see :func:`preload_nvml_library`, then by
-    name) and ``nvmlInit``; a DiscoveryError naming every path tried, with advice for the case."""
-    fs = HostFS(host_root)
-    attempts = preload_nvml_library(nvml, driver_root, fs, cdll=cdll)
-    loaded = attempts is not None and bool(attempts) and not attempts[-1].error
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        code = getattr(exc, "value", None)
-        if code == getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", object()):
-            raise _library_not_found(attempts, driver_root, fs) from None
-        where = f" (NVML from {attempts[-1].path})" if attempts and loaded else ""
-        raise DiscoveryError(_init_failure(nvml, exc) + where, hint=NO_NVML_HINT) from None
-    broken = [f"{a.path} ({a.error})" for a in attempts or () if a.error != "no such file"]
-    if broken and not loaded:
-        log.warning("NVML loaded by name, not from the driver root: %s", ", ".join(broken))
-
-
-def _library_not_found(
-    found: list[LibraryAttempt] | None, driver_root: str, fs: HostFS
-) -> DiscoveryError:
-    """The error for "no libnvidia-ml.so.1 could be loaded", with advice that fits the case;
-    ``found`` is what :func:`preload_nvml_library` tried (None: nothing, a library was set)."""
-    attempts = found or []
-    root = f" under host root {fs.root}" if fs.confined else ""
-    missing = [a.path.rpartition("/")[0] for a in attempts if a.error == "no such file"]
-    tried = [f"not in {', '.join(missing)}"] if missing else []
-    if found == []:
-        tried.append(f"no library directory under {driver_root}{root}")
-    tried += [f"{a.path}: {a.error}" for a in attempts if a.error != "no such file"]
-    tried.append("not found by name by the dynamic loader")
-    message = f"NVML library not found ({NVML_SONAME}): {'; '.join(tried)}"
-    if any(a.error != "no such file" for a in attempts):
-        hint = (
-            f"the file under --driver-root {driver_root}{root} is not a library this process "
-            "can load (another architecture, or broken): check the driver installation"
-        )
-    elif driver_root not in ("", "/"):
-        hint = (
-            f"--driver-root {driver_root}{root} holds no NVIDIA driver: point it at the driver's "
-            f"root ({CONTAINERIZED_DRIVER_ROOT} for a containerized driver, / for one installed "
-            "on the host)"
-        )
-    elif any(os.path.lexists(p) for p in nvml_library_paths(CONTAINERIZED_DRIVER_ROOT, fs)):
-        hint = f"the driver is containerized: add --driver-root {CONTAINERIZED_DRIVER_ROOT}"
-    else:
-        hint = (
-            "install the NVIDIA driver on this machine, or point --driver-root at a "
-            f"containerized one (e.g. {CONTAINERIZED_DRIVER_ROOT}); {NO_NVML_HINT}"
-        )
-    return DiscoveryError(message, hint=hint)
-
-
 def discover_nvml(
     nvml: Any = None,
     *,
@@ -254,15 +121,6 @@ def discover_nvml(
             nvml.nvmlShutdown()
         except nvml.NVMLError as exc:
             log.debug("nvmlShutdown failed: %s", exc)
-
-
-def _init_failure(nvml: Any, exc: Exception) -> str:
-    code = getattr(exc, "value", None)
-    if code == getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", object()):
-        return "the NVIDIA kernel driver is not loaded, so NVML cannot start"
-    if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", object()):
-        return "no permission to use NVML (run as root or with access to /dev/nvidia*)"
-    return f"NVML could not start: {exc}"
 
 
 def read_mig_minors(proc_root: Path) -> dict[tuple[int, ...], int]:

@@ -30,6 +30,18 @@ SOURCE_XID = "xid"
 SOURCE_SPEC = "cdi-spec"
 
 
+class Reason(str):
+    """A health reason: its text (what the kubelet and the logs show) and, when an Xid event is
+    the cause, the Xid as a number, so that no reader parses it back out of the text."""
+
+    xid: int | None
+
+    def __new__(cls, text: str, xid: int | None = None) -> Reason:
+        reason = super().__new__(cls, text)
+        reason.xid = xid
+        return reason
+
+
 class HealthBoard:
     """Thread-safe health reasons per device ID, with a version that changes on every change.
 

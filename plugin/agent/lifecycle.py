@@ -41,7 +41,7 @@ def open_nvml(source: str, driver_root: str = "/", host_root: str = "/") -> Any:
         return None
     import pynvml
 
-    from cdigen.discover.nvml import start_nvml
+    from cdigen.discover.nvml_library import start_nvml
 
     start_nvml(pynvml, driver_root=driver_root, host_root=host_root)
     return pynvml

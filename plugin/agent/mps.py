@@ -97,7 +97,7 @@ def mps_directory_problem(path: str, *, shared: bool = False) -> str | None:
     """Why the MPS directory ``path`` must not be mounted into a container, or None. One that
     is not there yet is fine: the runtime makes it, and the daemon's own mount of the same path
     then shares it. ``shared``: the shared-memory directory, world-writable as /dev/shm is
-    (see :func:`cdigen.cdi.host.ipc_problem`)."""
-    from cdigen.cdi.host import ipc_problem
+    (see :func:`cdigen.cdi.ipc.ipc_problem`)."""
+    from cdigen.cdi.ipc import ipc_problem
 
     return ipc_problem(path, directory=True, shared=shared) if os.path.lexists(path) else None

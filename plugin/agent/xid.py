@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.agent.health import SOURCE_XID, HealthBoard
+from plugin.agent.health import SOURCE_XID, HealthBoard, Reason
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,11 @@ log = logging.getLogger(__name__)
 class _XidState:
     last_xid: int
     last_seen: float
+
+
+def xid_reason(xid: int) -> Reason:
+    """The health reason of a critical Xid: its words, and the Xid as a number."""
+    return Reason(f"critical Xid {xid}", xid=xid)
 
 
 class XidHealth:
@@ -79,7 +84,7 @@ class XidHealth:
             return
         with self._xid_lock:
             self._xids[uuid] = _XidState(xid, self._clock())
-            self._board.set_reasons(SOURCE_XID, {uuid: f"critical Xid {xid}"})
+            self._board.set_reasons(SOURCE_XID, {uuid: xid_reason(xid)})
 
     def wait_once(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for one event and handle it; True if one arrived."""
@@ -121,7 +126,7 @@ class XidHealth:
                 if failure is not None:
                     reasons[uuid] = f"NVML probe failed: {failure}"
                 elif state is not None and now - state.last_seen < self._recover_after_s:
-                    reasons[uuid] = f"critical Xid {state.last_xid}"
+                    reasons[uuid] = xid_reason(state.last_xid)
                 else:
                     self._xids.pop(uuid, None)
                     reasons[uuid] = None

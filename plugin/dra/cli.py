@@ -1,6 +1,6 @@
 """The ``cdigen dra`` subcommands: ``serve`` runs the kubelet DRA plugin; ``explain`` and
 ``check`` are offline claim tools (their logic lives in :mod:`policies.claims` and
-:mod:`policies.claim_check`)."""
+:mod:`policies.claim_check`); ``why`` asks a live cluster (:mod:`plugin.dra.why`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DRA_MIG_STRATEGIES, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.agent.mps import LIMIT_KEYS
 
@@ -94,10 +94,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     serve.add_argument(
         "--mig-strategy",
-        choices=MIG_STRATEGIES,
+        choices=DRA_MIG_STRATEGIES,
         default="mixed",
         help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
-        "whole GPUs only (default mixed)",
+        "whole GPUs only; dynamic: every MIG placement, made at prepare (needs --node nvml; "
+        "docs/mig.md) (default mixed)",
     )
     serve.add_argument(
         "--dev-root",
@@ -237,6 +238,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"the driver whose attributes the selectors may name (default {DEFAULT_DRIVER})",
     )
     check.set_defaults(func=_check)
+
+    why = dra_sub.add_parser(
+        "why",
+        help="why a pod's ResourceClaims keep it Pending, or what they got (live cluster)",
+        description="Read the pod, the ResourceClaims, ResourceSlices and DeviceClasses from the "
+        "API server; for a claim not allocated, run the scheduler's first fit (as `dra explain`) "
+        "on every node after what other claims hold there; for an allocated one, show its "
+        "devices, node and CDI device names. One screen. Exit 1 when the pod or the API server "
+        "cannot be read.",
+    )
+    why.add_argument("pod", metavar="POD", help="the pod's name")
+    why.add_argument("-n", "--namespace", default="default", help="the pod's namespace")
+    why.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
+    why.add_argument(
+        "--api-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="give up on an API server call after this long (default 5)",
+    )
+    why.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER,
+        help=f"the driver whose CDI device names are shown (default {DEFAULT_DRIVER})",
+    )
+    why.set_defaults(func=_why)
     dra.set_defaults(func=lambda args: _usage(dra))
 
 
@@ -245,7 +272,9 @@ def _usage(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
-def _dns_subdomain(value: str, flag: str, longest: int = 63) -> None:
+def _dns_subdomain(
+    value: str, flag: str, longest: int = 63, example: str = "gpu.cdigen.dev"
+) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened
@@ -255,7 +284,7 @@ def _dns_subdomain(value: str, flag: str, longest: int = 63) -> None:
         raise InputError(
             f"{shortened(value, 80)!r} is not a DNS subdomain of at most {longest} characters",
             where=flag,
-            hint="use lowercase letters, digits, '-' and '.', e.g. gpu.cdigen.dev",
+            hint=f"use lowercase letters, digits, '-' and '.', e.g. {example}",
         )
 
 
@@ -470,12 +499,39 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_timeout(seconds: float) -> None:
+    from cdigen.errors import InputError
+
+    if not seconds > 0 or seconds > 3600:
+        raise InputError(
+            f"{seconds:g} is not a timeout",
+            where="--api-timeout",
+            hint="pass seconds between 0 and 3600, e.g. 5",
+        )
+
+
+def _why(args: argparse.Namespace) -> int:
+    from plugin.agent.kubeapi import api_client
+    from plugin.dra.why import explain_pod, read_cluster
+
+    _dns_subdomain(args.driver_name, "--driver-name")
+    _dns_subdomain(args.namespace, "--namespace", example="default")
+    _dns_subdomain(args.pod, "POD", 253, example="trainer-0")
+    _api_timeout(args.api_timeout)
+    cluster = read_cluster(
+        api_client(args.kubeconfig), args.namespace, args.pod, timeout_s=args.api_timeout
+    )
+    for line in explain_pod(cluster, driver=args.driver_name):
+        print(line)
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from cdigen.cdi.spec import parse_capabilities
+    from cdigen.cdi.capabilities import parse_capabilities
     from cdigen.discover import from_hardware, load_node
-    from cdigen.discover.nvml import start_nvml
+    from cdigen.discover.nvml_library import start_nvml
     from cdigen.errors import InputError
     from cdigen.nodelock import GpuServerLock
     from plugin.agent.kubeapi import api_client
@@ -491,12 +547,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     _dns_subdomain(args.node_name, "--node-name", 253)
     _dns_subdomain(args.driver_name, "--driver-name")
-    if not args.api_timeout > 0 or args.api_timeout > 3600:
-        raise InputError(
-            f"{args.api_timeout:g} is not a timeout",
-            where="--api-timeout",
-            hint="pass seconds between 0 and 3600, e.g. 5",
-        )
+    _api_timeout(args.api_timeout)
     if args.health_address:
         from plugin.agent.sockets import parse_address
 
@@ -508,6 +559,12 @@ def _serve(args: argparse.Namespace) -> int:
                 where="--health-address",
                 hint="e.g. 127.0.0.1:9466, or :0 for any free port",
             ) from None
+    if args.mig_strategy == "dynamic" and not from_hardware(args.node):
+        raise InputError(
+            f"dynamic makes MIG devices through NVML, and --node is {args.node!r}",
+            where="--mig-strategy",
+            hint="pass --node nvml (the default) on the GPU node, or another strategy",
+        )
     setup_logging(args.dra_log_level, args.dra_log_format)
     options = DraOptions(
         node_name=args.node_name,
@@ -520,6 +577,7 @@ def _serve(args: argparse.Namespace) -> int:
         dev_root=args.dev_root,
         sysfs_root=args.sysfs_root,
         host_root=args.host_root,
+        proc_root=args.proc_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
         features_file=Path(args.features_file) if args.features_file else None,
         capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")

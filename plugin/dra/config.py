@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdigen.cdi.spec import CAPABILITIES
+from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.errors import InputError
 from plugin.dra.claims import ClaimRef, allocation_of, field, quoted
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
+from plugin.dra.counters import build_counter_slices
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
 from policies.device_view import DeviceView
 
@@ -211,6 +212,7 @@ class SlicePublisher:
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
         self._said_none = False  # the warning about effect None, said once
+        self._said_counters = False  # the error about dropped counters, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
         """The Node owner reference for slices published from now on."""
@@ -259,15 +261,7 @@ class SlicePublisher:
             or [0]
         )
         self.generation = max(self.generation, published) + 1
-        wanted = build_slices(
-            views,
-            driver=self.driver,
-            node_name=self.node_name,
-            generation=self.generation,
-            owner=self._owner,
-            shares=shares,
-            taints=taints,
-        )
+        wanted = self._build(views, shares, taints)
         self._written = {}
         for body in wanted:
             name = body["metadata"]["name"]
@@ -279,6 +273,7 @@ class SlicePublisher:
                 if version:
                     body["metadata"]["resourceVersion"] = version
                 stored = self._api.replace_slice(name, body)
+            self._check_counters_kept(body, stored)
             got = ((stored or {}).get("metadata") or {}).get("resourceVersion")
             self._written[name] = (str(got) if got else None, body.get("spec"))
         for name in existing:
@@ -291,6 +286,54 @@ class SlicePublisher:
             self.generation,
         )
         return wanted
+
+    def _build(
+        self,
+        views: Sequence[DeviceView],
+        shares: MemoryShares | None,
+        taints: Mapping[str, Sequence[TaintDoc]] | None,
+    ) -> list[dict[str, Any]]:
+        """The slices of this generation; with MIG placements (counters), in the layout of the
+        server's version, and an ApiCallError (retried) while that version is unknown."""
+        common: dict[str, Any] = {
+            "driver": self.driver,
+            "node_name": self.node_name,
+            "generation": self.generation,
+            "owner": self._owner,
+            "shares": shares,
+            "taints": taints,
+        }
+        if not any(v.placement is not None for v in views):
+            return build_slices(views, **common)
+        minor = getattr(self._api, "server_minor", lambda: None)()
+        if minor is None:
+            raise ApiCallError(
+                "cannot read the API server's version, which decides where the MIG counters "
+                "go (their own ResourceSlices from Kubernetes 1.35)"
+            )
+        return build_counter_slices(views, server_minor=minor, **common)
+
+    def _check_counters_kept(
+        self, sent: Mapping[str, Any], stored: Mapping[str, Any] | None
+    ) -> None:
+        """Say once when the API server dropped the counters we sent: its
+        DRAPartitionableDevices feature gate is off, and the scheduler would then allocate
+        overlapping MIG placements that prepare cannot make."""
+        spec = (stored or {}).get("spec")
+        if self._said_counters or not isinstance(spec, Mapping):
+            return
+        sent_spec = sent.get("spec") or {}
+        pairs = zip(sent_spec.get("devices") or [], spec.get("devices") or [], strict=False)
+        dropped = ("sharedCounters" in sent_spec and "sharedCounters" not in spec) or any(
+            "consumesCounters" in d and "consumesCounters" not in g for d, g in pairs
+        )
+        if dropped:
+            self._said_counters = True
+            log.error(
+                "the API server dropped the MIG counters of the ResourceSlices: enable the "
+                "DRAPartitionableDevices feature gate (API server and scheduler), or serve "
+                "another --mig-strategy; until then claims for overlapping placements fail"
+            )
 
     def _informational_taints(
         self, taints: Mapping[str, Sequence[TaintDoc]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdigen.cdi.spec import IPC_MOUNT_OPTIONS
+from cdigen.cdi.driveredits import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu

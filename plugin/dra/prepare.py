@@ -15,22 +15,33 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from cdigen.cdi.host import DriverFiles, HostFS
+from cdigen.cdi.capabilities import ordered_capabilities
+from cdigen.cdi.driverfiles import DriverFiles
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name, qualified_name
 from cdigen.cdi.spec import (
     SpecOptions,
     build_spec,
     extra_capabilities,
     missing_capability_devices,
-    ordered_capabilities,
 )
 from cdigen.cdi.types import SpecDoc
 from cdigen.cdi.write import _TEMP_FILE, write_claim_spec
 from cdigen.errors import CdigenError, InputError
-from cdigen.fileio import atomic_write, read_text, same_dir
+from cdigen.fileio import atomic_write
 from cdigen.model import Gpu, Node
+from plugin.dra.checkpoint import (
+    CHECKPOINT_VERSION,
+    CLAIM_CLASS,
+    ClaimDoc,
+    DeviceDoc,
+    claim_spec_path,
+    claim_spec_prefix,
+    legacy_claim_spec_path,
+    load_checkpoint,
+)
 from plugin.dra.claims import (
     AllocatedDevice,
     ClaimReader,
@@ -40,39 +51,14 @@ from plugin.dra.claims import (
     quoted,
 )
 from plugin.dra.config import claim_configs, claim_sharing, config_for
+from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
 from plugin.dra.mps import MpsSettings, claim_limits
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 1
-CLAIM_CLASS = "claim"
 # A claim's error goes into the kubelet's pod events: one line, at most this long.
 MAX_ERROR_CHARS = 300
-CHECKPOINT_HINT = (
-    "move it away only after unpreparing its claims by hand (their specs are in the CDI dir, "
-    "named after the claim UID)"
-)
-
-
-class DeviceDoc(TypedDict):
-    """A prepared device in the checkpoint (and, field for field, in the kubelet's answer)."""
-
-    requestNames: list[str]
-    poolName: str
-    deviceName: str
-    cdiDeviceIds: list[str]
-    shareId: str | None
-
-
-class ClaimDoc(TypedDict):
-    """A prepared claim in the checkpoint."""
-
-    namespace: str
-    name: str
-    devices: list[DeviceDoc]
-    shareable: dict[str, bool]
-    specPath: str
 
 
 @dataclass(frozen=True)
@@ -86,22 +72,6 @@ class PrepareResult:
 def claim_kind(driver: str) -> str:
     """The CDI kind of the transient per-claim specs: ``k8s.<driver>/claim``."""
     return f"k8s.{driver}/{CLAIM_CLASS}"
-
-
-def claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
-    """Where the transient spec of claim ``uid`` (a checked UID: ClaimRef.problem) lives."""
-    return spec_dir / f"{claim_spec_prefix(driver)}{uid}.json"
-
-
-def legacy_claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
-    """Where earlier versions wrote it (JSON in a ``.yaml`` file): a checkpoint written by
-    one names this path, and the plugin still removes it at unprepare after an upgrade."""
-    return claim_spec_path(spec_dir, driver, uid).with_suffix(".yaml")
-
-
-def claim_spec_prefix(driver: str) -> str:
-    """What every claim spec's file name starts with: ``k8s.<driver>-claim_``."""
-    return f"k8s.{driver}-{CLAIM_CLASS}_"
 
 
 def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
@@ -127,8 +97,10 @@ class Preparer:
         driver_files: DriverFiles,
         fs: HostFS,
         mps: MpsSettings | None = None,
+        mig: MigMaker | None = None,
     ) -> None:
         self.driver = driver
+        self._mig = mig  # makes the MIG device of an allocated placement
         self.pool = pool
         self._node = node
         self._views = {v.name: v for v in views}
@@ -162,6 +134,15 @@ class Preparer:
         with self._lock:
             self._node = node
             self._views = {v.name: v for v in views}
+
+    def made_migs(self) -> frozenset[tuple[str, int]]:
+        """The MIG devices made for prepared claims, as (GPU UUID, GPU instance ID)."""
+        with self._lock:
+            return frozenset(
+                (m["gpuUUID"], m["gi"])
+                for claim in self._claims.values()
+                for m in claim.get("migDevices", [])
+            )
 
     def prepared(self) -> dict[str, ClaimDoc]:
         """A copy of the prepared claims by UID."""
@@ -211,6 +192,10 @@ class Preparer:
                     ref.uid,
                     done["specPath"],
                 )
+                error = self._destroy_migs(done)  # made again below
+                if error:
+                    return PrepareResult(error=error)
+                self._save_quietly()  # the checkpoint no longer names them
             try:
                 return PrepareResult(tuple(self._prepare_locked(ref, claim)))
             except CdigenError as exc:
@@ -232,8 +217,62 @@ class Preparer:
                 )
             self._refuse_if_held(ref, result)
             views.append(view)
+        made = self._make_migs(ref, views)
+        try:
+            return self._prepare_views(ref, claim, allocated, extra, explicit, views, made)
+        except BaseException:  # nothing half-made stays: the MIG devices made go again
+            for one in made:
+                error = self._mig.destroy(one.doc) if self._mig else ""
+                if error:
+                    log.error("claim %s: %s", ref.shown, error)
+            raise
+
+    def _make_migs(self, ref: ClaimRef, views: list[DeviceView]) -> list[MadeMig]:
+        """Make the MIG device of each placement in ``views`` and put it in its view's place;
+        MigError (with those made destroyed) when one cannot be made."""
+        made: list[MadeMig] = []
+        for n, view in enumerate(views):
+            if view.placement is None:
+                continue
+            try:
+                if self._mig is None:
+                    raise InputError(
+                        f"device {view.name!r} is a MIG placement, and this plugin cannot make "
+                        "MIG devices (no NVML)",
+                        where=f"ResourceClaim {ref.namespace}/{ref.name}",
+                        hint="serve --mig-strategy dynamic with NVML (--node nvml)",
+                    )
+                one = self._mig.create(view)
+            except CdigenError:
+                for earlier in made:
+                    assert self._mig is not None
+                    self._mig.destroy(earlier.doc)
+                raise
+            made.append(one)
+            views[n] = replace(view, mig=one.mig)
+        return made
+
+    def _destroy_migs(self, done: ClaimDoc) -> str:
+        """Destroy the MIG devices made for a prepared claim. The first error, or ""."""
+        for doc in done.get("migDevices", []):
+            error = self._mig.destroy(doc) if self._mig else "no NVML to destroy MIG devices with"
+            if error:
+                return error
+        done["migDevices"] = []
+        return ""
+
+    def _prepare_views(
+        self,
+        ref: ClaimRef,
+        claim: Mapping[str, Any],
+        allocated: Sequence[AllocatedDevice],
+        extra: dict[str, tuple[str, ...]],
+        explicit: frozenset[str],
+        views: list[DeviceView],
+        migs: Sequence[MadeMig],
+    ) -> list[DeviceDoc]:
+        """Write the claim's spec for ``views`` (placements already made) and checkpoint it."""
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
-        devices: list[DeviceDoc] = []
         if views:
             asked = ordered_capabilities(c for caps in extra.values() for c in caps)
             spec = self._claim_spec(ref, views, asked, explicit)
@@ -250,25 +289,10 @@ class Preparer:
                 edits = spec.setdefault("containerEdits", {})
                 edits["env"] = [*edits.get("env", []), *env]
                 edits["mounts"] = [*edits.get("mounts", []), *mounts]
+            complete_cap_nodes(spec, migs)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
             write_claim_spec(spec, path, within=self._spec_dir)
-        kind = claim_kind(self.driver)
-        for result in allocated:
-            devices.append(
-                {
-                    "requestNames": [result.request] if result.request else [],
-                    "poolName": self.pool,
-                    "deviceName": result.device,
-                    "cdiDeviceIds": [
-                        qualified_name(kind, claim_device_name(ref.uid, result)),
-                        *(
-                            qualified_name(kind, claim_capability_name(ref.uid, cap))
-                            for cap in extra.get(result.request, ())
-                        ),
-                    ],
-                    "shareId": result.share_id,
-                }
-            )
+        devices = [self._device_doc(ref.uid, r, extra.get(r.request, ())) for r in allocated]
         self._claims[ref.uid] = {
             "namespace": ref.namespace,
             "name": ref.name,
@@ -276,6 +300,8 @@ class Preparer:
             "shareable": {r.device: r.shareable for r in allocated},
             "specPath": str(path) if views else "",
         }
+        if migs:
+            self._claims[ref.uid]["migDevices"] = [one.doc for one in migs]
         try:
             self._save()
         except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
@@ -291,6 +317,22 @@ class Preparer:
             ", ".join(d["deviceName"] for d in devices) or "no devices of ours",
         )
         return devices
+
+    def _device_doc(
+        self, uid: str, result: AllocatedDevice, capabilities: Sequence[str]
+    ) -> DeviceDoc:
+        """What the kubelet is told of one prepared device: its CDI IDs in the claim's spec."""
+        kind = claim_kind(self.driver)
+        return {
+            "requestNames": [result.request] if result.request else [],
+            "poolName": self.pool,
+            "deviceName": result.device,
+            "cdiDeviceIds": [
+                qualified_name(kind, claim_device_name(uid, result)),
+                *(qualified_name(kind, claim_capability_name(uid, c)) for c in capabilities),
+            ],
+            "shareId": result.share_id,
+        }
 
     def _refuse_if_held(self, ref: ClaimRef, result: AllocatedDevice) -> None:
         for uid, other in self._claims.items():
@@ -407,6 +449,9 @@ class Preparer:
             if done is None:
                 # a spec written before a crash kept it out of the checkpoint, or nothing
                 return self._remove_unknown_spec(ref.uid)
+            error = self._destroy_migs(done)
+            if error:
+                return error
             error = _remove_spec(done["specPath"]) if done["specPath"] else ""
             if error:
                 return error
@@ -432,6 +477,13 @@ class Preparer:
                 return error
             log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
         return ""
+
+    def _save_quietly(self) -> None:
+        """:meth:`_save`, a failure logged (the next save writes the same)."""
+        try:
+            self._save()
+        except CdigenError as exc:
+            log.error("cannot write the checkpoint: %s", exc)
 
     def _save(self) -> None:
         doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
@@ -467,16 +519,6 @@ def _spec_present(claim: ClaimDoc) -> bool:
     return not claim["specPath"] or os.path.exists(claim["specPath"])
 
 
-def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str | None:
-    """Why ``path`` is not where claim ``uid``'s spec belongs (its file directly in the CDI dir,
-    symlinks of the directory resolved), or None."""
-    expected = claim_spec_path(spec_dir, driver, uid)
-    names = (expected.name, legacy_claim_spec_path(spec_dir, driver, uid).name)
-    if "\0" in path or Path(path).name not in names or not same_dir(Path(path).parent, spec_dir):
-        return f"{quoted(path)} is not {expected}"
-    return None
-
-
 def remove_temp_files(directory: Path, prefix: str) -> list[Path]:
     """Remove the temp files of atomic_write that start with ``prefix`` (ours: a kill -9 left
     them) from ``directory``; any other file is left alone. What was removed."""
@@ -499,92 +541,3 @@ def remove_temp_files(directory: Path, prefix: str) -> list[Path]:
         log.info("removed %s, left by an interrupted write", path)
         removed.append(path)
     return removed
-
-
-def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, ClaimDoc]:
-    """The prepared claims in the checkpoint at ``path`` ({} when there is none).
-
-    A checkpoint that cannot be read, is not one we wrote or names a spec outside ``spec_dir``
-    is an InputError naming the file (one line): starting empty would leak the specs and device
-    holds of the claims it lists. Read bounded (fileio.read_text: a regular file, no FIFO,
-    at most CDIGEN_MAX_INPUT_BYTES, UTF-8) and checked field by field.
-    """
-    if not os.path.lexists(path):
-        return {}
-    try:
-        text = read_text(path, what="checkpoint")
-    except InputError as exc:
-        raise InputError(exc.message, where=str(path), hint=exc.hint or CHECKPOINT_HINT) from None
-    try:
-        doc = json.loads(text)
-    except RecursionError:
-        raise _bad_checkpoint(path, "it is nested too deeply") from None
-    except ValueError as exc:
-        raise _bad_checkpoint(path, f"it is not JSON ({one_line(str(exc), 80)})") from None
-    if not isinstance(doc, dict):
-        raise _bad_checkpoint(path, f"it is {kind_of(doc)}, not an object")
-    if doc.get("version") != CHECKPOINT_VERSION:
-        raise _bad_checkpoint(
-            path, f"unknown layout (version {quoted(doc.get('version'), 40)}, not 1)"
-        )
-    claims = doc.get("claims")
-    if not isinstance(claims, dict):
-        raise _bad_checkpoint(path, f"claims is {kind_of(claims)}, not an object")
-    for uid, claim in claims.items():
-        problem = _claim_doc_problem(uid, claim, spec_dir, driver)
-        if problem:
-            raise _bad_checkpoint(path, f"claims[{quoted(uid, 60)}]{problem}")
-    out: dict[str, ClaimDoc] = claims
-    return out
-
-
-def _bad_checkpoint(path: Path, problem: str) -> InputError:
-    return InputError(
-        f"the checkpoint is not one cdigen wrote: {problem}", where=str(path), hint=CHECKPOINT_HINT
-    )
-
-
-def _claim_doc_problem(uid: str, claim: Any, spec_dir: Path, driver: str) -> str | None:
-    """What is wrong with one checkpoint entry (``.field: why``, or ``: why``), or None."""
-    if not isinstance(claim, dict):
-        return f": {kind_of(claim)}, not an object"
-    uid_problem = ClaimRef("x", uid, "x").problem()
-    if uid_problem:
-        return f": {uid_problem}"
-    for key in ("namespace", "name", "specPath"):
-        if not isinstance(claim.get(key), str):
-            return f".{key}: {kind_of(claim.get(key))}, not a string"
-    ref_problem = ClaimRef(claim["namespace"], uid, claim["name"]).problem()
-    if ref_problem:
-        return f": {ref_problem}"
-    if claim["specPath"]:
-        problem = spec_path_problem(claim["specPath"], spec_dir, driver, uid)
-        if problem:
-            return f".specPath: {problem} (a spec outside the CDI dir, or another --cdi-dir)"
-    shareable = claim.get("shareable")
-    if not isinstance(shareable, dict) or not all(isinstance(v, bool) for v in shareable.values()):
-        return f".shareable: {kind_of(shareable)}, not an object of device: true/false"
-    devices = claim.get("devices")
-    if not isinstance(devices, list):
-        return f".devices: {kind_of(devices)}, not a list"
-    for index, device in enumerate(devices):
-        problem = _device_doc_problem(device)
-        if problem:
-            return f".devices[{index}]{problem}"
-        device.setdefault("shareId", None)
-    return None
-
-
-def _device_doc_problem(device: Any) -> str | None:
-    if not isinstance(device, dict):
-        return f": {kind_of(device)}, not an object"
-    for key in ("poolName", "deviceName"):
-        if not isinstance(device.get(key), str):
-            return f".{key}: {kind_of(device.get(key))}, not a string"
-    for key in ("requestNames", "cdiDeviceIds"):
-        value = device.get(key)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            return f".{key}: {kind_of(value)}, not a list of strings"
-    if device.get("shareId") is not None and not isinstance(device.get("shareId"), str):
-        return f".shareId: {kind_of(device.get('shareId'))}, not a string or null"
-    return None

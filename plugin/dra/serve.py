@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,17 +19,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from cdigen.cdi.host import HostFS, scan_driver
+from cdigen.cdi.driverfiles import scan_driver
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.spec import SpecOptions
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import HealthBoard, node_reasons
+from plugin.agent.health import HealthBoard, Reason, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
+from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.kube import SliceApi, SlicePublisher
 from plugin.dra.labels import dra_labels
 from plugin.dra.metrics import DraMetrics
@@ -70,7 +71,6 @@ DEFAULT_TAINT_XIDS: Mapping[int, str] = {
     64: "NoSchedule",
     94: "NoSchedule",
 }
-_XID_RE = re.compile(r"critical Xid (\d+)")
 SLICE_RESYNC_S = 2.0  # how often the published slices are compared with what we want
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -90,6 +90,7 @@ class DraOptions:
     dev_root: str = "/"
     sysfs_root: str = "/sys"
     host_root: str = "/"
+    proc_root: str = "/proc"  # nvidia-caps minors of the MIG devices made (dynamic)
     delete_slices_on_exit: bool = False
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     recover_after_s: float = 60.0
@@ -121,15 +122,12 @@ class DraPlugin:
         node_owner: Callable[[str], dict[str, str] | None] | None = None,
         nvml: Any = None,
         resync_s: float = SLICE_RESYNC_S,
+        mig: MigMaker | None = None,
     ) -> None:
         self.options = options
         self.node = node
         self._nvml = nvml
-        self.views = self._views(node)
-        self.board = HealthBoard(
-            [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
-        )
-        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
+        self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
         fs = HostFS(options.host_root)
         spec_options = SpecOptions(
             driver_root=options.driver_root,
@@ -142,7 +140,7 @@ class DraPlugin:
             driver=options.driver,
             pool=options.node_name,
             node=node,
-            views=self.views,
+            views=(),
             reader=claims,
             spec_dir=options.cdi_dir,
             checkpoint=options.checkpoint,
@@ -150,7 +148,15 @@ class DraPlugin:
             driver_files=scan_driver(options.driver_root, node.driver_version, fs),
             fs=fs,
             mps=options.mps,
+            mig=self._mig,
         )
+        # after the checkpoint: with dynamic MIG it says which MIG devices are ours
+        self.views = self._views(node)
+        self.preparer.set_devices(node, self.views)
+        self.board = HealthBoard(
+            [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
+        )
+        self.board.set_reasons(SOURCE_NODE, node_reasons(node))
         self.publisher = SlicePublisher(
             slices, driver=options.driver, node_name=options.node_name, owner=owner
         )
@@ -201,16 +207,39 @@ class DraPlugin:
         self.features = FeatureFile(options.features_file)  # node labels for NFD
         self.board.subscribe(self._on_health)
 
+    def _mig_maker(self) -> MigMaker | None:
+        """What makes MIG devices at prepare: with --mig-strategy dynamic and NVML."""
+        if self._nvml is None or self.options.mig_strategy != "dynamic":
+            return None
+        return MigMaker(self._nvml, self.options.proc_root)
+
     def _device_data(self, name: str) -> dict[str, str]:
         """What a claim's device status says of device ``name`` (its UUID and PCI bus)."""
         view = next((v for v in self.views if v.name == name), None)
         if view is None:
             return {}
-        return {"uuid": view.uuid, "pciBusId": view.gpu.pci_bus_id}
+        uuid = view.uuid
+        if view.placement is not None:  # the MIG device made for the claim holding it
+            made = [
+                m["uuid"]
+                for claim in self.preparer.prepared().values()
+                for m in claim.get("migDevices", [])
+                if m["device"] == name
+            ]
+            uuid = made[0] if made else uuid
+        return {"uuid": uuid, "pciBusId": view.gpu.pci_bus_id}
 
     def _views(self, node: Node) -> list[DeviceView]:
+        geometries, taken = None, None
+        if self._mig is not None:  # how GPUs partition, and what others made on them
+            geometries = self._mig.geometries(node.gpus)
+            taken = self._mig.taken(node.gpus, self.preparer.made_migs())
         views = device_views(
-            node, mig_strategy=self.options.mig_strategy, sysfs_root=self.options.sysfs_root
+            node,
+            mig_strategy=self.options.mig_strategy,
+            sysfs_root=self.options.sysfs_root,
+            geometries=geometries,
+            taken=taken,
         )
         return ordered_views(views, node)
 
@@ -363,10 +392,9 @@ class DraPlugin:
         for device, held in sorted(reasons.items()):
             worst: tuple[int, int] | None = None  # (effect rank, xid)
             for reason in held:
-                match = _XID_RE.search(reason)
-                if not match:
+                xid = reason.xid if isinstance(reason, Reason) else None
+                if xid is None:
                     continue
-                xid = int(match.group(1))
                 effect = self.options.taint_xids.get(xid)
                 if effect is None:
                     continue
@@ -386,6 +414,8 @@ class DraPlugin:
     def _on_health(self, reasons: dict[str, tuple[str, ...]]) -> None:
         """A health change: republish the slices when the device taints change."""
         views, strategy = self.views, self.options.mig_strategy
+        if strategy == "dynamic":  # the labels describe the MIG devices there are now
+            strategy = "mixed"
         self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
         with self._taint_lock:
             taints = self.device_taints(reasons)

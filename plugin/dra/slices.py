@@ -73,9 +73,11 @@ def device_doc(
     *,
     shares: MemoryShares | None = None,
     taints: Sequence[TaintDoc] = (),
+    consumes: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One device entry of a v1 ResourceSlice; ``shares`` makes a whole GPU consumable by
-    several claims (MIG devices stay exclusive); ``taints`` are its device taints."""
+    several claims (MIG devices stay exclusive); ``taints`` are its device taints; ``consumes``
+    its ``consumesCounters`` (plugin.dra.counters)."""
     shared = (
         shares is not None
         and view.mig is None
@@ -97,6 +99,8 @@ def device_doc(
         doc["allowMultipleAllocations"] = True
     if taints:
         doc["taints"] = [dict(t) for t in taints]
+    if consumes:
+        doc["consumesCounters"] = [dict(c) for c in consumes]
     return doc
 
 
@@ -128,30 +132,39 @@ def build_slices(
     if any(taints.get(v.name) for v in views):
         max_devices = min(max_devices, MAX_DEVICES_WITH_TAINTS)
     chunks = [list(views[i : i + max_devices]) for i in range(0, len(views), max_devices)] or [[]]
+    contents = [
+        {"devices": [device_doc(v, shares=shares, taints=taints.get(v.name, ())) for v in chunk]}
+        for chunk in chunks
+    ]
+    return pool_slices(
+        contents, driver=driver, node_name=node_name, generation=generation, owner=owner
+    )
+
+
+def pool_slices(
+    contents: Sequence[Mapping[str, Any]],
+    *,
+    driver: str,
+    node_name: str,
+    generation: int,
+    owner: dict[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """One ResourceSlice per entry of ``contents`` (each its ``devices`` and/or
+    ``sharedCounters``), numbered in order, all of one pool generation."""
     slices: list[dict[str, Any]] = []
-    for n, chunk in enumerate(chunks):
+    for n, content in enumerate(contents):
         metadata: dict[str, Any] = {"name": slice_name(node_name, driver, n)}
         if owner:
             metadata["ownerReferences"] = [
                 {"apiVersion": "v1", "kind": "Node", "name": owner["name"], "uid": owner["uid"]}
             ]
+        pool = {"name": node_name, "generation": generation, "resourceSliceCount": len(contents)}
         slices.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": "ResourceSlice",
                 "metadata": metadata,
-                "spec": {
-                    "driver": driver,
-                    "nodeName": node_name,
-                    "pool": {
-                        "name": node_name,
-                        "generation": generation,
-                        "resourceSliceCount": len(chunks),
-                    },
-                    "devices": [
-                        device_doc(v, shares=shares, taints=taints.get(v.name, ())) for v in chunk
-                    ],
-                },
+                "spec": {"driver": driver, "nodeName": node_name, "pool": pool, **content},
             }
         )
     return slices

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from plugin.agent.xid import xid_reason
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
 from tests.helpers.shared import require_shared_tool
+from tests.helpers.slice_rules import validate_pool
 
 
 @pytest.fixture
@@ -85,18 +87,14 @@ def test_the_simulator_refuses_a_plugin_with_unknown_versions(harness: Harness) 
 # --------------------------------------------------------------------------- slices
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
 def test_published_slices_pass_strict_validation(harness: Harness, version: str) -> None:
-    import kubernetes_validate
-
+    major, minor = version.split(".")
+    harness.api.version = (major, minor)
     harness.start()
     slices = list(harness.api.slices.values())
     assert len(slices) == 1
-    for body in slices:
-        clean = json.loads(json.dumps(body))
-        clean["metadata"].pop("resourceVersion")
-        clean["metadata"].pop("uid")
-        kubernetes_validate.validate(clean, version, strict=True)
+    validate_pool(slices, version)
     spec = slices[0]["spec"]
     assert spec["driver"] == DRIVER and spec["nodeName"] == NODE_NAME
     assert spec["pool"] == {"name": NODE_NAME, "generation": 1, "resourceSliceCount": 1}
@@ -271,7 +269,7 @@ def test_health_streams_every_device_and_then_changes(harness: Harness) -> None:
     while not got and time.monotonic() < deadline:
         time.sleep(0.02)
     gpu1 = plugin.node.gpus[1].uuid
-    plugin.board.set_reasons("xid", {gpu1: "critical Xid 79"})
+    plugin.board.set_reasons("xid", {gpu1: xid_reason(79)})
     watcher.join(5)
     assert len(got) == 2
     first = {d.device.device_name: d.health for d in got[0].devices}

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.spec import CAPABILITIES
+from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.schemas import load_schema
 from plugin.dra.cli import DEFAULT_DRIVER
 from plugin.dra.config import API_VERSION, KIND

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from plugin.agent.xid import xid_reason
 from plugin.dra.serve import HealthServer
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
@@ -49,7 +50,7 @@ def test_metrics_count_calls_claim_errors_publishes_and_devices_by_health(
         missing = ("default", "uid-gone", "gone")  # not in the API server: that claim's error
         answer = harness.kubelet.prepare([good, missing])
         assert answer.claims["uid-good"].error == "" and answer.claims["uid-gone"].error
-        plugin.board.set_reasons("xid", {plugin.node.gpus[1].uuid: "critical Xid 79"})
+        plugin.board.set_reasons("xid", {plugin.node.gpus[1].uuid: xid_reason(79)})
 
         after = _scrape(url)
         prepare = (("method", "NodePrepareResources"),)

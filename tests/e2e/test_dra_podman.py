@@ -107,7 +107,7 @@ def test_podman_runs_with_a_prepared_claims_device(setup: tuple[ClaimPodman, Har
     assert f"unresolvable CDI devices {gpu_id}" in gone.stderr
 
 
-# What the video capability adds (cdigen.cdi.spec: vdpau, encode, cuvid), at the SONAME paths
+# What the video capability adds (cdigen.cdi.capabilities: vdpau, encode, cuvid), at SONAME paths
 VIDEO_FILES = (
     f"{LIB_DIR}/vdpau/libvdpau_nvidia.so.1",
     f"{LIB_DIR}/libnvidia-encode.so.1",

@@ -19,6 +19,7 @@ import yaml
 
 from cdigen.discover import load_node
 from plugin.agent.kubeapi import api_client
+from plugin.agent.xid import xid_reason
 from plugin.dra.kube import KubeApi
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
@@ -263,7 +264,7 @@ def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
     gpu3 = next(g for g in p.node.gpus if g.index == 3)
     gpu5 = next(g for g in p.node.gpus if g.index == 5)
 
-    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79", gpu5.uuid: "critical Xid 94"})
+    p.board.set_reasons("xid", {gpu3.uuid: xid_reason(79), gpu5.uuid: xid_reason(94)})
     (tainted,) = plugin.slices()
     for version in ("1.36", "1.37"):
         _strict(tainted, version)
@@ -285,7 +286,7 @@ def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
     assert {d["name"] for d in tainted["spec"]["devices"][-2:]} == {"gpu-3", "gpu-5"}
 
     # an Xid not in the list marks the device unhealthy but does not taint it
-    p.board.set_reasons("xid", {gpu5.uuid: "critical Xid 31"})
+    p.board.set_reasons("xid", {gpu5.uuid: xid_reason(31)})
     (after,) = plugin.slices()
     assert {d["name"] for d in after["spec"]["devices"] if "taints" in d} == {"gpu-3"}
 
@@ -293,6 +294,19 @@ def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
     (cleared,) = plugin.slices()
     assert not any("taints" in d for d in cleared["spec"]["devices"])
     assert cleared["spec"]["pool"]["generation"] == generation + 2
+
+
+def test_only_an_xid_event_taints_not_a_reason_that_reads_like_one(plugin: Plugin) -> None:
+    """The Xid travels as a number beside the reason's text (was: read back with a regex, so
+    any watcher's text naming "critical Xid 79" tainted the device)."""
+    p = plugin.start("builtin:dgx1-v100", taint_xids={79: "NoExecute"})
+    gpu3 = next(g for g in p.node.gpus if g.index == 3)
+    p.board.set_reasons("node", {gpu3.uuid: "critical Xid 79 (copied from a node file)"})
+    (slice_,) = plugin.slices()
+    assert not any("taints" in d for d in slice_["spec"]["devices"])
+    p.board.set_reasons("xid", {gpu3.uuid: xid_reason(79)})
+    (slice_,) = plugin.slices()
+    assert [d["name"] for d in slice_["spec"]["devices"] if "taints" in d] == ["gpu-3"]
 
 
 # --------------------------------------------------------------------------- MPS shared memory
@@ -566,7 +580,7 @@ def test_a_sharing_setting_that_cannot_be_honoured_is_that_claims_one_line_error
 def test_the_default_taint_is_no_schedule_as_nvidias_driver_does(plugin: Plugin) -> None:
     p = plugin.start("builtin:dgx1-v100")
     gpu3 = next(g for g in p.node.gpus if g.index == 3)
-    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79"})
+    p.board.set_reasons("xid", {gpu3.uuid: xid_reason(79)})
     (tainted,) = plugin.slices()
     taints = {d["name"]: d.get("taints") for d in tainted["spec"]["devices"] if d.get("taints")}
     assert taints == {"gpu-3": [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]}
@@ -605,7 +619,7 @@ def test_an_informational_taint_goes_only_to_a_server_that_knows_effect_none(
     p = plugin.start("builtin:dgx1-v100", taint_xids={79: "None", 48: "NoSchedule"})
     gpu3 = next(g for g in p.node.gpus if g.index == 3)
     gpu5 = next(g for g in p.node.gpus if g.index == 5)
-    p.board.set_reasons("xid", {gpu3.uuid: "critical Xid 79", gpu5.uuid: "critical Xid 48"})
+    p.board.set_reasons("xid", {gpu3.uuid: xid_reason(79), gpu5.uuid: xid_reason(48)})
     (body,) = plugin.slices()
     taints = {d["name"]: d.get("taints") for d in body["spec"]["devices"] if d.get("taints")}
     assert taints["gpu-5"] == [{"key": f"{DRIVER}/xid", "value": "48", "effect": "NoSchedule"}]

@@ -18,6 +18,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.labels import node_labels
 from cdigen.nodefile import dump_node
+from plugin.agent.xid import xid_reason
 from plugin.config import HealthConfig, PluginConfig
 from plugin.serve import Plugin
 from tests.cdihost import FakeHost, build_host, make_node
@@ -147,7 +148,7 @@ def test_dra_plugin_rewrites_the_feature_file_on_health_and_mig_changes(
     assert mig_counts  # GPU 2's MIG devices
 
     gpu1 = plugin.node.gpus[1].uuid
-    plugin.board.set_reasons("xid", {gpu1: "critical Xid 79"})
+    plugin.board.set_reasons("xid", {gpu1: xid_reason(79)})
     assert nfd_read(features)["cdigen.dev/gpu.healthy"] == "2"
     plugin.board.set_reasons("xid", {gpu1: None})
     assert nfd_read(features)["cdigen.dev/gpu.healthy"] == "3"

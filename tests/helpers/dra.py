@@ -52,11 +52,12 @@ class Harness:
         *,
         api_timeout_s: float = 5.0,
         resync_s: float = SLICE_RESYNC_S,
+        mig: Any = None,
         **overrides: Any,
     ) -> DraPlugin:
         """Start, register with the kubelet simulator and wait for the slices."""
         plugin = self.start_unpublished(
-            node, api_timeout_s=api_timeout_s, resync_s=resync_s, **overrides
+            node, api_timeout_s=api_timeout_s, resync_s=resync_s, mig=mig, **overrides
         )
         assert plugin.wait_published(10), "the slices were not published"
         return plugin
@@ -67,9 +68,11 @@ class Harness:
         *,
         api_timeout_s: float = 5.0,
         resync_s: float = SLICE_RESYNC_S,
+        mig: Any = None,
         **overrides: Any,
     ) -> DraPlugin:
-        """Start and register with the kubelet simulator (the slices may come later)."""
+        """Start and register with the kubelet simulator (the slices may come later); ``mig``
+        makes the MIG devices of placements (plugin.dra.dynamic_mig.MigMaker)."""
         options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
         kube = KubeApi(api_client(str(self.kubeconfig)), timeout_s=api_timeout_s)
         self.plugin = DraPlugin(
@@ -79,6 +82,7 @@ class Harness:
             claims=kube,
             node_owner=kube.node_owner,
             resync_s=resync_s,
+            mig=mig,
         )
         self.plugin.start()
         self.kubelet.register()

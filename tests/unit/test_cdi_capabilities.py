@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi import host as hostmod
-from cdigen.cdi.spec import (
-    CAPABILITIES,
-    generate,
-    parse_capabilities,
-)
+from cdigen.cdi.capabilities import CAPABILITIES, parse_capabilities
+from cdigen.cdi.hostfs import HOST
+from cdigen.cdi.ipc import ipc_problem
+from cdigen.cdi.spec import generate
 from cdigen.cdi.validate import spec_problems
 from cdigen.cdi.write import render_spec
 from cdigen.errors import InputError
@@ -200,20 +198,20 @@ def test_ipc_symlinks_and_world_writable_places_are_refused(tmp_path: Path) -> N
     _socket(root / "var/run/nvidia-fabricmanager/socket")
     found = mounts(generate(fake.node, options(fake)))
     assert not any(p.endswith("/socket") for p in found)
-    fs = hostmod.HOST
-    assert "symlink" in str(hostmod.ipc_problem(str(root / "run/nvidia-persistenced/socket"), fs))
+    fs = HOST
+    assert "symlink" in str(ipc_problem(str(root / "run/nvidia-persistenced/socket"), fs))
     assert "world-writable" in str(
-        hostmod.ipc_problem(str(root / "var/run/nvidia-fabricmanager/socket"), fs)
+        ipc_problem(str(root / "var/run/nvidia-fabricmanager/socket"), fs)
     )
     # the real MPS pipe dir may sit in /tmp; a symlink there may not
     tmp = root / "tmp"
     tmp.mkdir(exist_ok=True)
     tmp.chmod(0o1777)
     (tmp / "nvidia-mps").mkdir()
-    assert hostmod.ipc_problem(str(tmp / "nvidia-mps"), directory=True) is None
+    assert ipc_problem(str(tmp / "nvidia-mps"), directory=True) is None
     os.rename(tmp / "nvidia-mps", tmp / "real")
     os.symlink("/", tmp / "nvidia-mps")
-    assert "symlink" in str(hostmod.ipc_problem(str(tmp / "nvidia-mps"), directory=True))
+    assert "symlink" in str(ipc_problem(str(tmp / "nvidia-mps"), directory=True))
 
 
 def test_driver_root_absolute_symlink_resolves_inside_the_root(tmp_path: Path) -> None:

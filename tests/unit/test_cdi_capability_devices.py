@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
+from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.cdi.names import (
     capability_device_name,
     capability_of,
     device_name_problem,
     parse_qualified_name,
 )
-from cdigen.cdi.spec import CAPABILITIES, generate
+from cdigen.cdi.spec import generate
 from cdigen.cdi.validate import spec_problems
 from cdigen.cdi.write import render_spec
 from cdigen.errors import InputError

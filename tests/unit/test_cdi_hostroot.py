@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cdigen.cdi.host import HostFS, find_hook
+from cdigen.cdi.driverfiles import find_hook
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.write import render_spec
 from cdigen.cli import main

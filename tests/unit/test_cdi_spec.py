@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi import host as hostmod
+from cdigen.cdi.devnodes import CONTROL_NODES
 from cdigen.cdi.spec import SpecOptions, generate, parse_name_strategies
 from cdigen.cdi.validate import spec_problems
 from cdigen.errors import InputError
@@ -75,7 +75,7 @@ def test_node_fields_come_from_the_real_node(fake: FakeHost) -> None:
         "permissions": "rw",
     }
     control = spec["containerEdits"]["deviceNodes"]
-    assert [n["path"] for n in control] == list(hostmod.CONTROL_NODES)
+    assert [n["path"] for n in control] == list(CONTROL_NODES)
     assert control[0]["major"] == 195 and control[0]["minor"] == 255
 
 

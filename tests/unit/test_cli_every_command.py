@@ -24,6 +24,7 @@ REQUIRED_VALUES = {
     "--node": A100,
     "--claim": CLAIM,
     "--requests": "{empty}",
+    "pod": "trainer-0",  # dra why POD (a positional: keyed by its dest)
 }
 # What makes a server fail before it serves (they exit 2 for a bad node name otherwise first).
 SERVE_EXTRAS = {
@@ -85,9 +86,9 @@ def missing_file_cases() -> Iterator[tuple[str, list[str]]]:
                 if action is chosen:
                     value = "{missing}"
                 elif action.required or "--node" in action.option_strings:  # not NVML
-                    flag = action.option_strings[0] if action.option_strings else None
-                    assert flag in REQUIRED_VALUES, f"{path}: add a value for {flag or action.dest}"
-                    value = REQUIRED_VALUES[flag]
+                    key = action.option_strings[0] if action.option_strings else action.dest
+                    assert key in REQUIRED_VALUES, f"{path}: add a value for {key}"
+                    value = REQUIRED_VALUES[key]
                 else:
                     continue
                 if action.option_strings:

@@ -354,6 +354,7 @@ def test_what_check_accepts_covers_what_the_views_publish(source: str) -> None:
         (["--mps-pipe-dir", "/p", "--mps-shm-dir", "s"], "--mps-shm-dir: must be an absolute"),
         (["--mps-pipe-dir", "/p", "--mps-shm-dir", "/dev/shm"], "must not be the node's own"),
         (["--replicas", "0"], "--replicas: 0 is not in 1-1024"),
+        (["--mig-strategy", "dynamic"], "--mig-strategy: dynamic makes MIG devices through NVML"),
     ],
 )
 def test_bad_sharing_flags_are_one_line_exit_2(
@@ -411,3 +412,72 @@ def test_the_4090_story_in_the_docs_is_what_explain_prints(
     monkeypatch.chdir(EXAMPLES)  # the docs run it there
     assert main(argv.split()[2:]) == 1
     assert capsys.readouterr().out == printed
+
+
+V1BETA1 = """\
+apiVersion: resource.k8s.io/v1beta1
+kind: ResourceClaim
+metadata: {name: old-shape}
+spec:
+  devices:
+    requests:
+      - name: gpu
+        deviceClassName: gpu.cdigen.dev
+        selectors:
+          - cel:
+              expression: device.attributes["gpu.cdigen.dev"].productNme == "x"
+"""
+
+
+@pytest.mark.parametrize("tool", ["check", "explain"])
+def test_a_v1beta1_shaped_request_is_refused_not_passed_unchecked(
+    tool: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(V1BETA1)  # a CEL typo dra check used to pass as OK, never compiled
+    argv = ["dra", "check", str(path)]
+    if tool == "explain":
+        argv = ["dra", "explain", "--node", "builtin:rtx4090", "--claim", str(path)]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(
+        f"cdigen: error: {path}: spec.devices.requests[0].deviceClassName: the v1beta1 request "
+        "shape (device fields on the request itself) is not checked; write it as "
+        "resource.k8s.io/v1 does, under exactly:"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("adminAccess", True, "exactly.adminAccess: adminAccess is not simulated"),
+        ("selector", [], "exactly.selector: unknown field 'selector', not checked; did you mean"),
+        ("priority", 3, "exactly.priority: unknown field 'priority', not checked; leave it out"),
+    ],
+)
+def test_a_field_the_tools_do_not_simulate_is_refused(
+    field: str, value: Any, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = next(yaml.safe_load_all((EXAMPLES / "memory-3gi.yaml").read_text()))
+    doc["spec"]["spec"]["devices"]["requests"][0]["exactly"][field] = value
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for argv in (
+        ["dra", "check", str(path)],
+        ["dra", "explain", "--node", "builtin:rtx4090", "--claim", str(path)],
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert f"{path}: spec.spec.devices.requests[0].{said}" in err
+    doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["adminAccess"] = False
+    del doc["spec"]["spec"]["devices"]["requests"][0]["exactly"][field]
+    path.write_text(yaml.safe_dump(doc))  # adminAccess: false is the default, and checked
+    assert main(["dra", "check", str(path)]) == 0
+    doc["spec"]["spec"]["devices"]["requests"].append({"name": "bare"})
+    path.write_text(yaml.safe_dump(doc))  # a request with nothing in it to check
+    assert main(["dra", "check", str(path)]) == 1
+    assert "spec.spec.devices.requests[1]: a request with neither exactly nor firstAvailable" in (
+        capsys.readouterr().err
+    )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdigen.cdi.spec import CAPABILITIES
+from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.cli import main
 from cdigen.errors import InputError
 from plugin.dra.claims import ClaimRef

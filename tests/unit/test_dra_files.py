@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from cdigen.cdi.names import device_name_problem
 from cdigen.errors import WriteError
 from cdigen.fileio import atomic_write
+from plugin.dra.checkpoint import spec_path_problem
 from plugin.dra.claims import ClaimRef
-from plugin.dra.prepare import claim_spec_path, spec_path_problem
+from plugin.dra.prepare import claim_spec_path
 
 
 def test_atomic_write_creates_no_directory_through_dot_dot(tmp_path: Path) -> None:

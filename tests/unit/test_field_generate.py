@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdigen.cdi.host import detect_driver_version
+from cdigen.cdi.driverfiles import detect_driver_version
 from cdigen.cli import main
 from cdigen.nodefile import dump_node
 from tests.cdihost import DRIVER_VERSION, FakeHost, build_host, make_node

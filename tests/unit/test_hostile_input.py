@@ -17,7 +17,8 @@ from cdigen import model
 from cdigen.cdi.validate import spec_problems, validate_files
 from cdigen.cli import main
 from cdigen.discover.builtin import sample_text
-from cdigen.discover.topo_import import import_topo_text, parse_topo
+from cdigen.discover.topo_import import import_topo_text
+from cdigen.discover.topo_matrix import parse_topo
 from cdigen.errors import CdigenError, InputError, SchemaError
 from cdigen.fileio import MAX_INPUT_BYTES_ENV, dump_document, parse_document, read_document
 from cdigen.nodefile import load_node_file

@@ -12,6 +12,7 @@ from cdigen.discover import load_node
 from cdigen.errors import InputError
 from plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
 from plugin.agent.health_watchers import NodeWatcher
+from plugin.agent.xid import xid_reason
 from plugin.config import PluginConfig, ResourceConfig, load_config
 from plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
 from plugin.serve import Plugin
@@ -89,7 +90,7 @@ def test_a_parent_gpu_reason_marks_every_mig_device_on_it() -> None:
     resources = plan_resources(MIXED, "mixed", gpu_resource=GPU, cdi_kind=GPU)
     board = HealthBoard([d.id for r in resources for d in r.devices], device_parents(resources))
     gpu0, gpu4 = MIXED.gpus[0], MIXED.gpus[4]
-    assert board.set_reasons(SOURCE_XID, {gpu0.uuid: "critical Xid 79", gpu4.uuid: None})
+    assert board.set_reasons(SOURCE_XID, {gpu0.uuid: xid_reason(79), gpu4.uuid: None})
     _, reasons = board.snapshot()
     assert {d for d, r in reasons.items() if r} == {m.uuid for m in gpu0.mig_devices}
     assert not board.healthy(gpu0.mig_devices[2].uuid)
@@ -101,7 +102,7 @@ def test_a_new_layout_keeps_reasons_and_passes_gpu_reasons_to_new_mig_devices() 
     old = plan_resources(MIXED, "mixed", gpu_resource=GPU, cdi_kind=GPU)
     board = HealthBoard([d.id for r in old for d in r.devices], device_parents(old))
     gpu0 = MIXED.gpus[0]
-    board.set_reasons(SOURCE_XID, {gpu0.uuid: "critical Xid 48"})
+    board.set_reasons(SOURCE_XID, {gpu0.uuid: xid_reason(48)})
     kept = MIXED.gpus[1].mig_devices[0].uuid
     board.set_reasons(SOURCE_NODE, {kept: "marked unhealthy"})
     version = board.version

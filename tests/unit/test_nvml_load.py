@@ -14,9 +14,13 @@ from typing import Any
 import pynvml
 import pytest
 
-from cdigen.cdi.host import HostFS
+from cdigen.cdi.hostfs import HostFS
 from cdigen.cli import main
-from cdigen.discover.nvml import nvml_library_paths, preload_nvml_library, start_nvml
+from cdigen.discover.nvml_library import (
+    nvml_library_paths,
+    preload_nvml_library,
+    start_nvml,
+)
 from cdigen.errors import DiscoveryError
 from tests.cdihost import write_ld_cache
 

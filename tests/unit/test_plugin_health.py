@@ -18,7 +18,7 @@ from plugin.agent.health import (
     node_reasons,
 )
 from plugin.agent.health_watchers import NodeWatcher, SpecDirWatcher
-from plugin.agent.xid import XidHealth
+from plugin.agent.xid import XidHealth, xid_reason
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.clock import FakeClock
 
@@ -27,7 +27,7 @@ UUIDS = ["GPU-a", "GPU-b", "GPU-c"]
 
 def test_a_device_is_healthy_only_when_no_source_holds_it() -> None:
     board = HealthBoard(UUIDS)
-    assert board.set_reasons(SOURCE_XID, {"GPU-a": "critical Xid 79"})
+    assert board.set_reasons(SOURCE_XID, {"GPU-a": xid_reason(79)})
     assert board.set_reasons(SOURCE_SPEC, {"GPU-a": "CDI name missing"})
     assert not board.healthy("GPU-a")
     board.set_reasons(SOURCE_XID, {"GPU-a": None})
@@ -200,7 +200,7 @@ def test_event_thread_delivers_and_stops(
 def test_transitions_are_logged_once_each(caplog: pytest.LogCaptureFixture) -> None:
     board = HealthBoard(UUIDS)
     with caplog.at_level("INFO", logger="cdigen.plugin"):
-        board.set_reasons(SOURCE_XID, {"GPU-a": "critical Xid 79", "GPU-b": None})
+        board.set_reasons(SOURCE_XID, {"GPU-a": xid_reason(79), "GPU-b": None})
         board.set_reasons(SOURCE_SPEC, {"GPU-a": "missing"})  # already down: no new warning
         board.set_reasons(SOURCE_XID, {"GPU-a": None, "GPU-c": None})
         board.set_reasons(SOURCE_SPEC, {"GPU-a": None})

@@ -191,3 +191,99 @@ def test_every_cookbook_policy_is_described_in_the_docs() -> None:
     text = guide.read_text(encoding="utf-8")
     missing = [p.name for p in FILES if not re.search(re.escape(p.name), text)]
     assert not missing, f"docs/policies.md does not mention {missing}"
+
+
+DRA_FORMS = sorted((COOKBOOK / "dra").glob("*.yaml"))
+# (form, built-in node, the subrequest first fit takes there): the preferred one where the node
+# has such GPUs, the fallback where it has none
+DRA_PICKS = [
+    ("big-memory", "dgx-a100", "gpu/big"),
+    ("big-memory", "ws-4xv100", "gpu/any"),
+    ("compute-capability", "dgx-h100", "gpu/sm80"),
+    ("compute-capability", "dgx1-v100", "gpu/any"),
+    ("product-pin", "dgx-h100", "gpu/h100"),
+    ("product-pin", "dgx-a100", "gpu/any"),
+    ("keep-gpu0-free", "pcie-8x4090", "gpu/not-gpu0"),
+    ("numa-local-nvlink", "dgx-a100", "gpus/local"),
+    ("numa-local-nvlink", "pcie-8x4090", "gpus/any"),
+    ("nvlink-only", "dgx1-v100", "gpus/nvlinked"),
+    ("nvlink-only", "pcie-8x4090", "gpus/any"),
+]
+
+
+def _cookbook_rows() -> dict[str, str]:
+    """docs/policies.md's cookbook table: policy file -> its 'in a DRA claim' cell."""
+    text = (REPO / "docs" / "policies.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `([\w-]+\.yaml)` \| [^|]* \| ([^|]*) \|$", text, re.M)
+    return dict(rows)
+
+
+def test_the_docs_say_for_every_policy_how_it_goes_into_a_dra_claim() -> None:
+    rows = _cookbook_rows()
+    assert sorted(rows) == [p.name for p in FILES]
+    linked = {
+        m for cell in rows.values() for m in re.findall(r"\(policies/(dra/[\w-]+\.yaml)\)", cell)
+    }
+    assert linked == {f"dra/{p.name}" for p in DRA_FORMS}
+    for name, cell in rows.items():
+        assert f"dra/{name}" in cell or "no DRA form" in cell, (name, cell)
+
+
+def _has_selector(path: Path) -> bool:
+    import yaml
+
+    return "selector" in yaml.safe_load(path.read_text(encoding="utf-8"))["spec"]
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if _has_selector(p)], ids=lambda p: p.stem)
+def test_a_cookbook_selector_as_written_fails_as_a_dra_selector(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    selector = yaml.safe_load(path.read_text())["spec"]["selector"]
+    doc = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "c"}}
+    doc["spec"] = {"selectors": [{"cel": {"expression": selector}}]}
+    as_class = tmp_path / "class.yaml"
+    as_class.write_text(yaml.safe_dump(doc))
+    code, _, err = run(["dra", "check", str(as_class)], capsys)
+    assert code == 1 and "is not published" in err, err
+    assert (COOKBOOK / "dra" / path.name).is_file(), "ship its DRA form"
+
+
+@pytest.mark.parametrize("path", DRA_FORMS, ids=lambda p: p.stem)
+def test_every_dra_form_passes_dra_check_without_a_warning(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run(["dra", "check", str(path)], capsys)
+    assert (code, err) == (0, ""), err
+    assert out == "1 file(s) OK against the attributes of gpu.cdigen.dev\n"
+
+
+@pytest.mark.parametrize(("form", "node", "subrequest"), DRA_PICKS)
+def test_a_dra_form_prefers_what_its_policy_prefers(
+    form: str, node: str, subrequest: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = COOKBOOK / "dra" / f"{form}.yaml"
+    code, out, err = run(
+        ["dra", "explain", "--node", f"builtin:{node}", "--claim", str(path)], capsys
+    )
+    assert code == 0, out + err
+    picks = re.findall(r"^  (gpus?/[\w-]+): (\S+)$", out, re.M)
+    assert picks and {request for request, _ in picks} == {subrequest}, out
+    if form == "keep-gpu0-free":
+        assert picks[0][1] != "gpu-0"
+
+
+def test_every_dra_form_is_exercised_on_a_node() -> None:
+    assert {p.stem for p in DRA_FORMS} == {form for form, _, _ in DRA_PICKS}
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.36"])
+def test_the_dra_forms_pass_strict_validation(version: str) -> None:
+    import kubernetes_validate
+    import yaml
+
+    for path in DRA_FORMS:
+        for doc in yaml.safe_load_all(path.read_text()):
+            kubernetes_validate.validate(doc, version, strict=True)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from cdigen.cdi.spec import CAPABILITIES, SpecOptions, generate
+from cdigen.cdi.capabilities import CAPABILITIES
+from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.validate import _validator
 from cdigen.cdi.yamlout import block_yaml
 from cdigen.discover.builtin import load_builtin

@@ -15,8 +15,8 @@ from cdigen.discover.topo_import import (
     made_up_bus_id,
     made_up_uuid,
     made_up_uuids,
-    parse_topo,
 )
+from cdigen.discover.topo_matrix import parse_topo
 from cdigen.errors import InputError
 from cdigen.nodefile import load_node_file
 from tests.fixtures.reference import TOPOLOGIES, reference_rows
