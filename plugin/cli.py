@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``plugin serve`` to ``sub``."""
+    """Add ``plugin serve`` (and ``plugin config``) to ``sub``.
+
+    Long: one flat list of the serve command's options, read top to bottom.
+    """
     plugin = sub.add_parser(
         "plugin",
         help="serve GPUs to the kubelet (device plugin API v1beta1)",

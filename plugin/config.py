@@ -11,6 +11,13 @@ from typing import TYPE_CHECKING, Any
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from plugin.config_sources import (
+    check_choice,
+    overrides_from_env,
+    overrides_from_file,
+    parse_seconds,
+    with_nvidia_env,
+)
 from plugin.defaults import (
     DEFAULT_CDI_KIND,
     DEFAULT_PLUGIN_DIR,
@@ -119,174 +126,6 @@ def is_mig_resource(name: str) -> bool:
     return name.partition("/")[2].startswith("mig-")
 
 
-# Environment variables and the overrides they map to (same value rules as the flags).
-ENV_VARS = {
-    "CDIGEN_NODE": "node",
-    "CDIGEN_PLUGIN_DIR": "plugin_dir",
-    "CDIGEN_SPEC_DIR": "spec_dirs",  # os.pathsep-separated list
-    "CDIGEN_CDI_KIND": "cdi_kind",
-    "CDIGEN_DEVICE_LIST_STRATEGY": "device_list_strategy",
-    "CDIGEN_POLICY_DIR": "policy_dir",
-    "CDIGEN_RESOURCE": "resource",
-    "CDIGEN_LOG_LEVEL": "log_level",
-    "CDIGEN_LOG_FORMAT": "log_format",
-    "CDIGEN_HEALTH_POLL_INTERVAL": "health_poll_interval",
-    "CDIGEN_IGNORED_XIDS": "ignored_xids",  # comma-separated
-    "CDIGEN_METRICS_ADDRESS": "metrics_address",
-    "CDIGEN_MIG_STRATEGY": "mig_strategy",
-    "CDIGEN_GENERATE_SPECS": "generate_specs",  # true/false
-    "CDIGEN_CAPABILITIES": "capabilities",  # comma-separated, as generate --capabilities
-    "CDIGEN_DRIVER_ROOT": "driver_root",
-    "CDIGEN_DEV_ROOT": "dev_root",
-}
-
-
-def _from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The overrides a validated config document asks for (keys as in :data:`ENV_VARS`)."""
-    out: dict[str, Any] = {}
-    simple = {
-        "node": "node",
-        "pluginDir": "plugin_dir",
-        "cdiKind": "cdi_kind",
-        "deviceListStrategy": "device_list_strategy",
-        "policyDir": "policy_dir",
-        "migStrategy": "mig_strategy",
-        "metricsAddress": "metrics_address",
-        "generateSpecs": "generate_specs",
-        "driverRoot": "driver_root",
-        "devRoot": "dev_root",
-        "hostRoot": "host_root",
-        "rescanIntervalSeconds": "rescan_interval_s",
-        "sysfsRoot": "sysfs_root",
-        "procRoot": "proc_root",
-    }
-    for key, name in simple.items():
-        if key in doc:
-            out[name] = doc[key]
-    if "capabilities" in doc:
-        caps = doc["capabilities"]
-        out["capabilities"] = "all" if "all" in caps else ",".join(caps)
-    if "specDir" in doc:
-        spec = doc["specDir"]
-        out["spec_dirs"] = [spec] if isinstance(spec, str) else list(spec)
-    health = doc.get("health", {})
-    if "ignoredXids" in health:
-        out["ignored_xids"] = list(health["ignoredXids"])
-    if "pollIntervalSeconds" in health:
-        out["health_poll_interval"] = health["pollIntervalSeconds"]
-    if "recoverAfterSeconds" in health:
-        out["health_recover_after"] = health["recoverAfterSeconds"]
-    log = doc.get("log", {})
-    if "level" in log:
-        out["log_level"] = log["level"]
-    if "format" in log:
-        out["log_format"] = log["format"]
-    if "resources" in doc:
-        from plugin.sharing import sharing_from_doc
-
-        out["resources"] = [
-            ResourceConfig(
-                r["name"],
-                r.get("policy"),
-                sharing_from_doc(r.get("sharing"), where=f"resources[{i}].sharing"),
-                _capability_list(r["capabilities"], where=f"resources[{i}].capabilities")
-                if "capabilities" in r
-                else None,
-            )
-            for i, r in enumerate(doc["resources"])
-        ]
-    return out
-
-
-def _capability_list(value: Any, *, where: str) -> tuple[str, ...]:
-    """A config file's capability list (``[compute, graphics]``; ``all`` in it means every
-    one); InputError naming ``where`` on an unknown one."""
-    from cdigen.cdi.capabilities import CAPABILITIES, parse_capabilities
-
-    if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
-        raise InputError(
-            f"expected a list of capability names, got {value!r}",
-            where=where,
-            hint="e.g. [compute, utility, graphics]",
-        )
-    named = [c for c in value if c != "all"]
-    caps = parse_capabilities(",".join(named), where=where) if named or not value else ()
-    return CAPABILITIES if "all" in value else caps
-
-
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for var, name in ENV_VARS.items():
-        value = env.get(var)
-        if value is None or value == "":
-            continue
-        if name == "spec_dirs":
-            out[name] = [p for p in value.split(os.pathsep) if p]
-        elif name == "ignored_xids":
-            out[name] = _parse_xids(value, where=var)
-        elif name == "health_poll_interval":
-            out[name] = _parse_seconds(value, where=var)
-        elif name == "generate_specs":
-            out[name] = _parse_bool(value, where=var)
-        elif name == "capabilities":
-            from cdigen.cdi.capabilities import parse_capabilities
-
-            parse_capabilities(value, where=var)  # here, so that the error names the variable
-            out[name] = value
-        elif name in _CHOICES:
-            choices, what = _CHOICES[name]
-            out[name] = _check_choice(value, choices, what=what, where=var)
-        else:
-            out[name] = value
-    return out
-
-
-def _parse_xids(text: str, *, where: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(
-            f"expected comma-separated Xid numbers, got {text!r}", where=where, hint="e.g. 13,31,43"
-        ) from None
-
-
-def _parse_bool(text: str, *, where: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise InputError(f"expected true or false, got {text!r}", where=where)
-
-
-def _parse_seconds(value: Any, *, where: str) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if not 0 < seconds <= 3600:
-        raise InputError(f"expected seconds in (0, 3600], got {value!r}", where=where)
-    return seconds
-
-
-def _check_choice(
-    value: str, choices: tuple[str, ...], *, what: str, where: str | None = None
-) -> str:
-    if value not in choices:
-        raise InputError(
-            f"unknown {what} {value!r}", where=where, hint=f"use one of: {', '.join(choices)}"
-        )
-    return value
-
-
-_CHOICES = {
-    "device_list_strategy": (STRATEGIES, "device list strategy"),
-    "log_level": (LOG_LEVELS, "log level"),
-    "log_format": (LOG_FORMATS, "log format"),
-    "mig_strategy": (MIG_STRATEGIES, "MIG strategy"),
-}
-
-
 def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
     changes: dict[str, Any] = {}
     health = config.health
@@ -300,7 +139,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
         elif name == "resource":
             changes["resources"] = _renamed(changes.get("resources", config.resources), value)
         elif name == "resources":
-            changes[name] = tuple(value)
+            changes[name] = tuple(ResourceConfig(**fields) for fields in value)
         elif name == "capabilities":
             from cdigen.cdi.capabilities import parse_capabilities
 
@@ -309,10 +148,10 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             health = replace(health, ignored_xids=tuple(sorted(set(value))))
         elif name == "health_poll_interval":
             health = replace(
-                health, poll_interval_s=_parse_seconds(value, where="--health-poll-interval")
+                health, poll_interval_s=parse_seconds(value, where="--health-poll-interval")
             )
         elif name == "rescan_interval_s":
-            changes[name] = _parse_seconds(value, where="rescanIntervalSeconds")
+            changes[name] = parse_seconds(value, where="rescanIntervalSeconds")
         elif name == "health_recover_after":
             health = replace(health, recover_after_s=float(value))
         else:
@@ -342,11 +181,11 @@ def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[Resource
 
 
 def _validate(config: PluginConfig) -> PluginConfig:
-    _check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
-    _check_choice(config.log_level, LOG_LEVELS, what="log level")
-    _check_choice(config.log_format, LOG_FORMATS, what="log format")
-    _check_choice(config.mig_strategy, MIG_STRATEGIES, what="MIG strategy")
-    from plugin.kubelet import resource_name_problem
+    check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
+    check_choice(config.log_level, LOG_LEVELS, what="log level")
+    check_choice(config.log_format, LOG_FORMATS, what="log format")
+    check_choice(config.mig_strategy, MIG_STRATEGIES, what="MIG strategy")
+    from plugin.registration import resource_name_problem
 
     for resource in config.resources:
         problem = resource_name_problem(resource.name)
@@ -415,7 +254,8 @@ def load_config(
     if path is not None:
         doc = read_document(path, what="plugin config file")
         config = config_from_document({} if doc is None else doc, where=str(path))
-    config = _apply(config, _from_env(_with_nvidia_env(os.environ if env is None else env)))
+    env_overrides = overrides_from_env(with_nvidia_env(os.environ if env is None else env))
+    config = _apply(config, env_overrides)
     config = _apply(config, dict(flags or {}))
     return _validate(config)
 
@@ -434,21 +274,7 @@ def config_from_document(doc: Any, *, where: str) -> PluginConfig:
         )
     validate(doc, "plugin-config", where=where)
     try:
-        return _apply(PluginConfig(), _from_file(doc))
+        return _apply(PluginConfig(), overrides_from_file(doc))
     except InputError as exc:  # the checks beyond the schema (sharing): name the file too
         at = f"{where}: {exc.where}" if exc.where else where
         raise InputError(exc.message, where=at, hint=exc.hint) from None
-
-
-def _with_nvidia_env(env: Mapping[str, str]) -> Mapping[str, str]:
-    """``env`` with NVIDIA's variable names read as ours, each use logged as deprecated."""
-    from plugin.nvidia_config import NVIDIA_ENV_VARS, nvidia_env
-
-    if not any(env.get(name) for name in NVIDIA_ENV_VARS):
-        return env
-    import logging
-
-    mapped, lines = nvidia_env(env)
-    for line in lines:
-        logging.getLogger("cdigen.plugin").warning("%s", line)
-    return {**env, **mapped}

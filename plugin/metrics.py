@@ -56,6 +56,10 @@ class PluginMetrics:
     """The plugin's counters, gauges and histograms, and its readiness, in one registry."""
 
     def __init__(self) -> None:
+        """Every metric of the plugin, in its own registry, at zero.
+
+        Long: one flat list of the metrics, each declared once, read top to bottom.
+        """
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)

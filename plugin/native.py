@@ -1,4 +1,5 @@
-"""The ``native`` strategy: a CDI spec's edits for some devices, for runtimes without CDI.
+"""The ``native`` strategy: a CDI spec's edits for some devices, for runtimes without CDI, and
+the AllocateResponse's envs, device nodes and mounts filled from them.
 
 The edits come from the same :class:`cdigen.cdi.cache.SpecCache` that ``cdigen list`` and the
 spec-dir watcher use, merged as a CDI runtime merges them (spec-wide edits once per spec, then
@@ -11,12 +12,47 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from cdigen.cdi import edits as cdi
 from cdigen.cdi.cache import SpecCache
-from plugin.service import ContainerEdits, DeviceNodeEdit, MountEdit
+from plugin.sharing import Mount
+
+if TYPE_CHECKING:
+    from plugin.api import deviceplugin_pb2 as pb
 
 log = logging.getLogger("cdigen.plugin")
+
+
+@dataclass(frozen=True)
+class DeviceNodeEdit:
+    """A device node to create in the container (a CDI ``deviceNodes`` entry)."""
+
+    path: str
+    host_path: str
+    permissions: str = "rwm"
+
+
+MountEdit = Mount  # a CDI ``mounts`` entry: the same bind mount a share hands out
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    """The CDI container edits for a set of devices, merged in spec order."""
+
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNodeEdit, ...] = ()
+    mounts: tuple[MountEdit, ...] = ()
+    hooks: tuple[str, ...] = field(default=(), compare=False)  # hook names: not expressible
+
+
+class EditsLookup(Protocol):
+    """Resolves fully-qualified CDI names to their merged container edits (``native``)."""
+
+    def __call__(self, names: Sequence[str]) -> ContainerEdits:
+        """The merged edits of ``names``; raises KeyError naming a name the spec lacks."""
+        ...
 
 
 def response_edits(edits: cdi.ContainerEdits) -> ContainerEdits:
@@ -71,3 +107,28 @@ class SpecEdits:
         if len(self._memo) < 4096:
             self._memo[key] = edits
         return edits
+
+
+def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -> None:
+    """Translate CDI container edits into the AllocateResponse's envs, devices and mounts."""
+    for entry in edits.env:
+        key, sep, value = entry.partition("=")
+        if sep:
+            response.envs[key] = value
+    for node in edits.device_nodes:
+        response.devices.add(
+            container_path=node.path,
+            host_path=node.host_path or node.path,
+            permissions=node.permissions or "rwm",
+        )
+    add_mounts(response, edits.mounts)
+
+
+def add_mounts(response: pb.ContainerAllocateResponse, mounts: Sequence[Mount]) -> None:
+    """Append ``mounts`` to the response's bind mounts."""
+    for mount in mounts:
+        response.mounts.add(
+            container_path=mount.container_path,
+            host_path=mount.host_path,
+            read_only=mount.read_only,
+        )

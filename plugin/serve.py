@@ -17,16 +17,8 @@ from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError
 from cdigen.model import Node
 from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import (
-    SOURCE_NODE,
-    HealthBoard,
-    NodeWatcher,
-    Pollable,
-    Poller,
-    SpecDirWatcher,
-    node_reasons,
-    with_board_health,
-)
+from plugin.agent.health import SOURCE_NODE, HealthBoard, node_reasons, with_board_health
+from plugin.agent.health_watchers import Poller, SpecDirWatcher
 from plugin.agent.lifecycle import open_nvml, serve_until_signalled
 from plugin.agent.sockets import make_plugin_dir
 from plugin.agent.xid import XidHealth
@@ -46,6 +38,7 @@ from plugin.server import ResourceServer, stop_servers
 from plugin.service import DevicePluginService
 from plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
 from plugin.specs import write_specs
+from plugin.watchers import plugin_watchers
 from policies.policy_set import PolicySet, load_policy_set
 
 if TYPE_CHECKING:
@@ -61,11 +54,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("cdigen.plugin")
-
-
-def is_node_file(source: str) -> bool:
-    """True when the node source is a file the plugin can watch for health changes."""
-    return source != "nvml" and not source.startswith("builtin:")
 
 
 # --- the whole plugin -------------------------------------------------------------------------
@@ -227,37 +215,6 @@ class Plugin:
 
         return make
 
-    def _watchers(self) -> list[Pollable]:
-        config = self.config
-        watchers: list[Pollable] = []
-        if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
-            names = self.layout.cdi_names(config.cdi_kind)
-            spec = SpecDirWatcher(self.spec_cache, names, self.board, config.node)
-            spec.poll()  # at startup, before the first device list goes out
-            self._spec_watcher = spec
-            watchers.append(spec)
-        if is_node_file(config.node):
-            path = Path(config.node)
-            watchers.append(
-                NodeWatcher(lambda: self._discover(str(path)), self.apply_node, path=path)
-            )
-        elif self._rediscover is not None or (config.node == "nvml" and self._nvml is not None):
-            rediscover = self._rediscover or (lambda: self._discover(config.node))
-            watchers.append(
-                NodeWatcher(rediscover, self.apply_node, interval_s=config.rescan_interval_s)
-            )
-        if self._nvml is not None:
-            self._xid = XidHealth(
-                self._nvml,
-                self.board,
-                [g.uuid for g in sorted(self.node.gpus, key=lambda g: g.index)],
-                ignored_xids=config.health.ignored_xids,
-                recover_after_s=config.health.recover_after_s,
-            )
-            self._xid.open()
-            watchers.append(self._xid)
-        return watchers
-
     def start(self) -> None:
         """Load policies, start the servers, register them, and start watching."""
         config = self.config
@@ -268,7 +225,19 @@ class Plugin:
             self.board.subscribe(self._report_devices)
         self._load_policies()
         self.board.subscribe(self._on_health)  # from now on health changes rebuild the layout
-        self._poller = Poller(self._watchers(), config.health.poll_interval_s)
+        watchers = plugin_watchers(
+            config,
+            self.node,
+            self.layout,
+            self.board,
+            self.spec_cache,
+            discover=self._discover,
+            apply_node=self.apply_node,
+            rediscover=self._rediscover,
+            nvml=self._nvml,
+        )
+        self._spec_watcher, self._xid = watchers.spec, watchers.xid
+        self._poller = Poller(watchers.all, config.health.poll_interval_s)
         make_plugin_dir(config.plugin_dir)
         for resource in self.resources:
             warning = (

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin.agent.sockets import bind_socket
-from plugin.kubelet import socket_name
+from plugin.registration import socket_name
 from plugin.service import DevicePluginService
 
 log = logging.getLogger("cdigen.plugin")

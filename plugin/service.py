@@ -8,8 +8,8 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -17,6 +17,7 @@ from cdigen.cdi.names import qualified_name
 from plugin.agent.health import HealthBoard
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.native import EditsLookup, add_mounts, fill_native
 from plugin.requests import (
     SUMMARY_INTERVAL_S,
     CallSummary,
@@ -30,7 +31,7 @@ from plugin.requests import (
 )
 from plugin.resources import AdvertisedDevice
 from plugin.resources import advertised_devices as advertised_devices  # re-exported
-from plugin.sharing import Mount, ShareAllocation, ShareRefused
+from plugin.sharing import ShareAllocation, ShareRefused
 
 if TYPE_CHECKING:
     from plugin.metrics import Method, PluginMetrics
@@ -44,36 +45,6 @@ PLUGIN_NAME = "cdigen"
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 DRIVER_CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # read by nvidia-container-runtime
 LOGGED_IDS = 3  # at most this many unknown IDs are named in one warning
-
-
-@dataclass(frozen=True)
-class DeviceNodeEdit:
-    """A device node to create in the container (a CDI ``deviceNodes`` entry)."""
-
-    path: str
-    host_path: str
-    permissions: str = "rwm"
-
-
-MountEdit = Mount  # a CDI ``mounts`` entry: the same bind mount a share hands out
-
-
-@dataclass(frozen=True)
-class ContainerEdits:
-    """The CDI container edits for a set of devices, merged in spec order."""
-
-    env: tuple[str, ...] = ()
-    device_nodes: tuple[DeviceNodeEdit, ...] = ()
-    mounts: tuple[MountEdit, ...] = ()
-    hooks: tuple[str, ...] = field(default=(), compare=False)  # hook names: not expressible
-
-
-class EditsLookup(Protocol):
-    """Resolves fully-qualified CDI names to their merged container edits (``native``)."""
-
-    def __call__(self, names: Sequence[str]) -> ContainerEdits:
-        """The merged edits of ``names``; raises KeyError naming a name the spec lacks."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -241,6 +212,46 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         PreferenceFailed for a malformed request; None when the event ``ended`` makes was set
         (the call was cancelled or the server stops) while the request waited for its turn at
         the policy (it is made only when the request must wait)."""
+        candidates = self._candidates(available, must_include, size)
+        pool = set(candidates)
+        gate = self._policy_gate
+        if not gate.try_acquire() and not gate.acquire(ended() if ended else threading.Event()):
+            return None
+        try:
+            answer = self._prefer()(candidates, must_include, size)
+        except Exception as exc:  # the policy must never fail the kubelet's request
+            log.error("allocation policy failed (%s); answering without it", exc)
+            return fallback_preference(candidates, must_include, size)
+        finally:
+            self._policy_gate.release()
+        chosen = answer.devices
+        if len(chosen) != size or not set(chosen) <= pool or not set(must_include) <= set(chosen):
+            log.error("allocation policy gave an invalid answer %s; answering without it", chosen)
+            return fallback_preference(candidates, must_include, size)
+        if self._metrics is not None and answer.link_score is not None:
+            self._metrics.observe_link_score(
+                self.resource, answer.link_score, fallback=answer.fallback
+            )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] "
+                "(link score %s%s)",
+                self.resource,
+                ",".join(candidates),
+                ",".join(must_include),
+                size,
+                ",".join(chosen),
+                answer.link_score,
+                ", policy fell back" if answer.fallback else "",
+            )
+        return tuple(chosen)
+
+    def _candidates(
+        self, available: tuple[str, ...], must_include: tuple[str, ...], size: int
+    ) -> tuple[str, ...]:
+        """The advertised devices a preference may choose from: the known available ones,
+        then any must-include device the list lacks. PreferenceFailed for a malformed
+        request."""
         if size < 1:
             raise PreferenceFailed(f"allocation size {size}: must be at least 1")
         problem = id_list_problem(available, "available")
@@ -285,37 +296,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         pool = set(candidates)
         if size > len(pool):
             raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
-        gate = self._policy_gate
-        if not gate.try_acquire() and not gate.acquire(ended() if ended else threading.Event()):
-            return None
-        try:
-            answer = self._prefer()(candidates, must_include, size)
-        except Exception as exc:  # the policy must never fail the kubelet's request
-            log.error("allocation policy failed (%s); answering without it", exc)
-            return fallback_preference(candidates, must_include, size)
-        finally:
-            self._policy_gate.release()
-        chosen = answer.devices
-        if len(chosen) != size or not set(chosen) <= pool or not set(must_include) <= set(chosen):
-            log.error("allocation policy gave an invalid answer %s; answering without it", chosen)
-            return fallback_preference(candidates, must_include, size)
-        if self._metrics is not None and answer.link_score is not None:
-            self._metrics.observe_link_score(
-                self.resource, answer.link_score, fallback=answer.fallback
-            )
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] "
-                "(link score %s%s)",
-                self.resource,
-                ",".join(candidates),
-                ",".join(must_include),
-                size,
-                ",".join(chosen),
-                answer.link_score,
-                ", policy fell back" if answer.fallback else "",
-            )
-        return tuple(chosen)
+        return candidates
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         """For each container: the devices, handed over as the configured strategy says."""
@@ -417,28 +398,3 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     ) -> pb.PreStartContainerResponse:
         """Nothing to do before a container starts."""
         return pb.PreStartContainerResponse()
-
-
-def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -> None:
-    """Translate CDI container edits into the AllocateResponse's envs, devices and mounts."""
-    for entry in edits.env:
-        key, sep, value = entry.partition("=")
-        if sep:
-            response.envs[key] = value
-    for node in edits.device_nodes:
-        response.devices.add(
-            container_path=node.path,
-            host_path=node.host_path or node.path,
-            permissions=node.permissions or "rwm",
-        )
-    add_mounts(response, edits.mounts)
-
-
-def add_mounts(response: pb.ContainerAllocateResponse, mounts: Sequence[Mount]) -> None:
-    """Append ``mounts`` to the response's bind mounts."""
-    for mount in mounts:
-        response.mounts.add(
-            container_path=mount.container_path,
-            host_path=mount.host_path,
-            read_only=mount.read_only,
-        )

@@ -131,7 +131,21 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
             where=where,
             hint="a memory-slice request is always for one GPU",
         )
-    mps = doc.get("mps") or {}
+    pipe, shm, limit_key = _mps_settings(doc.get("mps") or {}, where)
+    return Sharing(
+        replicas=_positive_int(doc, "replicas", where, MAX_REPLICAS) if "replicas" in doc else None,
+        memory_slice_mib=(
+            _positive_int(doc, "memorySliceMiB", where) if "memorySliceMiB" in doc else None
+        ),
+        fail_requests_greater_than_one=fail,
+        mps_pipe_directory=pipe,
+        mps_shm_directory=shm,
+        mps_limit_key=limit_key,
+    )
+
+
+def _mps_settings(mps: Any, where: str) -> tuple[str | None, str | None, str]:
+    """A ``sharing.mps`` block's pipe directory, shm directory and limit key, checked."""
     if not isinstance(mps, Mapping) or set(mps) - {"pipeDirectory", "shmDirectory", "limitKey"}:
         raise InputError(
             "mps must be a mapping with pipeDirectory, shmDirectory and limitKey only",
@@ -156,16 +170,7 @@ def sharing_from_doc(doc: Mapping[str, Any] | None, *, where: str) -> Sharing | 
         problem = shm_directory_problem(shm, pipe)
         if problem:
             raise InputError(f"mps.shmDirectory {problem}", where=where, hint=SHM_HINT)
-    return Sharing(
-        replicas=_positive_int(doc, "replicas", where, MAX_REPLICAS) if "replicas" in doc else None,
-        memory_slice_mib=(
-            _positive_int(doc, "memorySliceMiB", where) if "memorySliceMiB" in doc else None
-        ),
-        fail_requests_greater_than_one=fail,
-        mps_pipe_directory=pipe,
-        mps_shm_directory=shm,
-        mps_limit_key=limit_key,
-    )
+    return pipe, shm, limit_key
 
 
 def shares_of_gpu(gpu: Gpu, sharing: Sharing) -> tuple[str, ...]:
@@ -269,6 +274,30 @@ def allocate_shares(
     if advertised is None:
         advertised = {d.id: d for d in share_devices(node, sharing)}
     gpus = {g.uuid: g for g in node.gpus}
+    per_gpu = _shares_per_gpu(ids, advertised, sharing, resource)
+    uuids = tuple(per_gpu)
+    env = _mps_env(uuids, per_gpu, gpus, sharing)
+    mounts: tuple[Mount, ...] = ()
+    if sharing.mps_pipe_directory is not None:
+        mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
+    if sharing.mps_shm_directory is not None:
+        mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
+    return ShareAllocation(
+        gpu_uuids=uuids,
+        cdi_names=tuple(
+            qualified_name(cdi_kind, device_name("uuid", gpus[u].index, u)) for u in uuids
+        ),
+        env=env,
+        mounts=mounts,
+        shares_per_gpu=tuple(per_gpu[u] for u in uuids),
+    )
+
+
+def _shares_per_gpu(
+    ids: Sequence[str], advertised: Mapping[str, ShareDevice], sharing: Sharing, resource: str
+) -> dict[str, int]:
+    """GPU UUID -> how many of ``ids`` are its shares, in the order of ``ids``; ShareRefused
+    as :func:`allocate_shares` says."""
     per_gpu: dict[str, int] = {}
     for device_id in ids:
         share = advertised.get(device_id)
@@ -297,22 +326,7 @@ def allocate_shares(
             where=resource,
             hint="wait for slices to free up on one GPU, or ask for fewer",
         )
-    uuids = tuple(per_gpu)
-    env = _mps_env(uuids, per_gpu, gpus, sharing)
-    mounts: tuple[Mount, ...] = ()
-    if sharing.mps_pipe_directory is not None:
-        mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
-    if sharing.mps_shm_directory is not None:
-        mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
-    return ShareAllocation(
-        gpu_uuids=uuids,
-        cdi_names=tuple(
-            qualified_name(cdi_kind, device_name("uuid", gpus[u].index, u)) for u in uuids
-        ),
-        env=env,
-        mounts=mounts,
-        shares_per_gpu=tuple(per_gpu[u] for u in uuids),
-    )
+    return per_gpu
 
 
 def _mps_mount(pipe: str, resource: str) -> Mount:

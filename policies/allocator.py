@@ -12,10 +12,12 @@ Two entry points, one engine:
   runs the same engine, answering in the IDs asked.
 
 The engine's parts: :mod:`policies.objective` (the lexicographic objective, its key and the
-explanation of why a set lost), :mod:`policies.search` (the exact search over the subset tables
-of :mod:`policies.table`, and the greedy search above ``EXACT_LIMIT`` GPUs, behind one
-protocol), :mod:`policies.placement` (replicas, memory slices and MIG devices: pack, spread,
-best fit). Answers are memoized per request.
+explanation of why a set lost), :mod:`policies.fast_path` (whole GPUs on bit masks),
+:mod:`policies.search` (the exact search over the subset tables of :mod:`policies.table`, and
+the greedy search above ``EXACT_LIMIT`` GPUs, behind one protocol), :mod:`policies.placement`
+(replicas, memory slices and MIG devices: pack, spread, best fit). Answers are memoized per
+request. The request and answer types are :mod:`policies.answers`'s, exported here with the
+engine (``__all__``).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from itertools import compress
 from typing import TypeVar
 
 from cdigen.errors import AllocationError
 from cdigen.model import Node
+from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
+from policies.fast_path import FastPath
 from policies.graph import build_topology
 from policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lost
 from policies.placement import DeviceGroups, assign, choose_gpus
@@ -58,38 +60,6 @@ MEMO_LIMIT = 65536
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
-class AllocationRequest:
-    """What the kubelet asks: choose ``size`` of ``available`` (IDs: UUIDs, indexes, replicas)."""
-
-    available: tuple[str, ...]
-    must_include: tuple[str, ...]
-    size: int
-
-
-@dataclass(frozen=True)
-class AllocationAnswer:
-    """The chosen IDs (in the form asked), their link score, NUMA nodes, and any fallback."""
-
-    devices: tuple[str, ...]
-    link_score: int
-    numa_nodes: tuple[int, ...]
-    fallback_reason: str | None = None
-
-
-@dataclass(frozen=True)
-class PositionAnswer:
-    """The chosen devices as indexes into the request's ``available`` (ascending, except when
-    more must-include devices than ``size`` were given: then the first of them, in order),
-    their distinct GPU positions (ascending), link score, NUMA nodes and any fallback."""
-
-    devices: tuple[int, ...]
-    positions: tuple[int, ...]
-    link_score: int
-    numa_nodes: tuple[int, ...]
-    fallback_reason: str | None = None
-
-
 class Allocator:
     """The engine for one (node, policy): built once, then ``prefer`` is cheap and memoized."""
 
@@ -113,21 +83,17 @@ class Allocator:
             self.objective, self.good, tables_of.exact if tables_of is not None else None
         )
         self.greedy = GreedySearch(self.objective)
-        # The fast path (whole GPUs, every one usable and known, a full table, no constraints):
-        # whole-GPU IDs and positions -> their table bit, read off position_of so that both
-        # paths agree on what an ID names.
-        universe = self.exact.universe
-        self._plain = universe is not None and not self.objective.constrained
-        self._id_bits: dict[str, int] = {}
-        self._position_bits: dict[int, int] = {}
-        if universe is not None:
-            for p in self.good:
-                self._position_bits[p] = 1 << universe.bit_of[p]
-            for gpu in topo.gpus:
-                for name in (gpu.uuid, str(gpu.index)):
-                    named = self.position_of(name)
-                    if named in self._position_bits and share_kind(name) == "gpu":
-                        self._id_bits[name] = self._position_bits[named]
+        # The fast path (whole GPUs, every one usable and known, a full table, no constraints)
+        self._plain = (
+            FastPath(
+                self.exact,
+                self.good,
+                [name for gpu in topo.gpus for name in (gpu.uuid, str(gpu.index))],
+                self.position_of,
+            )
+            if self.exact.universe is not None and not self.objective.constrained
+            else None
+        )
         self._memo: dict[tuple[tuple[str, ...], tuple[str, ...], int], AllocationAnswer] = {}
         self._position_memo: dict[
             tuple[tuple[int, ...], tuple[int, ...], int, bool], PositionAnswer
@@ -156,7 +122,7 @@ class Allocator:
         key = (tuple(available), tuple(must), size, slices)
         answer = self._position_memo.get(key)
         if answer is None:
-            answer = self._plain_positions(*key) if self._plain and not slices else None
+            answer = self._plain.positions(*key[:3]) if self._plain and not slices else None
             if answer is None:
                 answer = self._budgeted(lambda: self._solve_positions(*key))
             if len(self._position_memo) >= MEMO_LIMIT:
@@ -169,7 +135,7 @@ class Allocator:
         key = (request.available, request.must_include, request.size)
         answer = self._memo.get(key)
         if answer is None:
-            answer = self._plain_ids(request) if self._plain else None
+            answer = self._plain.ids(request) if self._plain else None
             if answer is None:
                 answer = self._budgeted(lambda: self._solve_ids(request))
             if len(self._memo) >= MEMO_LIMIT:
@@ -183,72 +149,6 @@ class Allocator:
             return solve()
         finally:
             self.objective.end_request()
-
-    # ------------------------------------------------------------------ the fast path
-
-    def _plain_ids(self, request: AllocationRequest) -> AllocationAnswer | None:
-        """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
-        among them (at most ``size``), else None: the general path answers the rest."""
-        available, size = request.available, request.size
-        bit_of = self._id_bits
-        try:
-            bits = list(map(bit_of.__getitem__, available))
-        except KeyError:  # not a whole usable GPU
-            return None
-        avail = sum(bits)
-        # n distinct bits sum to n set bits; a GPU named twice gives fewer
-        if avail.bit_count() != len(bits) or not 0 < size <= len(bits):
-            return None
-        must = 0
-        must_ids = request.must_include
-        if must_ids:
-            if len(must_ids) > size:
-                return None
-            for m in must_ids:
-                if m not in available:
-                    return None
-                must += bit_of[m]
-            if must.bit_count() != len(must_ids):
-                return None
-        best = self.exact.best_plain(size, avail, must)
-        if best < 0:
-            return None
-        score, numa_nodes, fails = self.exact.facts(best)
-        return AllocationAnswer(
-            tuple(compress(available, map(best.__and__, bits))),
-            score,
-            numa_nodes,
-            _selector_note(fails),
-        )
-
-    def _plain_positions(
-        self, available: tuple[int, ...], must: tuple[int, ...], size: int, slices: bool
-    ) -> PositionAnswer | None:
-        """:meth:`_plain_ids` for devices as GPU positions (one device per GPU)."""
-        get = self._position_bits.get
-        bits = [get(p, 0) for p in available]
-        avail = sum(bits)
-        if avail.bit_count() != len(bits) or not 0 < size <= len(bits) or len(must) > size:
-            return None
-        must_mask = 0
-        for m in must:
-            if not 0 <= m < len(bits):
-                return None
-            must_mask |= bits[m]
-        if must_mask.bit_count() != len(must):
-            return None
-        best = self.exact.best_plain(size, avail, must_mask)
-        if best < 0:
-            return None
-        score, numa_nodes, fails = self.exact.facts(best)
-        assert self.exact.universe is not None
-        return PositionAnswer(
-            tuple(compress(range(len(bits)), map(best.__and__, bits))),
-            self.exact.universe.positions_of(best),
-            score,
-            numa_nodes,
-            _selector_note(fails),
-        )
 
     # ------------------------------------------------------------------ IDs (the string path)
 
@@ -430,15 +330,6 @@ def _check_size(size: int, available: int) -> None:
             f"request for {size} devices but only {available} are available",
             hint="ask for at most as many devices as are available",
         )
-
-
-def _selector_note(fails: int) -> str | None:
-    """The fast path's fallback reason: ``fails`` chosen GPUs fail the selector, if any."""
-    if not fails:
-        return None
-    reason = f"{fails} chosen device(s) fail the policy selector"
-    log.info("preferred allocation fallback: %s", reason)
-    return reason
 
 
 def _answer_facts(

@@ -6,20 +6,21 @@ Registration is cheap: the engine (CEL, networkx) is imported inside the handler
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cdigen.discover.cli import add_node_source
-from cdigen.errors import EXIT_BAD_INPUT, CheckFailed, InputError
-from policies.cli_args import allocator_from_args, at_least, check_share_flags
+from cdigen.errors import CheckFailed
 
 if TYPE_CHECKING:
-    from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
+    pass
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``policy check|explain|replay|simulate`` to ``sub``."""
+    """Add ``policy check|explain|replay|simulate`` to ``sub``.
+
+    Long: one flat list of the four commands' options, read top to bottom.
+    """
     policy = sub.add_parser(
         "policy",
         help="check allocation policies and see what they choose",
@@ -156,293 +157,16 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ids(text: str, flag: str) -> tuple[str, ...]:
-    ids = tuple(part.strip() for part in text.split(",") if part.strip())
-    _unique(ids, flag)
-    return ids
-
-
-def _unique(ids: tuple[str, ...], where: str) -> None:
-    """InputError when ``ids`` names a device twice (``0`` and ``"0"`` are the same ID): the
-    one check of explain's flags and replay's lines."""
-    seen: set[str] = set()
-    twice = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
-    if twice:
-        shown = ", ".join(twice[:3])
-        raise InputError(f"{where} lists a device twice: {shown}", hint="list each ID once")
-
-
-def _request(
-    allocator: Allocator,
-    available: tuple[str, ...],
-    must: tuple[str, ...],
-    size: int,
-    where: str,
-) -> AllocationRequest:
-    """A request checked the way the CLI is strict and prefer() is not."""
-    from policies.allocator import AllocationRequest
-
-    outside = [m for m in must if m not in set(available)]
-    if outside:
-        raise InputError(
-            f"must-include devices {', '.join(outside)} are not among the available ones",
-            where=where,
-            hint="add them to the available list",
-        )
-    unknown = [i for i in available if allocator.position_of(i) is None]
-    if unknown:
-        raise InputError(
-            f"unknown device IDs {', '.join(unknown[:5])} on node {allocator.node.name or '?'}",
-            where=where,
-            hint="use GPU indexes or UUIDs from 'cdigen discover'",
-        )
-    if size < 1:
-        raise InputError(f"size must be at least 1, got {size}", where=where)
-    return AllocationRequest(available, must, size)
-
-
-def _answer_doc(answer: AllocationAnswer) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "devices": list(answer.devices),
-        "linkScore": answer.link_score,
-        "numaNodes": list(answer.numa_nodes),
-    }
-    if answer.fallback_reason:
-        doc["fallbackReason"] = answer.fallback_reason
-    return doc
-
-
-def _expand_shares(
-    allocator: Allocator, ids: tuple[str, ...], args: argparse.Namespace
-) -> tuple[str, ...]:
-    """With --replicas or --slice-mib: each GPU (``0``) becomes all its shares, ``0=5`` its
-    last 5 (as if the first ones were taken); share IDs (``0::slice-3``) stay as they are."""
-    from policies.shares import no_slices_reason, replica_ids, share_kind, slice_count, slice_ids
-
-    replicas, slice_mib = check_share_flags(args)
-    if replicas is None and slice_mib is None:
-        return ids
-    out: list[str] = []
-    for device_id in ids:
-        if share_kind(device_id) != "gpu":
-            out.append(device_id)
-            continue
-        gpu_id, _, count_text = device_id.partition("=")
-        position = allocator.position_of(gpu_id)
-        if position is None:
-            raise InputError(
-                f"unknown GPU {gpu_id} on node {allocator.node.name or '?'}",
-                where="--available",
-                hint="use GPU indexes or UUIDs from 'cdigen discover'",
-            )
-        gpu = allocator.topology.gpus[position]
-        reason = no_slices_reason(gpu, slice_mib) if slice_mib is not None else None
-        if reason is not None:
-            raise InputError(reason, where=f"--available {gpu_id} with --slice-mib {slice_mib}")
-        shares = (
-            replica_ids(gpu_id, replicas)
-            if replicas is not None
-            else slice_ids(gpu_id, slice_count(gpu, slice_mib or 1))
-        )
-        if count_text:
-            if not count_text.isdigit() or int(count_text) > len(shares):
-                raise InputError(
-                    f"{device_id}: expected GPU=N with N free shares, at most {len(shares)}",
-                    where="--available",
-                )
-            shares = shares[len(shares) - int(count_text) :]  # the first ones are taken
-        out.extend(shares)
-    return tuple(out)
-
-
-def _shares_per_gpu(
-    allocator: Allocator, available: tuple[str, ...], chosen: tuple[str, ...]
-) -> list[dict[str, Any]]:
-    """Free and chosen shares per GPU, for requests over replicas or slices."""
-    from policies.shares import gpu_part
-
-    rows: dict[str, dict[str, Any]] = {}
-    for device_id in available:
-        row = rows.setdefault(gpu_part(device_id), {"gpu": gpu_part(device_id), "free": 0})
-        row["free"] += 1
-        row.setdefault("chosen", 0)
-    for device_id in chosen:
-        rows[gpu_part(device_id)]["chosen"] += 1
-    return list(rows.values())
-
-
 def _explain(args: argparse.Namespace) -> int:
-    from policies.allocator import why_lost
-    from policies.shares import share_kind
+    from policies.explain_cli import run_explain
 
-    at_least("--size", args.size, 1)
-    at_least("--alternatives", args.alternatives, 0)
-    allocator = allocator_from_args(args)
-    available = _expand_shares(allocator, _ids(args.available, "--available"), args)
-    request = _request(allocator, available, _ids(args.must, "--must"), args.size, "--available")
-    answer = allocator.prefer(request)
-    id_of: dict[int, str] = {}
-    for device_id in available:
-        position = allocator.position_of(device_id)
-        if position is not None:
-            id_of.setdefault(position, device_id)
-    candidates = allocator.candidates(request)
-    chosen = tuple(sorted(p for i in answer.devices if (p := allocator.position_of(i)) is not None))
-    winner = next((c for c in candidates if c.positions == chosen), None)
-    alternatives: list[dict[str, Any]] = []
-    if winner is not None:
-        for candidate in candidates:
-            if candidate is winner or len(alternatives) >= args.alternatives:
-                continue
-            alternatives.append(
-                {
-                    "devices": [id_of[p] for p in candidate.positions],
-                    "linkScore": candidate.link_score,
-                    "numaNodes": list(allocator.topology.numa_nodes(candidate.positions)),
-                    "lostBecause": why_lost(winner, candidate),
-                }
-            )
-    failures = [
-        {"device": id_of.get(p, str(allocator.topology.gpus[p].index)), "reason": reason}
-        for p, reason in sorted({**allocator.selector_failures, **allocator.unusable}.items())
-        if p in id_of
-    ]
-    shared = any(share_kind(i) != "gpu" for i in available)
-    per_gpu = _shares_per_gpu(allocator, available, answer.devices) if shared else []
-    if args.format == "json":
-        doc = _answer_doc(answer)
-        doc["alternatives"] = alternatives
-        doc["selectorFailures"] = failures
-        if shared:
-            doc["sharesPerGpu"] = per_gpu
-        print(json.dumps(doc, indent=2))
-        return 0
-    node = allocator.node.name or args.node
-    print(f"node {node}, policy {allocator.policy.name}")
-    print(
-        f"chosen: {{{', '.join(answer.devices)}}}  link score {answer.link_score}  "
-        f"NUMA nodes {list(answer.numa_nodes)}"
-    )
-    if answer.fallback_reason:
-        print(f"fallback: {answer.fallback_reason}")
-    if per_gpu:
-        print("shares per GPU:")
-        for row in per_gpu:
-            print(
-                f"  {row['gpu']}: {row['free']} free, {row['chosen']} chosen, "
-                f"{row['free'] - row['chosen']} left"
-            )
-    if alternatives:
-        print("next best:")
-        for alt in alternatives:
-            print(
-                f"  {{{', '.join(alt['devices'])}}}  link score {alt['linkScore']}  "
-                f"NUMA nodes {alt['numaNodes']}  lost: {alt['lostBecause']}"
-            )
-    if failures:
-        print("devices that failed the selector (chosen last):")
-        for failure in failures:
-            print(f"  {failure['device']}: {failure['reason']}")
-    else:
-        print("selector: every available device passes")
-    return 0
-
-
-MAX_REPORTED_LINES = 20  # bad request lines named one by one; the last line counts them all
+    return run_explain(args)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    """Answer each request line; a bad line is one stderr line (file:line: what) and the rest
-    are answered; exit 2 at the end when there was one. A file with no request at all is one
-    line (the wrong file, most likely)."""
-    from cdigen.errors import AllocationError
-    from cdigen.fileio import read_text
+    from policies.replay_cli import run_replay
 
-    allocator = allocator_from_args(args)
-    text = read_text(args.requests, what="requests file")
-    out = sys.stdout
-    bad = total = 0
-    held: list[str] = []  # bad lines before the first good one: maybe no line is a request
-
-    def report(message: str) -> None:
-        out.flush()  # answers and errors in the order of the lines on a terminal
-        print(f"cdigen: error: {message}", file=sys.stderr)
-
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        total += 1
-        where = f"{args.requests}:{number}"
-        try:
-            doc = _parse_request_line(line, where)
-            request = _request(allocator, doc["available"], doc["mustInclude"], doc["size"], where)
-            try:
-                answer = allocator.prefer(request)
-            except AllocationError as exc:
-                raise InputError(exc.message, where=where, hint=exc.hint) from None
-        except InputError as exc:
-            bad += 1
-            if bad <= MAX_REPORTED_LINES:
-                (held.append if bad == total else report)(str(exc))
-            continue
-        for message in held:
-            report(message)
-        held = []
-        out.write(json.dumps(_answer_doc(answer)) + "\n")
-    if bad and bad == total and bad > 1:
-        report(
-            f"{args.requests}: none of its {bad} lines is a request ({held[0]}); expected one "
-            "JSON object a line: {available, mustInclude, size}"
-        )
-    elif held:
-        report(held[0])
-    elif bad > 1:
-        report(
-            f"{args.requests}: {bad} of {total} request lines could not be answered "
-            f"({'listed above' if bad <= MAX_REPORTED_LINES else 'the first 20 listed above'}); "
-            "the others were"
-        )
-    return EXIT_BAD_INPUT if bad else 0
-
-
-def _parse_request_line(line: str, where: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON at column {exc.colno}: {exc.msg}", where=where) from None
-    except RecursionError:
-        raise InputError(
-            "JSON nested too deeply",
-            where=where,
-            hint="a request is {available, mustInclude, size}",
-        ) from None
-    except ValueError as exc:  # an integer of more than 4,300 digits
-        raise InputError(
-            f"invalid JSON: {str(exc).split(';')[0]}", where=where, hint="use short integers"
-        ) from None
-    if not isinstance(doc, dict):
-        raise InputError("expected an object {available, mustInclude, size}", where=where)
-    unknown = set(doc) - {"available", "mustInclude", "size"}
-    if unknown:
-        raise InputError(
-            f"unknown keys {sorted(unknown)}", where=where, hint="use available, mustInclude, size"
-        )
-    available, must, size = doc.get("available"), doc.get("mustInclude", []), doc.get("size")
-    for name, value in (("available", available), ("mustInclude", must)):
-        if not isinstance(value, list) or not all(
-            isinstance(v, (str, int)) and not isinstance(v, bool) for v in value
-        ):
-            raise InputError(f"{name} must be a list of IDs (strings or indexes)", where=where)
-    if not isinstance(size, int) or isinstance(size, bool):
-        raise InputError("size must be an integer", where=where)
-    doc = {
-        "available": tuple(str(v) for v in available),  # type: ignore[union-attr]
-        "mustInclude": tuple(str(v) for v in must),
-        "size": size,
-    }
-    _unique(doc["available"], f"{where}: available")
-    _unique(doc["mustInclude"], f"{where}: mustInclude")
-    return doc
+    return run_replay(args)
 
 
 def _simulate(args: argparse.Namespace) -> int:

@@ -237,10 +237,7 @@ def simulate_shares(
     order). A slice set that spans GPUs is refused in Allocate, as the plugin does. Pods
     leave with a probability that grows with the number running, so the node stays near full.
     """
-    from policies.shares import gpu_part
-
     everything = share_ids(node, replicas=replicas, slice_mib=slice_mib)
-    order = {i: n for n, i in enumerate(everything)}
     slices = slice_mib is not None
     sizes, weights = (
         (SLICE_JOB_SIZES, SLICE_JOB_WEIGHTS) if slices else (REPLICA_JOB_SIZES, REPLICA_JOB_WEIGHTS)
@@ -255,36 +252,57 @@ def simulate_shares(
     # departures become likelier as the node fills: it hovers near full, where choices matter
     mean_size = sum(s * w for s, w in zip(sizes, weights, strict=True))
     target = max(1.0, 2 * len(everything) / mean_size)  # balance (p = 0.5) at a full node
-    results = []
-    for name, choose in (("cdigen", ours), ("kubelet, no preference", kubelet)):
-        rng = random.Random(seed)
-        figures = ShareFigures(name)
-        free = set(everything)
-        running: list[tuple[str, ...]] = []
-        for _ in range(steps):
-            if running and rng.random() < min(0.95, len(running) / target):
-                free.update(running.pop(rng.randrange(len(running))))
-                continue
-            size = rng.choices(sizes, weights)[0]
-            figures.pods += 1
-            if size > len(free):
-                figures.insufficient += 1
-                continue
-            ordered = sorted(free, key=order.__getitem__)
-            chosen = choose(ordered, size)
-            gpus = {gpu_part(i) for i in chosen}
-            if slices and len(gpus) > 1:
-                figures.refused += 1
-                per_gpu: dict[str, int] = {}
-                for i in ordered:
-                    per_gpu[gpu_part(i)] = per_gpu.get(gpu_part(i), 0) + 1
-                figures.avoidable_refusals += max(per_gpu.values()) >= size
-                continue
-            figures.admitted += 1
-            if size > 1:
-                figures.multi += 1
-                figures.multi_distinct += len(gpus) == size
-            free.difference_update(chosen)
-            running.append(chosen)
-        results.append(figures)
-    return results[0], results[1]
+    runs = [
+        _share_run(name, choose, everything, (sizes, weights), slices, target, seed, steps)
+        for name, choose in (("cdigen", ours), ("kubelet, no preference", kubelet))
+    ]
+    return runs[0], runs[1]
+
+
+def _share_run(
+    name: str,
+    choose: Callable[[list[str], int], tuple[str, ...]],
+    everything: Sequence[str],
+    mix: tuple[Sequence[int], Sequence[float]],
+    slices: bool,
+    target: float,
+    seed: int,
+    steps: int,
+) -> ShareFigures:
+    """One run of :func:`simulate_shares` with ``choose`` picking the shares: pods of the
+    sizes and weights in ``mix`` arrive, or leave with a probability growing to 0.95 as the
+    running count nears ``target``."""
+    from policies.shares import gpu_part
+
+    order = {i: n for n, i in enumerate(everything)}
+    sizes, weights = mix
+    rng = random.Random(seed)
+    figures = ShareFigures(name)
+    free = set(everything)
+    running: list[tuple[str, ...]] = []
+    for _ in range(steps):
+        if running and rng.random() < min(0.95, len(running) / target):
+            free.update(running.pop(rng.randrange(len(running))))
+            continue
+        size = rng.choices(sizes, weights)[0]
+        figures.pods += 1
+        if size > len(free):
+            figures.insufficient += 1
+            continue
+        ordered = sorted(free, key=order.__getitem__)
+        chosen = choose(ordered, size)
+        gpus = {gpu_part(i) for i in chosen}
+        if slices and len(gpus) > 1:
+            figures.refused += 1
+            per_gpu: dict[str, int] = {}
+            for i in ordered:
+                per_gpu[gpu_part(i)] = per_gpu.get(gpu_part(i), 0) + 1
+            figures.avoidable_refusals += max(per_gpu.values()) >= size
+            continue
+        figures.admitted += 1
+        if size > 1:
+            figures.multi += 1
+            figures.multi_distinct += len(gpus) == size
+        free.difference_update(chosen)
+        running.append(chosen)
+    return figures

@@ -85,17 +85,7 @@ class Table:
         count = len(self.universe)
         weights, numa_bit, numa_ids = parts.weights, parts.numa_bit, parts.numa_ids
         fail_mask = self.fail_mask = parts.fail_mask
-        # Every per-mask list is built by doubling over the highest bit: the masks with bit b
-        # set are those below 1 << b with b added, so each step is one list operation in C.
-        score, numa_bits, sizes = [0], [0], [0]
-        for b in range(count):
-            row = weights[b]
-            gain = [0]  # the link score of bit b to each subset of the bits below it
-            for j in range(b):
-                gain += list(map(row[j].__add__, gain))
-            score += list(map(add, score, gain))
-            numa_bits += list(map(numa_bit[b].__or__, numa_bits))
-            sizes += list(map((1).__add__, sizes))
+        score, numa_bits, sizes = _per_mask(weights, numa_bit)
         self.score = score
         self.numa_bits = numa_bits
         # this table's NUMA bit -> the node's NUMA node, and NUMA bit sets -> sorted nodes
@@ -107,32 +97,11 @@ class Table:
         # constraint results by this table's raw fact arrays (see Objective.mask_ok)
         self.ok_cache: dict[tuple[int, ...], bool] = {}
         self.numa_span = list(map(int.bit_count, numa_bits))
-        # One sort key per mask, as a packed int, high bits first: its size; its static rank,
-        # terms 1, 3 and 4 (static_terms) as one int, (fails * R + high - score) * S + span;
-        # term 9, positions ascending (the bit-reversed mask descending); the mask itself.
-        # All but the score and the span add up over the mask's bits: built by doubling too.
-        low, high = min(score), max(score)
-        spread, spans = high - low + 1, len(numa_ids) + 1
-        shift = 2 * count
-        rank_bits = ((fail_mask.bit_count() + 1) * spread * spans).bit_length()
-        full = (1 << count) - 1
-        key = [((high * spans) << shift) + (full << count)]
-        for b in range(count):
-            step = (1 << (rank_bits + shift)) + (((fail_mask >> b & 1) * spread * spans) << shift)
-            step += (1 << b) - (1 << (count - 1 - b) << count)
-            key += list(map(step.__add__, key))
-        span_key = [nodes.bit_count() << shift for nodes in range(1 << len(numa_ids))]
-        key = list(
-            map(
-                sub,
-                map(add, key, map(span_key.__getitem__, numa_bits)),
-                map((spans << shift).__mul__, score),
-            )
-        )
+        key, shift = _sort_keys(score, numa_bits, len(numa_ids), fail_mask, count)
         # the static rank (above it the size, equal within an order list): ties are equal
         self.static_rank = list(map(rshift, key, repeat(shift)))
         key.sort()
-        ordered = list(map(full.__and__, key))
+        ordered = list(map(((1 << count) - 1).__and__, key))
         self.order: list[list[int]] = []
         start = 0
         for k in range(count + 1):
@@ -276,6 +245,55 @@ def _best_pairing_within(weights: list[list[int]], count: int) -> list[int]:
                 ]
         best += top
     return best
+
+
+def _per_mask(
+    weights: list[list[int]], numa_bit: list[int]
+) -> tuple[list[int], list[int], list[int]]:
+    """Per mask over ``len(weights)`` bits: the link score, the NUMA bits and the size.
+
+    Every list is built by doubling over the highest bit: the masks with bit b set are those
+    below 1 << b with b added, so each step is one list operation in C."""
+    score, numa_bits, sizes = [0], [0], [0]
+    for b in range(len(weights)):
+        row = weights[b]
+        gain = [0]  # the link score of bit b to each subset of the bits below it
+        for j in range(b):
+            gain += list(map(row[j].__add__, gain))
+        score += list(map(add, score, gain))
+        numa_bits += list(map(numa_bit[b].__or__, numa_bits))
+        sizes += list(map((1).__add__, sizes))
+    return score, numa_bits, sizes
+
+
+def _sort_keys(
+    score: list[int], numa_bits: list[int], numa_count: int, fail_mask: int, count: int
+) -> tuple[list[int], int]:
+    """One sort key per mask (unsorted), and the shift below its static rank.
+
+    A key is a packed int, high bits first: the mask's size; its static rank, terms 1, 3 and 4
+    (static_terms) as one int, (fails * R + high - score) * S + span; term 9, positions
+    ascending (the bit-reversed mask descending); the mask itself. All but the score and the
+    span add up over the mask's bits: built by doubling too."""
+    low, high = min(score), max(score)
+    spread, spans = high - low + 1, numa_count + 1
+    shift = 2 * count
+    rank_bits = ((fail_mask.bit_count() + 1) * spread * spans).bit_length()
+    full = (1 << count) - 1
+    key = [((high * spans) << shift) + (full << count)]
+    for b in range(count):
+        step = (1 << (rank_bits + shift)) + (((fail_mask >> b & 1) * spread * spans) << shift)
+        step += (1 << b) - (1 << (count - 1 - b) << count)
+        key += list(map(step.__add__, key))
+    span_key = [nodes.bit_count() << shift for nodes in range(1 << numa_count)]
+    key = list(
+        map(
+            sub,
+            map(add, key, map(span_key.__getitem__, numa_bits)),
+            map((spans << shift).__mul__, score),
+        )
+    )
+    return key, shift
 
 
 class BitSums:

@@ -51,6 +51,14 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_allocator_large.py",
         "tests/unit/test_sharing_allocator.py",
     ),
+    "policies/fast_path.py": (
+        "tests/unit/test_allocator_engine.py",
+        "tests/unit/test_allocator_positions.py",
+        "tests/unit/test_allocator_topologies.py",
+        "tests/unit/test_allocator_health.py",
+        "tests/unit/test_allocator_large.py",
+        "tests/unit/test_sharing_allocator.py",
+    ),
     "cdigen/cdi/write.py": (
         "tests/unit/test_cdi_write_guards.py",
         "tests/unit/test_cdi_write.py",

@@ -70,25 +70,7 @@ def bind_socket(server: Any, path: Path, flag: str = "--plugin-dir") -> tuple[in
     stale socket at ``path`` is replaced; one that a live process serves on is refused: two
     plugins taking the path from each other would re-register with the kubelet for ever.
     """
-    if len(os.fsencode(path)) > UNIX_PATH_MAX:
-        raise CdigenError(
-            f"cannot listen on {path}",
-            where=str(path.parent),
-            hint=f"the socket path is too long for a unix socket ({UNIX_PATH_MAX} bytes at most)",
-        )
-    if socket_in_use(path):
-        raise CdigenError(
-            f"cannot listen on {path}: another process serves on that socket (a second cdigen "
-            "plugin for the same resource?)",
-            where=str(path.parent),
-            hint=f"stop the other plugin (one per resource and node), or pass another {flag}",
-        )
-    if path.is_dir() and not path.is_symlink():
-        raise InputError(
-            "the plugin's socket path is a directory",
-            where=str(path),
-            hint=f"remove that directory, or pass another {flag}",
-        )
+    _check_socket_path(path, flag)
     try:
         private = Path(tempfile.mkdtemp(prefix=BIND_DIR_PREFIX, dir=path.parent))
         os.chmod(private, 0o700)
@@ -124,6 +106,30 @@ def bind_socket(server: Any, path: Path, flag: str = "--plugin-dir") -> tuple[in
     finally:
         shutil.rmtree(private, ignore_errors=True)
     return (st.st_dev, st.st_ino)
+
+
+def _check_socket_path(path: Path, flag: str) -> None:
+    """Why :func:`bind_socket` cannot take ``path``, raised: too long for a unix socket, served
+    by a live process, or a directory."""
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise CdigenError(
+            f"cannot listen on {path}",
+            where=str(path.parent),
+            hint=f"the socket path is too long for a unix socket ({UNIX_PATH_MAX} bytes at most)",
+        )
+    if socket_in_use(path):
+        raise CdigenError(
+            f"cannot listen on {path}: another process serves on that socket (a second cdigen "
+            "plugin for the same resource?)",
+            where=str(path.parent),
+            hint=f"stop the other plugin (one per resource and node), or pass another {flag}",
+        )
+    if path.is_dir() and not path.is_symlink():
+        raise InputError(
+            "the plugin's socket path is a directory",
+            where=str(path),
+            hint=f"remove that directory, or pass another {flag}",
+        )
 
 
 def parse_address(address: str) -> tuple[str, int]:

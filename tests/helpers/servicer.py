@@ -8,7 +8,7 @@ from typing import Any
 
 from cdigen.model import Gpu, Node
 from plugin.agent.health import HealthBoard
-from plugin.kubelet import register
+from plugin.registration import register
 from plugin.serve import ResourceServer
 from plugin.service import DevicePluginService, Preference, Preferrer, advertised_devices
 from tests.kubelet_sim import KubeletSimulator

@@ -327,7 +327,7 @@ def test_trial_evaluations_of_a_slow_policy_stop_at_their_budget(
 ) -> None:
     """A check (and so a plugin start or reload) never runs for long: past the trial budget
     the expression is refused, naming the field."""
-    from policies import policy as policy_module
+    from policies import policy_trial as policy_module
 
     monkeypatch.setattr(policy_module, "TRIAL_BUDGET_S", 0.0)
     path = tmp_path / "slow.yaml"

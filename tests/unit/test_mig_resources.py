@@ -10,7 +10,8 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
-from plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard, NodeWatcher
+from plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
+from plugin.agent.health_watchers import NodeWatcher
 from plugin.agent.xid import xid_reason
 from plugin.config import PluginConfig, ResourceConfig, load_config
 from plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources

@@ -15,10 +15,9 @@ from plugin.agent.health import (
     SOURCE_SPEC,
     SOURCE_XID,
     HealthBoard,
-    NodeWatcher,
-    SpecDirWatcher,
     node_reasons,
 )
+from plugin.agent.health_watchers import NodeWatcher, SpecDirWatcher
 from plugin.agent.xid import XidHealth, xid_reason
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.clock import FakeClock

@@ -19,11 +19,10 @@ import pytest
 from cdigen.errors import CdigenError, InputError
 from plugin.agent.health import HealthBoard
 from plugin.agent.sockets import make_plugin_dir, socket_in_use
-from plugin.kubelet import (
-    Backoff,
+from plugin.kubelet import Backoff, Registrar
+from plugin.registration import (
     KubeletRefused,
     KubeletUnreachable,
-    Registrar,
     RegistrationCancelled,
     RegistrationTimeout,
     register,

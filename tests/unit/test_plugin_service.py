@@ -12,14 +12,10 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
-from plugin.kubelet import socket_name
+from plugin.native import ContainerEdits, DeviceNodeEdit, MountEdit
+from plugin.registration import socket_name
 from plugin.requests import RequestRecorder
-from plugin.service import (
-    ContainerEdits,
-    DeviceNodeEdit,
-    MountEdit,
-    Preference,
-)
+from plugin.service import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
 
 
