@@ -24,10 +24,10 @@ from cdigen.schemas import schema_errors
 from policies.cel import (
     CelCompileError,
     CelEvaluationError,
-    CelProgram,
     compile_expression,
     device_value,
 )
+from policies.expression import Expression
 from policies.graph import DEFAULT_LINK_WEIGHTS
 from policies.policy_trial import excerpt, trial_problems, where_in
 
@@ -35,19 +35,6 @@ log = logging.getLogger("cdigen.policy")
 
 BUILTIN_NAMES = ("default", "single-numa", "pack", "spread")
 ReplicaPlacement = Literal["spread", "pack"]
-
-
-@dataclass(frozen=True)
-class Expression:
-    """A compiled CEL expression and where it came from (``spec.selector``, ...)."""
-
-    field: str
-    program: CelProgram
-
-    @property
-    def text(self) -> str:
-        """The CEL source."""
-        return self.program.text
 
 
 @dataclass(frozen=True, eq=False)

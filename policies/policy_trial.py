@@ -16,7 +16,7 @@ from cdigen.model import Gpu, Link, Node
 from policies.cel import FUNCTIONS, CelEvaluationError, allocation_value, device_value
 
 if TYPE_CHECKING:
-    from policies.policy import Expression
+    from policies.expression import Expression
 
 # CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
 TRIAL_BUDGET_S = 3.0

@@ -102,3 +102,11 @@ class Quantity:
 
 def _format_fraction(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else str(float(value))
+
+
+def format_bytes(amount: int) -> str:
+    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
+    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if amount >= 1 << shift and amount % (1 << shift) == 0:
+            return f"{amount >> shift}{suffix}"
+    return str(amount)

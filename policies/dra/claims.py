@@ -23,6 +23,7 @@ from typing import Any
 
 from cdigen.errors import InputError
 from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
+from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import (
     Claim,
     Constraint,
@@ -36,7 +37,6 @@ from policies.dra.claim_docs import (
     read_claim_documents,
     read_documents,
 )
-from policies.dra.explanation import format_bytes
 from policies.dra.slice_devices import (
     TAINT_EFFECTS,
     CapacityPolicy,

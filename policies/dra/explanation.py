@@ -4,19 +4,12 @@ device and why first fit passed it; capacities in binary units."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from policies.dra.claim_docs import Claim
-    from policies.dra.claims import Allocation
+from policies.cel.quantity import format_bytes
+from policies.dra.claim_docs import Claim
+from policies.dra.claims import Allocation
 
-
-def format_bytes(amount: int) -> str:
-    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
-    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
-        if amount >= 1 << shift and amount % (1 << shift) == 0:
-            return f"{amount >> shift}{suffix}"
-    return str(amount)
+__all__ = ["format_bytes", "render_explanation"]
 
 
 def render_explanation(

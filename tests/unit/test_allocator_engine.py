@@ -21,7 +21,8 @@ from cdigen.model import Node
 from policies import allocator as allocator_module
 from policies.allocator import AllocationAnswer, AllocationRequest, Allocator, PositionAnswer
 from policies.cel import compile_expression
-from policies.policy import Expression, Policy, builtin_policy
+from policies.expression import Expression
+from policies.policy import Policy, builtin_policy
 
 ALLOCATION = frozenset({"allocation"})
 

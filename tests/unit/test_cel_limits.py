@@ -288,7 +288,8 @@ def test_a_request_stops_evaluating_constraints_past_its_budget(
     not yet evaluated count as failing, and the answer is still a valid set."""
     from policies import allocator as allocator_module
     from policies.allocator import AllocationRequest, Allocator
-    from policies.policy import Expression, Policy
+    from policies.expression import Expression
+    from policies.policy import Policy
 
     node = load_node("builtin:dgx2-v100")
     slow = compile_expression(

@@ -19,7 +19,8 @@ from cdigen.model import Node
 from policies import objective as objective_module
 from policies.allocator import AllocationRequest, Allocator, why_lost
 from policies.cel import compile_expression
-from policies.policy import Expression, Policy
+from policies.expression import Expression
+from policies.policy import Policy
 
 ALLOCATION = frozenset({"allocation"})
 INDEX = 'device.attributes["cdigen.dev"].index'
