@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdigen.model import Node
+from plugin.cdi_names import capability_cdi_names
 from plugin.config import PluginConfig, ResourceConfig
 from plugin.resources import (
     AdvertisedDevice,
     Resource,
-    capability_cdi_names,
     cdi_names,
     plan_resources,
     shared_resource,

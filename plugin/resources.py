@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdigen.cdi.names import capability_device_name, device_name, qualified_name
+from cdigen.cdi.names import qualified_name
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES, Gpu, Node
+from plugin.cdi_names import gpu_cdi_name, mig_cdi_name
 from plugin.sharing import Sharing, share_devices
 
 MIG_RESOURCE_PREFIX = "mig-"
 
 
 DEVICE_KINDS = ("gpu", "mig", "replica", "slice")
-NAME_STRATEGY = "uuid"  # the plugin hands out CDI names by UUID
 
 
 @dataclass(frozen=True)
@@ -52,22 +52,6 @@ class AdvertisedDevice:
     def names(self, cdi_kind: str) -> tuple[str, ...]:
         """The fully-qualified CDI names Allocate hands out for this device."""
         return self.cdi_names or (qualified_name(cdi_kind, self.id),)
-
-
-def gpu_cdi_name(cdi_kind: str, gpu: Gpu) -> str:
-    """The fully-qualified CDI name of a whole GPU, as the generated spec names it."""
-    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, gpu.uuid))
-
-
-def mig_cdi_name(cdi_kind: str, gpu: Gpu, position: int, mig_uuid: str) -> str:
-    """The fully-qualified CDI name of the MIG device at ``position`` on ``gpu``."""
-    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, mig_uuid, position))
-
-
-def capability_cdi_names(cdi_kind: str, capabilities: Sequence[str]) -> tuple[str, ...]:
-    """The fully-qualified CDI names of capability devices, as the generated spec names them
-    (``nvidia.com/gpu=capability-graphics``)."""
-    return tuple(qualified_name(cdi_kind, capability_device_name(c)) for c in capabilities)
 
 
 @dataclass(frozen=True)

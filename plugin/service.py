@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from cdigen.cdi.names import qualified_name
 from plugin.agent.health import HealthBoard
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
@@ -365,11 +364,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         else:
             by_id = advertised_names if advertised_names is not None else self._advertised.names
             # several IDs of one GPU carry the same CDI name: hand it over once
-            names = list(
-                dict.fromkeys(
-                    n for d in ids for n in by_id.get(d) or (qualified_name(self.cdi_kind, d),)
-                )
-            )
+            names = list(dict.fromkeys(n for d in ids for n in by_id[d]))  # ids: all advertised
             visible = ",".join(ids)
         names += [n for n in self._capability_names if n not in names]
         response = pb.ContainerAllocateResponse()

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdigen.cdi.names import device_name, qualified_name
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
 from plugin.agent.mps import (
@@ -32,6 +31,7 @@ from plugin.agent.mps import (
     mps_directory_problem,
     shm_directory_problem,
 )
+from plugin.cdi_names import gpu_cdi_name
 from policies.shares import (
     MAX_REPLICAS,
     no_slices_reason,
@@ -284,9 +284,7 @@ def allocate_shares(
         mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
     return ShareAllocation(
         gpu_uuids=uuids,
-        cdi_names=tuple(
-            qualified_name(cdi_kind, device_name("uuid", gpus[u].index, u)) for u in uuids
-        ),
+        cdi_names=tuple(gpu_cdi_name(cdi_kind, gpus[u]) for u in uuids),
         env=env,
         mounts=mounts,
         shares_per_gpu=tuple(per_gpu[u] for u in uuids),
