@@ -75,6 +75,27 @@ MODULES: dict[str, tuple[str, ...]] = {
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (
+        "policies/fast_path.py",
+        "if avail.bit_count() != len(bits) or not 0 < size <= len(bits):",
+        "< -> <=",
+    ): "a size of 0 then reaches the search, whose empty set is the answer the general path"
+    " gives (no devices, score 0, no NUMA nodes)",
+    (
+        "policies/fast_path.py",
+        "if avail.bit_count() != len(bits) or not 0 < size <= len(bits) or len(must) > size:",
+        "< -> <=",
+    ): "as for IDs: a size of 0 gets the empty set either way",
+    (
+        "policies/fast_path.py",
+        "if best < 0:",
+        "< -> <=",
+    ): "best is 0 only for the empty set (size 0), which the general path answers alike",
+    (
+        "policies/fast_path.py",
+        "if best < 0:",
+        "0 -> 1",
+    ): "best is 0 only for the empty set (size 0), which the general path answers alike",
+    (
         "cdigen/cdi/write.py",
         'return HEADER + (block_yaml(spec) or dump_document(spec, "yaml"))',
         "or -> and",
