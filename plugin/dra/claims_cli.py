@@ -180,7 +180,8 @@ def _explained(
 ) -> list[str]:
     """One claim's explanation, with its link score and a note for each capacity request met
     by a whole device (published without consumable capacity)."""
-    from policies.dra.explanation import format_bytes, render_explanation
+    from policies.cel.quantity import format_bytes
+    from policies.dra.explanation import render_explanation
     from policies.graph import build_topology
 
     score = None
@@ -207,7 +208,7 @@ def _explained(
 
 def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]:
     """What the claims allocated so far leave: every device, whole or its capacity left."""
-    from policies.dra.explanation import format_bytes
+    from policies.cel.quantity import format_bytes
 
     lines = [f"after {allocated} allocated claim(s):"]
     width = max(len(d.name) for d in fit.devices)

@@ -15,6 +15,7 @@ from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
+from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import refuse_unchecked
 from policies.dra.claims import (
     Claim,
@@ -28,7 +29,6 @@ from policies.dra.claims import (
     qualify,
     slice_devices,
 )
-from policies.dra.explanation import format_bytes
 
 SCREEN_LINES = 25
 _GROUPS_PER_NODE = 3  # reasons shown per node, the devices sharing one reason on one line

@@ -74,24 +74,10 @@ def _rewrite_bind(tree: Any) -> None:
             )
 
 
-def _selects_optionally(member: Any) -> bool:
-    """Whether the value of ``member`` (a ``member`` node) is an optional made by a ``.?`` or
-    ``[?`` selection in its chain: selecting from it again gives an optional too."""
-    while isinstance(member, Tree) and member.children:
-        step = member.children[0]
-        if not isinstance(step, Tree):
-            return False
-        if step.data in ("member_dot_opt", "member_index_opt"):
-            return True
-        if step.data not in ("member_dot", "member_index"):
-            return False
-        member = step.children[0]
-    return False
-
-
 class _BoundedEvaluator(Evaluator):
     """celpy's evaluator, counting each step against a ``limits.Meter`` (macros included),
-    with CEL's optional selection (``m.?name``, ``m[?key]``, and selection through one)."""
+    with CEL's optional selection (``m.?name``, ``m[?key]``; the parser makes a selection
+    through an optional one of these)."""
 
     def __init__(self, ast: Any, activation: Any, meter: limits.Meter) -> None:
         super().__init__(ast, activation)
@@ -107,18 +93,6 @@ class _BoundedEvaluator(Evaluator):
     def visit_children(self, tree: Any) -> Any:
         self.meter.tick()
         return super().visit_children(tree)
-
-    def member_dot(self, tree: Any) -> Any:
-        target, name = tree.children
-        if _selects_optionally(target):
-            return select(self.visit(target), celtypes.StringType(name))
-        return super().member_dot(tree)
-
-    def member_index(self, tree: Any) -> Any:
-        if _selects_optionally(tree.children[0]):
-            target, key = self.visit_children(tree)
-            return select(target, key)
-        return super().member_index(tree)
 
     def member_dot_opt(self, tree: Any) -> Any:
         target, name = tree.children

@@ -2,7 +2,8 @@
 field selection, which Kubernetes enables and cel-python does not parse.
 
 Two alternatives are added to ``member``: ``member_dot_opt`` (``m.?name``) and
-``member_index_opt`` (``m[?key]``). ``optional.of(x)``, ``optional.none()`` and
+``member_index_opt`` (``m[?key]``); a plain selection after one is parsed as one too.
+``optional.of(x)``, ``optional.none()`` and
 ``optional.ofNonZeroValue(x)`` parse as methods of an identifier ``optional``; :func:`parse`
 turns them into calls of the functions named ``optional.of`` and so on
 (:mod:`policies.cel.optional`).
@@ -65,7 +66,24 @@ def parse(text: str) -> Any:
     except (LexError, ParseError) as exc:
         raise CELParseError(str(exc.args[0]).splitlines()[0]) from None
     _rewrite_optional_constructors(tree)
+    _rewrite_selection_through_optionals(tree)
     return tree
+
+
+_OPTIONAL_OF = {"member_dot": "member_dot_opt", "member_index": "member_index_opt"}
+
+
+def _rewrite_selection_through_optionals(tree: Any) -> None:
+    """``m.?a.b`` and ``m.?a[k]``: a selection from an optional is itself optional, so each plain
+    selection after a ``.?``/``[?`` in its chain becomes one (decided once, here, rather than at
+    every evaluation). Subtrees come bottom-up, so a chain is rewritten from its start."""
+    for node in tree.iter_subtrees():
+        if node.data not in _OPTIONAL_OF:
+            continue
+        target = node.children[0]
+        step = target.children[0] if isinstance(target, Tree) and target.children else None
+        if isinstance(step, Tree) and step.data in _OPTIONAL_OF.values():
+            node.data = _OPTIONAL_OF[str(node.data)]
 
 
 def _is_identifier(node: Any, name: str) -> bool:

@@ -9,8 +9,6 @@ from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import Claim
 from policies.dra.claims import Allocation
 
-__all__ = ["format_bytes", "render_explanation"]
-
 
 def render_explanation(
     claim: Claim,
