@@ -102,7 +102,7 @@ def _or(opt: Any, other: Any) -> Any:
 
 
 OPTIONAL_FUNCTIONS: dict[str, Any] = {
-    "optional.of": Optional,
+    "optional.of": lambda value: Optional(value),  # one argument, as CEL has it
     "optional.none": lambda: NONE,
     "optional.ofNonZeroValue": lambda value: NONE if _is_zero(value) else Optional(value),
     "hasValue": _has_value,
