@@ -44,10 +44,10 @@ from benchmarks.baseline_besteffort import BestEffortBaseline, partition_count
 from benchmarks.common import percentile
 from cdigen.discover import load_node
 from cdigen.model import Node
+from cdigen.shares import gpu_part, slice_count, slice_ids
 from policies.allocator import AllocationRequest, Allocator
 from policies.graph import Topology
 from policies.policy import builtin_policy, load_policy
-from policies.shares import gpu_part, slice_count, slice_ids
 
 EIGHT_GPU_SAMPLES = (
     "dgx1-v100",

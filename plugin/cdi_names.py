@@ -1,24 +1,20 @@
 """The fully-qualified CDI names the device plugin hands out: by UUID, as the generated spec names
-its GPUs, MIG devices and capability devices (:func:`cdigen.cdi.names.device_name`)."""
+its GPUs, MIG devices and capability devices (:meth:`cdigen.catalogue.CatalogueEntry.cdi_name`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cdigen.cdi.names import capability_device_name, device_name, qualified_name
-from cdigen.model import Gpu
+from cdigen.catalogue import CatalogueEntry
+from cdigen.cdi.names import capability_device_name, qualified_name
 
 NAME_STRATEGY = "uuid"  # the plugin hands out CDI names by UUID
 
 
-def gpu_cdi_name(cdi_kind: str, gpu: Gpu) -> str:
-    """The fully-qualified CDI name of a whole GPU, as the generated spec names it."""
-    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, gpu.uuid))
-
-
-def mig_cdi_name(cdi_kind: str, gpu: Gpu, position: int, mig_uuid: str) -> str:
-    """The fully-qualified CDI name of the MIG device at ``position`` on ``gpu``."""
-    return qualified_name(cdi_kind, device_name(NAME_STRATEGY, gpu.index, mig_uuid, position))
+def entry_cdi_name(cdi_kind: str, entry: CatalogueEntry) -> str:
+    """The fully-qualified CDI name of a catalogue device, as the generated spec names it (a
+    share's is its GPU's)."""
+    return entry.qualified_cdi_name(cdi_kind, NAME_STRATEGY)
 
 
 def capability_cdi_names(cdi_kind: str, capabilities: Sequence[str]) -> tuple[str, ...]:

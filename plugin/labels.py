@@ -18,7 +18,7 @@ def config_sharing(config: PluginConfig, node: Node) -> LabelSharing:
 
     Replicas are per GPU; memory slices count as replicas (the fewest any GPU holds). The
     strategy is ``mps`` when the shares run under MPS, else ``time-slicing``."""
-    from policies.shares import slice_count
+    from cdigen.shares import slice_count
 
     for resource in config.sharing_resources:
         sharing = resource.sharing

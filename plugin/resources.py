@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cdigen.catalogue import CatalogueEntry, catalogue
 from cdigen.cdi.names import qualified_name
 from cdigen.errors import InputError
-from cdigen.model import MIG_STRATEGIES, Gpu, Node
-from plugin.cdi_names import gpu_cdi_name, mig_cdi_name
+from cdigen.model import MIG_STRATEGIES, Node
+from plugin.cdi_names import entry_cdi_name
 from plugin.sharing import Sharing, share_devices
 
 MIG_RESOURCE_PREFIX = "mig-"
@@ -66,43 +67,24 @@ class Resource:
     capability_names: tuple[str, ...] = ()
 
 
-def _sorted_gpus(node: Node) -> list[Gpu]:
-    return sorted(node.gpus, key=lambda g: g.index)
-
-
-def whole_gpu(gpu: Gpu, cdi_kind: str, position: int | None = None) -> AdvertisedDevice:
-    """A whole GPU as an advertised device."""
-    name = gpu_cdi_name(cdi_kind, gpu)
-    return AdvertisedDevice(gpu.uuid, gpu.numa_node, (gpu.uuid,), (name,), "gpu", position)
-
-
-def mig_devices_of(
-    gpu: Gpu, cdi_kind: str, position: int | None = None
-) -> list[tuple[str, AdvertisedDevice]]:
-    """(profile, device) for each MIG device of ``gpu``; NUMA comes from the parent."""
-    migs = sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
-    return [
-        (
-            m.profile,
-            AdvertisedDevice(
-                m.uuid,
-                gpu.numa_node,
-                (gpu.uuid,),
-                (mig_cdi_name(cdi_kind, gpu, k, m.uuid),),
-                "mig",
-                position,
-            ),
-        )
-        for k, m in enumerate(migs)
-    ]
+def advertised(entry: CatalogueEntry, cdi_kind: str) -> AdvertisedDevice:
+    """A catalogue device as the plugin advertises it (a share is handed out as its GPU)."""
+    return AdvertisedDevice(
+        entry.id,
+        entry.numa_node,
+        (entry.gpu_uuid,),
+        (entry_cdi_name(cdi_kind, entry),),
+        entry.kind,
+        entry.position,
+    )
 
 
 def advertised_devices(
     node: Node, cdi_kind: str = "nvidia.com/gpu"
 ) -> tuple[AdvertisedDevice, ...]:
     """Every whole GPU of ``node`` that is not MIG-enabled, in NVML index order."""
-    gpus = _sorted_gpus(node)
-    return tuple(whole_gpu(g, cdi_kind, p) for p, g in enumerate(gpus) if not g.mig_enabled)
+    entries = catalogue(node, mig_strategy="mixed")
+    return tuple(advertised(e, cdi_kind) for e in entries if e.kind == "gpu")
 
 
 def mig_resource_name(gpu_resource: str, profile: str) -> str:
@@ -116,38 +98,13 @@ def plan_resources(
 ) -> tuple[Resource, ...]:
     """The resources ``node`` advertises under ``strategy``; InputError when ``single`` cannot
     hold (mixed profiles, or some GPUs without MIG)."""
-    gpus = _sorted_gpus(node)
+    entries = catalogue(node, mig_strategy="mixed")
     whole = Resource(gpu_resource, advertised_devices(node, cdi_kind))
     if strategy == "none":
         return (whole,)
-    mig_gpus = [g for g in gpus if g.mig_enabled]
+    migs = [e for e in entries if e.mig is not None]
     if strategy == "single":
-        if not mig_gpus:
-            return (whole,)
-        plain = [g for g in gpus if not g.mig_enabled]
-        if plain:
-            raise InputError(
-                f"migStrategy 'single' needs every GPU MIG-enabled, but GPU {plain[0].index} "
-                f"({plain[0].uuid}) is not ({len(mig_gpus)} of {len(gpus)} are)",
-                where=node.name or "node",
-                hint="enable MIG on every GPU, or use migStrategy 'mixed'",
-            )
-        devices = [d for g in mig_gpus for d in mig_devices_of(g, cdi_kind, gpus.index(g))]
-        profiles = sorted({p for p, _ in devices})
-        if len(profiles) > 1:
-            raise InputError(
-                f"migStrategy 'single' needs one MIG profile, but the node has "
-                f"{', '.join(profiles)}",
-                where=node.name or "node",
-                hint="repartition with one profile (nvidia-smi mig), or use migStrategy 'mixed'",
-            )
-        if not profiles:
-            raise InputError(
-                "migStrategy 'single': MIG is enabled but no MIG devices exist",
-                where=node.name or "node",
-                hint="create MIG devices (nvidia-smi mig -cgi ... -C)",
-            )
-        return (Resource(gpu_resource, tuple(d for _, d in devices), profiles[0]),)
+        return _single(node, whole, migs, cdi_kind)
     if strategy != "mixed":
         raise InputError(
             f"unknown MIG strategy {strategy!r}",
@@ -155,9 +112,9 @@ def plan_resources(
             hint=f"use one of: {', '.join(MIG_STRATEGIES)}",
         )
     by_profile: dict[str, list[AdvertisedDevice]] = {}
-    for gpu in mig_gpus:
-        for profile, device in mig_devices_of(gpu, cdi_kind, gpus.index(gpu)):
-            by_profile.setdefault(profile, []).append(device)
+    for entry in migs:
+        assert entry.mig is not None
+        by_profile.setdefault(entry.mig.profile, []).append(advertised(entry, cdi_kind))
     out = [whole] if whole.devices else []
     out += [
         Resource(mig_resource_name(gpu_resource, p), tuple(by_profile[p]), p)
@@ -166,22 +123,43 @@ def plan_resources(
     return tuple(out)
 
 
+def _single(
+    node: Node, whole: Resource, migs: Sequence[CatalogueEntry], cdi_kind: str
+) -> tuple[Resource, ...]:
+    """The resources of migStrategy ``single``: every GPU MIG-enabled with one profile, its MIG
+    devices under the GPU resource name; InputError when that cannot hold."""
+    gpus = sorted(node.gpus, key=lambda g: g.index)
+    mig_gpus = [g for g in gpus if g.mig_enabled]
+    if not mig_gpus:
+        return (whole,)
+    plain = [g for g in gpus if not g.mig_enabled]
+    if plain:
+        raise InputError(
+            f"migStrategy 'single' needs every GPU MIG-enabled, but GPU {plain[0].index} "
+            f"({plain[0].uuid}) is not ({len(mig_gpus)} of {len(gpus)} are)",
+            where=node.name or "node",
+            hint="enable MIG on every GPU, or use migStrategy 'mixed'",
+        )
+    profiles = sorted({e.mig.profile for e in migs if e.mig is not None})
+    if len(profiles) > 1:
+        raise InputError(
+            f"migStrategy 'single' needs one MIG profile, but the node has {', '.join(profiles)}",
+            where=node.name or "node",
+            hint="repartition with one profile (nvidia-smi mig), or use migStrategy 'mixed'",
+        )
+    if not profiles:
+        raise InputError(
+            "migStrategy 'single': MIG is enabled but no MIG devices exist",
+            where=node.name or "node",
+            hint="create MIG devices (nvidia-smi mig -cgi ... -C)",
+        )
+    devices = tuple(advertised(e, cdi_kind) for e in migs)
+    return (Resource(whole.name, devices, profiles[0]),)
+
+
 def shared_resource(node: Node, name: str, sharing: Sharing, cdi_kind: str) -> Resource:
     """A sharing resource: every share of every GPU, each handed out as its GPU's CDI name."""
-    gpus = _sorted_gpus(node)
-    position = {g.uuid: p for p, g in enumerate(gpus)}
-    names = {g.uuid: gpu_cdi_name(cdi_kind, g) for g in gpus}
-    devices = tuple(
-        AdvertisedDevice(
-            d.id,
-            d.numa_node,
-            (d.gpu_uuid,),
-            (names[d.gpu_uuid],),
-            sharing.kind,
-            position[d.gpu_uuid],
-        )
-        for d in share_devices(node, sharing)
-    )
+    devices = tuple(advertised(e, cdi_kind) for e in share_devices(node, sharing))
     return Resource(name, devices, sharing=sharing)
 
 

@@ -2,7 +2,7 @@
 
 Pure functions and frozen records, no gRPC. A resource with ``sharing: {replicas: N}`` advertises
 each GPU as N devices ``<uuid>::<k>`` (time-slicing); one with ``sharing: {memorySliceMiB: M}``
-advertises floor(memory / M) devices ``<uuid>::slice-<k>`` (see :mod:`policies.shares`).
+advertises floor(memory / M) devices ``<uuid>::slice-<k>`` (see :mod:`cdigen.shares`).
 :func:`allocate_shares` turns the IDs the kubelet allocated into the GPU's CDI name (once per
 GPU), the MPS limits in the environment and the MPS pipe-directory and shared-memory mounts, or
 refuses with
@@ -18,8 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cdigen.catalogue import CatalogueEntry, catalogue
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
+from cdigen.shares import MAX_REPLICAS, no_slices_reason
 from plugin.agent.mps import (
     LIMIT_KEYS,
     MPS_MEMORY_ENV,
@@ -31,14 +33,7 @@ from plugin.agent.mps import (
     mps_directory_problem,
     shm_directory_problem,
 )
-from plugin.cdi_names import gpu_cdi_name
-from policies.shares import (
-    MAX_REPLICAS,
-    no_slices_reason,
-    replica_ids,
-    slice_count,
-    slice_ids,
-)
+from plugin.cdi_names import entry_cdi_name
 
 
 class ShareRefused(CdigenError):
@@ -60,15 +55,6 @@ class Sharing:
     def kind(self) -> str:
         """``replica`` or ``slice``: the share kind this resource advertises."""
         return "replica" if self.replicas is not None else "slice"
-
-
-@dataclass(frozen=True)
-class ShareDevice:
-    """One advertised share: its ID, its GPU (whose health it follows) and NUMA node."""
-
-    id: str
-    gpu_uuid: str
-    numa_node: int | None
 
 
 @dataclass(frozen=True)
@@ -173,25 +159,13 @@ def _mps_settings(mps: Any, where: str) -> tuple[str | None, str | None, str]:
     return pipe, shm, limit_key
 
 
-def shares_of_gpu(gpu: Gpu, sharing: Sharing) -> tuple[str, ...]:
-    """The share IDs one GPU is advertised as (none for a GPU smaller than one slice)."""
-    if sharing.replicas is not None:
-        return replica_ids(gpu.uuid, sharing.replicas)
-    assert sharing.memory_slice_mib is not None
-    return slice_ids(gpu.uuid, slice_count(gpu, sharing.memory_slice_mib))
-
-
-def share_devices(node: Node, sharing: Sharing) -> tuple[ShareDevice, ...]:
-    """Every share of every GPU of ``node``, GPUs in NVML index order.
+def share_devices(node: Node, sharing: Sharing) -> tuple[CatalogueEntry, ...]:
+    """Every share of every GPU of ``node``, from the node's catalogue, GPUs in NVML index order.
 
     MIG-enabled GPUs are left out: their memory belongs to their MIG devices.
     """
-    return tuple(
-        ShareDevice(share, gpu.uuid, gpu.numa_node)
-        for gpu in sorted(node.gpus, key=lambda g: g.index)
-        if not gpu.mig_enabled
-        for share in shares_of_gpu(gpu, sharing)
-    )
+    entries = catalogue(node, mig_strategy="mixed", sharing=sharing)
+    return tuple(e for e in entries if e.share is not None)
 
 
 def no_slices_warnings(node: Node, sharing: Sharing, resource: str) -> tuple[str, ...]:
@@ -204,7 +178,7 @@ def no_slices_warnings(node: Node, sharing: Sharing, resource: str) -> tuple[str
     return tuple(f"{resource}: {reason}" for reason in reasons if reason)
 
 
-def shares_by_gpu(devices: Iterable[ShareDevice]) -> dict[str, tuple[str, ...]]:
+def shares_by_gpu(devices: Iterable[CatalogueEntry]) -> dict[str, tuple[str, ...]]:
     """GPU UUID -> its share IDs: a GPU's health applies to all of them."""
     out: dict[str, list[str]] = {}
     for device in devices:
@@ -262,7 +236,7 @@ def allocate_shares(
     *,
     cdi_kind: str,
     resource: str,
-    advertised: Mapping[str, ShareDevice] | None = None,
+    advertised: Mapping[str, CatalogueEntry] | None = None,
 ) -> ShareAllocation:
     """What a container gets for the share IDs the kubelet allocated to it.
 
@@ -273,8 +247,11 @@ def allocate_shares(
     """
     if advertised is None:
         advertised = {d.id: d for d in share_devices(node, sharing)}
-    gpus = {g.uuid: g for g in node.gpus}
     per_gpu = _shares_per_gpu(ids, advertised, sharing, resource)
+    by_gpu: dict[str, CatalogueEntry] = {}  # a share of each GPU asked for
+    for device_id in ids:
+        by_gpu.setdefault(advertised[device_id].gpu_uuid, advertised[device_id])
+    gpus = {uuid: e.gpu for uuid, e in by_gpu.items()}
     uuids = tuple(per_gpu)
     env = _mps_env(uuids, per_gpu, gpus, sharing)
     mounts: tuple[Mount, ...] = ()
@@ -284,7 +261,7 @@ def allocate_shares(
         mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
     return ShareAllocation(
         gpu_uuids=uuids,
-        cdi_names=tuple(gpu_cdi_name(cdi_kind, gpus[u]) for u in uuids),
+        cdi_names=tuple(entry_cdi_name(cdi_kind, by_gpu[u]) for u in uuids),
         env=env,
         mounts=mounts,
         shares_per_gpu=tuple(per_gpu[u] for u in uuids),
@@ -292,7 +269,7 @@ def allocate_shares(
 
 
 def _shares_per_gpu(
-    ids: Sequence[str], advertised: Mapping[str, ShareDevice], sharing: Sharing, resource: str
+    ids: Sequence[str], advertised: Mapping[str, CatalogueEntry], sharing: Sharing, resource: str
 ) -> dict[str, int]:
     """GPU UUID -> how many of ``ids`` are its shares, in the order of ``ids``; ShareRefused
     as :func:`allocate_shares` says."""

@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from cdigen.errors import AllocationError
 from cdigen.model import Node
+from cdigen.shares import gpu_part, share_kind
 from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
 from policies.fast_path import FastPath
 from policies.graph import build_topology
@@ -36,7 +37,6 @@ from policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lo
 from policies.placement import DeviceGroups, assign, choose_gpus
 from policies.policy import Policy, builtin_policy
 from policies.search import ExactSearch, GreedySearch, Search
-from policies.shares import gpu_part, share_kind
 from policies.table import EXACT_LIMIT
 from policies.terms import NEXT_SET_SIZE
 

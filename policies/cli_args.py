@@ -34,7 +34,7 @@ def at_least(flag: str, value: int, minimum: int, maximum: int | None = None) ->
 
 def check_share_flags(args: argparse.Namespace) -> tuple[int | None, int | None]:
     """``--replicas`` and ``--slice-mib`` (None where not given); InputError if out of range."""
-    from policies.shares import MAX_REPLICAS
+    from cdigen.shares import MAX_REPLICAS
 
     replicas, slice_mib = getattr(args, "replicas", None), getattr(args, "slice_mib", None)
     if replicas is not None:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cdigen.mig_profiles import MigGeometry, MigPlacement, mig_geometry
-from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
+from cdigen.catalogue import CatalogueEntry, catalogue, whole_entry
+from cdigen.mig_profiles import MigGeometry, MigPlacement
+from cdigen.model import Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -42,22 +43,39 @@ class Attribute:
 
 @dataclass(frozen=True)
 class DeviceView:
-    """One device as DRA sees it: a DNS-label name, the GPU it lives on, its MIG device (if any),
-    attributes by qualified-or-plain name (plain names are in the driver's domain) and capacities
-    in bytes."""
+    """One device of the node's catalogue as DRA sees it: its entry (name, GPU, MIG device or
+    placement), attributes by qualified-or-plain name (plain names are in the driver's domain)
+    and capacities in bytes."""
 
-    name: str
-    gpu: Gpu
-    mig: MigDevice | None
+    entry: CatalogueEntry
     attributes: Mapping[str, Attribute]
     capacity: Mapping[str, int]
-    # --mig-strategy dynamic: the MIG device this one becomes at prepare (mig is None till then)
-    placement: MigPlacement | None = None
+
+    @property
+    def name(self) -> str:
+        """The DNS-label device name (:attr:`CatalogueEntry.dra_name`)."""
+        return self.entry.dra_name
+
+    @property
+    def gpu(self) -> Gpu:
+        """The GPU the device lives on."""
+        return self.entry.gpu
+
+    @property
+    def mig(self) -> MigDevice | None:
+        """The MIG device, if the device is one."""
+        return self.entry.mig
+
+    @property
+    def placement(self) -> MigPlacement | None:
+        """``--mig-strategy dynamic``: the MIG device this one becomes at prepare (no ``mig``
+        till then)."""
+        return self.entry.placement
 
     @property
     def uuid(self) -> str:
         """The UUID of the device itself (the MIG device's, else the GPU's)."""
-        return self.mig.uuid if self.mig else self.gpu.uuid
+        return self.entry.uuid
 
 
 def semver(text: str) -> str | None:
@@ -121,38 +139,6 @@ def _gpu_attributes(
     return attrs
 
 
-def mig_device_name(gpu: Gpu, mig: MigDevice) -> str:
-    """The DNS-label name of a MIG device: ``gpu-<index>-mig-<gi>-<ci>``."""
-    return f"gpu-{gpu.index}-mig-{mig.gi_id}-{mig.ci_id}"
-
-
-def gpu_device_name(gpu: Gpu) -> str:
-    """The DNS-label name of a whole GPU: ``gpu-<index>``."""
-    return f"gpu-{gpu.index}"
-
-
-def placement_name(gpu: Gpu, placement: MigPlacement) -> str:
-    """The DNS-label name of an on-demand MIG placement: ``gpu-<index>-<profile>-at-<start>``
-    (``gpu-0-1g-10gb-at-3``)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", placement.profile.name.lower()).strip("-")
-    return f"gpu-{gpu.index}-{slug}-at-{placement.start}"
-
-
-def placement_views(whole: DeviceView, geometry: MigGeometry) -> list[DeviceView]:
-    """Every MIG placement of ``whole``'s GPU, partitioned as ``geometry`` says, as a device
-    (no UUID: it has none until made)."""
-    base = {k: v for k, v in whole.attributes.items() if k != "uuid"}
-    base["type"] = Attribute("string", "mig")
-    base["parentUUID"] = Attribute("string", whole.gpu.uuid)
-    views = []
-    for placement in geometry.placements():
-        attrs = {**base, "profile": Attribute("string", placement.profile.name)}
-        capacity = {"memory": placement.profile.memory_bytes}
-        name = placement_name(whole.gpu, placement)
-        views.append(DeviceView(name, whole.gpu, None, attrs, capacity, placement))
-    return views
-
-
 def gpu_view(
     node: Node,
     gpu: Gpu,
@@ -162,8 +148,28 @@ def gpu_view(
 ) -> DeviceView:
     """The DRA view of one whole GPU (its MIG devices aside). ``groups`` maps a group attribute
     (``nvlinkDomain``, ``nvlinkClique``) to its value by GPU index; none are published without."""
-    attrs = _gpu_attributes(node, gpu, sysfs_root, groups or {})
-    return DeviceView(gpu_device_name(gpu), gpu, None, attrs, {"memory": gpu.memory_bytes})
+    return _whole_view(whole_entry(node, gpu), _gpu_attributes(node, gpu, sysfs_root, groups or {}))
+
+
+def _whole_view(entry: CatalogueEntry, attributes: Mapping[str, Attribute]) -> DeviceView:
+    return DeviceView(entry, attributes, {"memory": entry.gpu.memory_bytes})
+
+
+def _mig_view(entry: CatalogueEntry, gpu_attributes: Mapping[str, Attribute]) -> DeviceView:
+    """A MIG device, made or to be made (a placement): its GPU's attributes, MIG-typed."""
+    attrs = dict(gpu_attributes)
+    attrs["type"] = Attribute("string", "mig")
+    if entry.mig is not None:
+        attrs["uuid"] = Attribute("string", entry.mig.uuid)
+    else:
+        del attrs["uuid"]  # a placement has none until made
+    attrs["parentUUID"] = Attribute("string", entry.gpu.uuid)
+    if entry.mig is not None:
+        attrs["profile"] = Attribute("string", entry.mig.profile)
+        return DeviceView(entry, attrs, {"memory": entry.mig.memory_bytes})
+    assert entry.placement is not None
+    attrs["profile"] = Attribute("string", entry.placement.profile.name)
+    return DeviceView(entry, attrs, {"memory": entry.placement.profile.memory_bytes})
 
 
 def device_views(
@@ -183,36 +189,19 @@ def device_views(
     cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out; ``taken`` (by GPU
     UUID) the memory slices no placement may cover.
     """
-    if mig_strategy not in DRA_MIG_STRATEGIES:
-        raise ValueError(f"unknown MIG strategy {mig_strategy!r}")
+    entries = catalogue(node, mig_strategy=mig_strategy, geometries=geometries, taken=taken)
     nvlink = nvlink_groups(node)
     groups = {"nvlinkDomain": nvlink.domain, "nvlinkClique": nvlink.clique}
+    attributes: dict[str, Mapping[str, Attribute]] = {}  # by GPU UUID
     views: list[DeviceView] = []
-    for gpu in sorted(node.gpus, key=lambda g: g.index):
-        whole = gpu_view(node, gpu, sysfs_root=sysfs_root, groups=groups)
-        geometry = (geometries or {}).get(gpu.uuid) or mig_geometry(gpu.name)
-        if gpu.mig_enabled and mig_strategy == "dynamic" and geometry is not None:
-            held = [set(r) for r in (taken or {}).get(gpu.uuid, ())]
-            views.extend(
-                v
-                for v in placement_views(whole, geometry)
-                if v.placement is None or not any(h & set(v.placement.memory_slices) for h in held)
-            )
-            continue
-        if gpu.mig_enabled and mig_strategy != "none":
-            for mig in gpu.mig_devices:
-                attrs = dict(whole.attributes)
-                attrs["type"] = Attribute("string", "mig")
-                attrs["uuid"] = Attribute("string", mig.uuid)
-                attrs["parentUUID"] = Attribute("string", gpu.uuid)
-                attrs["profile"] = Attribute("string", mig.profile)
-                views.append(
-                    DeviceView(
-                        mig_device_name(gpu, mig), gpu, mig, attrs, {"memory": mig.memory_bytes}
-                    )
-                )
-            continue
-        views.append(whole)
+    for entry in entries:
+        gpu = entry.gpu
+        if gpu.uuid not in attributes:
+            attributes[gpu.uuid] = _gpu_attributes(node, gpu, sysfs_root, groups)
+        if entry.kind == "gpu":
+            views.append(_whole_view(entry, attributes[gpu.uuid]))
+        else:
+            views.append(_mig_view(entry, attributes[gpu.uuid]))
     for view in views:
         count = len(view.attributes) + len(view.capacity)
         if count > MAX_ATTRIBUTES_AND_CAPACITIES:  # a programming error, not bad input

@@ -32,7 +32,7 @@ def _expand_shares(
 ) -> tuple[str, ...]:
     """With --replicas or --slice-mib: each GPU (``0``) becomes all its shares, ``0=5`` its
     last 5 (as if the first ones were taken); share IDs (``0::slice-3``) stay as they are."""
-    from policies.shares import no_slices_reason, replica_ids, share_kind, slice_count, slice_ids
+    from cdigen.shares import no_slices_reason, replica_ids, share_kind, slice_count, slice_ids
 
     replicas, slice_mib = check_share_flags(args)
     if replicas is None and slice_mib is None:
@@ -74,7 +74,7 @@ def _shares_per_gpu(
     allocator: Allocator, available: tuple[str, ...], chosen: tuple[str, ...]
 ) -> list[dict[str, Any]]:
     """Free and chosen shares per GPU, for requests over replicas or slices."""
-    from policies.shares import gpu_part
+    from cdigen.shares import gpu_part
 
     rows: dict[str, dict[str, Any]] = {}
     for device_id in available:
@@ -106,8 +106,8 @@ def _explain_doc(
 ) -> dict[str, Any]:
     """The answer (as replay prints it), the next ``count`` best sets with why each lost, the
     devices the selector refused and, over shares, the shares per GPU."""
+    from cdigen.shares import share_kind
     from policies.allocator import why_lost
-    from policies.shares import share_kind
 
     answer = allocator.prefer(request)
     id_of: dict[int, str] = {}

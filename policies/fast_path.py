@@ -10,9 +10,9 @@ import logging
 from collections.abc import Callable, Sequence
 from itertools import compress
 
+from cdigen.shares import share_kind
 from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
 from policies.search import ExactSearch
-from policies.shares import share_kind
 
 log = logging.getLogger("cdigen.allocator")
 

@@ -1,6 +1,6 @@
 """Share placement: how a request over replicas, memory slices or MIG devices lands on GPUs.
 
-Shared devices count as shares of their GPU (``policies.shares`` holds the ID grammar). Memory
+Shared devices count as shares of their GPU (``cdigen.shares`` holds the ID grammar). Memory
 slices, and every share under the ``pack`` policy, go on one GPU when one has room: the best
 fit (the fewest free shares left on it), then the GPU least linked to the other free GPUs.
 Slices that must span GPUs come back with a fallback reason (the plugin's Allocate refuses

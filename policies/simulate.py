@@ -211,7 +211,7 @@ class ShareFigures:
 
 def share_ids(node: Node, *, replicas: int | None, slice_mib: int | None) -> list[str]:
     """Every share ID of ``node`` for a resource with ``replicas`` or ``slice_mib`` set."""
-    from policies.shares import replica_ids, slice_count, slice_ids
+    from cdigen.shares import replica_ids, slice_count, slice_ids
 
     out: list[str] = []
     for gpu in sorted(node.gpus, key=lambda g: g.index):
@@ -272,7 +272,7 @@ def _share_run(
     """One run of :func:`simulate_shares` with ``choose`` picking the shares: pods of the
     sizes and weights in ``mix`` arrive, or leave with a probability growing to 0.95 as the
     running count nears ``target``."""
-    from policies.shares import gpu_part
+    from cdigen.shares import gpu_part
 
     order = {i: n for n, i in enumerate(everything)}
     sizes, weights = mix

@@ -65,6 +65,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_spec_dir_safety.py",
         "tests/unit/test_dra_files.py",
     ),
+    "cdigen/catalogue.py": (
+        "tests/unit/test_catalogue.py",
+        "tests/unit/test_mig_resources.py",
+        "tests/unit/test_cdi_spec.py",
+    ),
     "plugin/layout.py": (
         "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",

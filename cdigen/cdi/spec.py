@@ -7,9 +7,9 @@ the driver capabilities asked for (:mod:`cdigen.cdi.capabilities`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cdigen.catalogue import catalogue
 from cdigen.cdi import devnodes
 from cdigen.cdi.capabilities import DEFAULT_CAPABILITIES
 from cdigen.cdi.devnodes import DeviceNodeInfo
@@ -20,13 +20,12 @@ from cdigen.cdi.names import (
     DEFAULT_CLASS,
     DEFAULT_VENDOR,
     capability_device_name,
-    device_name,
     make_kind,
 )
 from cdigen.cdi.types import DeviceDoc, DeviceNodeDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
 from cdigen.errors import InputError
-from cdigen.model import Gpu, Node
+from cdigen.model import Node
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 
@@ -78,42 +77,31 @@ def node_doc(info: DeviceNodeInfo) -> DeviceNodeDoc:
     return doc
 
 
-def _gpu_names(gpu: Gpu, strategies: Iterable[str]) -> list[str]:
-    return [device_name(s, gpu.index, gpu.uuid) for s in strategies]
-
-
-def _mig_names(gpu: Gpu, position: int, uuid: str, strategies: Iterable[str]) -> list[str]:
-    return [device_name(s, gpu.index, uuid, position) for s in strategies]
-
-
 def _device_entries(
     node: Node, options: SpecOptions, fs: HostFS
 ) -> list[tuple[list[str], list[DeviceNodeDoc]]]:
-    """``(names, device nodes)`` per GPU or MIG device, in index order."""
+    """``(names, device nodes)`` per GPU or MIG device of the node's catalogue, in index order."""
     entries = []
-    for gpu in sorted(node.gpus, key=lambda g: g.index):
+    for entry in catalogue(node, mig_strategy="mixed"):
+        gpu = entry.gpu
         parent = node_doc(devnodes.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}", fs))
-        if not gpu.mig_enabled:
+        if entry.mig is None:
             # DRM nodes only where they exist: they are extras, and a missing one would make
             # the runtime refuse the whole device
-            drm = [
+            extras = [
                 node_doc(devnodes.device_node(options.dev_root, p, fs))
                 for p in devnodes.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
                 if devnodes.node_exists(options.dev_root, p, fs)
             ]
-            entries.append((_gpu_names(gpu, options.name_strategies), [parent, *drm]))
-            continue
-        # by GI and CI ID: the names must not depend on the order discovery listed them in
-        migs = sorted(gpu.mig_devices, key=lambda m: (m.gi_id, m.ci_id, m.uuid))
-        for position, mig in enumerate(migs):
-            caps = [
+        else:
+            extras = [
                 node_doc(
                     devnodes.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}", fs)
                 )
-                for n in mig.cap_minors
+                for n in entry.mig.cap_minors
             ]
-            names = _mig_names(gpu, position, mig.uuid, options.name_strategies)
-            entries.append((names, [parent, *caps]))
+        names = [entry.cdi_name(s) for s in options.name_strategies]
+        entries.append((names, [parent, *extras]))
     return entries
 
 

@@ -236,7 +236,7 @@ class Preparer:
                     self._mig.destroy(earlier.doc)
                 raise
             made.append(one)
-            views[n] = replace(view, mig=one.mig)
+            views[n] = replace(view, entry=replace(view.entry, mig=one.mig))
         return made
 
     def _destroy_migs(self, done: ClaimDoc) -> str:

@@ -172,10 +172,10 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
+    from cdigen.shares import MAX_REPLICAS
     from plugin.agent.mps import SHM_HINT, shm_directory_problem
     from plugin.dra.mps import MpsSettings
     from plugin.dra.slices import MemoryShares
-    from policies.shares import MAX_REPLICAS
 
     threads: int | None = None
     text = args.mps_thread_percentage

@@ -595,7 +595,11 @@ def test_a_pool_above_64_devices_with_a_taint_is_cut_into_slices_of_64() -> None
 
     node = load_node("builtin:dgx2-v100")
     base = device_views(node, mig_strategy="none")
-    views = [replace(base[n % len(base)], name=f"gpu-{n}") for n in range(100)]
+    views = []  # 100 GPUs, gpu-0 to gpu-99: the 16 again and again under new indexes
+    for n in range(100):
+        view = base[n % len(base)]
+        gpu = replace(view.gpu, index=n)
+        views.append(replace(view, entry=replace(view.entry, gpu=gpu)))
     plain = build_slices(views, driver=DRIVER, node_name=NODE_NAME, generation=1)
     assert [len(s["spec"]["devices"]) for s in plain] == [100]  # <= 128 untainted
     taint = [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]

@@ -232,14 +232,15 @@ def test_driver_root_absolute_symlink_resolves_inside_the_root(tmp_path: Path) -
 
 
 def test_only_memory_slice_containers_get_the_mps_pipe_dir_read_only(tmp_path: Path) -> None:
-    from plugin.sharing import ShareRefused, Sharing, allocate_shares, shares_of_gpu
+    from cdigen.catalogue import share_ids
+    from plugin.sharing import ShareRefused, Sharing, allocate_shares
 
     node = make_node(1)
     gpu = node.gpus[0]
     pipe = tmp_path / "nvidia-mps"
     pipe.mkdir(mode=0o755)
     sharing = Sharing(memory_slice_mib=1024, mps_pipe_directory=str(pipe))
-    ids = shares_of_gpu(gpu, sharing)[:2]
+    ids = share_ids(gpu, sharing)[:2]
     allocation = allocate_shares(ids, node, sharing, cdi_kind="nvidia.com/gpu", resource="r")
     assert [(m.host_path, m.container_path, m.read_only) for m in allocation.mounts] == [
         (str(pipe), str(pipe), True)

@@ -485,8 +485,9 @@ def test_mps_daemon_serves_what_allocate_mounts_into_the_pods(
 ) -> None:
     """Each directory Allocate mounts into a pod is the hostPath the daemon has at the same path
     in its chroot: the pipe directory, and the plugin's shmDirectory as the daemon's /dev/shm."""
+    from cdigen.catalogue import share_ids
     from cdigen.discover import load_node
-    from plugin.sharing import allocate_shares, shares_of_gpu
+    from plugin.sharing import allocate_shares
 
     (resource,) = loaded_config(mps_objects, tmp_path).resources
     sharing = resource.sharing
@@ -502,7 +503,7 @@ def test_mps_daemon_serves_what_allocate_mounts_into_the_pods(
     assert daemon["image"] == plugin["image"]
 
     node = load_node("builtin:rtx4090")
-    ids = shares_of_gpu(node.gpus[0], sharing)[:3]
+    ids = share_ids(node.gpus[0], sharing)[:3]
     allocation = allocate_shares(
         ids, node, sharing, cdi_kind="nvidia.com/gpu", resource=resource.name
     )

@@ -9,6 +9,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.errors import AllocationError, InputError
 from cdigen.model import Node
+from cdigen.shares import gpu_part
 from plugin.sharing import (
     ShareRefused,
     Sharing,
@@ -20,7 +21,6 @@ from plugin.sharing import (
 )
 from policies.allocator import AllocationRequest, Allocator
 from policies.policy import builtin_policy
-from policies.shares import gpu_part
 
 KIND = "nvidia.com/gpu"
 SLICES = Sharing(memory_slice_mib=1024)

@@ -277,7 +277,7 @@ def test_a_bad_flag_value_is_blamed_on_that_flag(
 
 def test_why_a_gpu_of_unknown_memory_has_no_slices() -> None:
     # what `policy explain --slice-mib` and the plugin can say instead of "only 0 are available"
-    from policies.shares import no_slices_reason, slice_count
+    from cdigen.shares import no_slices_reason, slice_count
 
     unknown = import_topo(
         TOPOLOGIES / "pcie-8x4090-2socket-allsys.txt", NodeFacts(gpu_name="RTX 4090")
