@@ -115,6 +115,14 @@ class ShareCounts(Protocol):
     def memory_slice_mib(self) -> int | None: ...
 
 
+@dataclass(frozen=True)
+class ShareSizes:
+    """A sharing setting by itself (the policy tools' ``--replicas`` and ``--slice-mib``)."""
+
+    replicas: int | None = None
+    memory_slice_mib: int | None = None
+
+
 def share_ids(gpu: Gpu, sharing: ShareCounts) -> tuple[str, ...]:
     """The share IDs one GPU is advertised as (none for a GPU smaller than one slice)."""
     if sharing.replicas is not None:

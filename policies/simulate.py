@@ -209,17 +209,15 @@ class ShareFigures:
     multi_distinct: int = 0  # ... whose shares are on distinct GPUs
 
 
-def share_ids(node: Node, *, replicas: int | None, slice_mib: int | None) -> list[str]:
-    """Every share ID of ``node`` for a resource with ``replicas`` or ``slice_mib`` set."""
-    from cdigen.shares import replica_ids, slice_count, slice_ids
+def every_share_id(node: Node, *, replicas: int | None, slice_mib: int | None) -> list[str]:
+    """Every share ID of ``node`` for a resource with ``replicas`` or ``slice_mib`` set (MIG
+    GPUs too: the simulation treats every GPU as whole)."""
+    from cdigen.catalogue import ShareSizes, share_ids
 
-    out: list[str] = []
-    for gpu in sorted(node.gpus, key=lambda g: g.index):
-        if replicas is not None:
-            out += replica_ids(gpu.uuid, replicas)
-        elif slice_mib is not None:
-            out += slice_ids(gpu.uuid, slice_count(gpu, slice_mib))
-    return out
+    if replicas is None and slice_mib is None:
+        return []
+    sizes = ShareSizes(replicas=replicas, memory_slice_mib=slice_mib)
+    return [i for gpu in sorted(node.gpus, key=lambda g: g.index) for i in share_ids(gpu, sizes)]
 
 
 def simulate_shares(
@@ -237,7 +235,7 @@ def simulate_shares(
     order). A slice set that spans GPUs is refused in Allocate, as the plugin does. Pods
     leave with a probability that grows with the number running, so the node stays near full.
     """
-    everything = share_ids(node, replicas=replicas, slice_mib=slice_mib)
+    everything = every_share_id(node, replicas=replicas, slice_mib=slice_mib)
     slices = slice_mib is not None
     sizes, weights = (
         (SLICE_JOB_SIZES, SLICE_JOB_WEIGHTS) if slices else (REPLICA_JOB_SIZES, REPLICA_JOB_WEIGHTS)
