@@ -134,8 +134,8 @@ class Floor(pb_grpc.DRAPluginServicer):  # type: ignore[misc]
 
 
 def bench_prepare(calls: int, *, checkpoint_on_disk: bool = True) -> bool:
+    from plugin.dra.kubelet_plugin import DraPlugin
     from plugin.dra.options import DraOptions
-    from plugin.dra.serve import DraPlugin
     from tests.cdihost import build_host, make_node
     from tests.dra_kubelet_sim import DraKubeletSim
     from tests.fake_apiserver import allocated_claim

@@ -165,7 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from plugin.agent.sockets import make_plugin_dir
     from plugin.config import load_config
-    from plugin.serve import Plugin, open_nvml, serve_until_signalled
+    from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
 
     flags = {
         "node": args.node,
@@ -280,8 +280,8 @@ def _serve_switching(
     load: Callable[[Path], PluginConfig],
 ) -> int:
     """Serve the named configs (the lock taken)."""
+    from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
     from plugin.node_config import ConfigSwitcher
-    from plugin.serve import Plugin, open_nvml, serve_until_signalled
 
     setup_logging(first.log_level, first.log_format)
     # NVML once for the process: every named config serves the same node

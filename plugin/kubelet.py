@@ -56,7 +56,8 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
 
 
 class Endpoint(Protocol):
-    """A served resource as the registrar sees it (a :class:`plugin.serve.ResourceServer`)."""
+    """A served resource as the registrar sees it
+    (a :class:`plugin.device_plugin.ResourceServer`)."""
 
     @property
     def resource(self) -> str:

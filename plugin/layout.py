@@ -27,7 +27,7 @@ from plugin.resources import (
     plan_resources,
     shared_resource,
 )
-from plugin.service import Preference
+from plugin.servicer import Preference
 from plugin.sharing import ShareAllocation, allocate_shares, share_devices
 
 if TYPE_CHECKING:

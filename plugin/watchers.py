@@ -1,6 +1,7 @@
 """What a serving device plugin watches, chosen from its config: the CDI spec dirs (for the
 names it hands out), the node source (a node file; NVML or a re-discovery, every
-``rescanIntervalSeconds``) and NVML's Xid events. :class:`plugin.serve.Plugin` polls them."""
+``rescanIntervalSeconds``) and NVML's Xid events. :class:`plugin.device_plugin.Plugin` polls
+them."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from cdigen.errors import InputError
 from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 
 if TYPE_CHECKING:
-    from plugin.dra.serve import DraPlugin
+    from plugin.dra.kubelet_plugin import DraPlugin
 
 log = logging.getLogger(__name__)
 

@@ -251,7 +251,7 @@ def _serve(args: argparse.Namespace) -> int:
     from plugin.agent.logs import setup_logging
     from plugin.dra.healthz import serve_until_signalled
     from plugin.dra.kube import KubeApi
-    from plugin.dra.serve import DraPlugin
+    from plugin.dra.kubelet_plugin import DraPlugin
 
     _check_serve_args(args)
     setup_logging(args.dra_log_level, args.dra_log_format)
@@ -281,7 +281,7 @@ def _serve(args: argparse.Namespace) -> int:
         fs=HostFS(args.host_root),
     )
     if warning:
-        logging.getLogger("plugin.dra.serve").warning("%s", warning)
+        logging.getLogger("plugin.dra.kubelet_plugin").warning("%s", warning)
     # the device plugin must not serve this node's GPUs too: held while serving
     with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
         plugin = DraPlugin(

@@ -71,17 +71,17 @@ def test_a_refusal_is_logged_with_the_kubelets_reason(
 
 
 def test_the_simulator_refuses_a_plugin_with_unknown_versions(harness: Harness) -> None:
-    from plugin.dra import service
+    from plugin.dra import grpc_services
 
-    original = service.SUPPORTED_VERSIONS
-    service.SUPPORTED_VERSIONS = ("v1beta1",)  # what a toy driver advertises
+    original = grpc_services.SUPPORTED_VERSIONS
+    grpc_services.SUPPORTED_VERSIONS = ("v1beta1",)  # what a toy driver advertises
     try:
         with pytest.raises(RegistrationRefused, match="none of the supported versions"):
             harness.start()
         assert harness.plugin is not None
         assert harness.plugin.registration.wait_registered(0.2) is False
     finally:
-        service.SUPPORTED_VERSIONS = original
+        grpc_services.SUPPORTED_VERSIONS = original
 
 
 # --------------------------------------------------------------------------- slices

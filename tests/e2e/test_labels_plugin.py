@@ -20,7 +20,7 @@ from cdigen.labels import node_labels
 from cdigen.nodefile import dump_node
 from plugin.agent.xid import xid_reason
 from plugin.config import HealthConfig, PluginConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
 from tests.helpers.mig import repartition

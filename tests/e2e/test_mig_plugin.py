@@ -16,7 +16,7 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
 from plugin.config import HealthConfig, PluginConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.mig import repartition
 from tests.kubelet_sim import KubeletSimulator

@@ -9,8 +9,8 @@ from cdigen.model import Node
 from plugin.agent.kubeapi import api_client
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.kube import KubeApi
+from plugin.dra.kubelet_plugin import SLICE_RESYNC_S, DraPlugin
 from plugin.dra.options import DraOptions
-from plugin.dra.serve import SLICE_RESYNC_S, DraPlugin
 from tests.cdihost import FakeHost
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim

@@ -8,9 +8,9 @@ from typing import Any
 
 from cdigen.model import Gpu, Node
 from plugin.agent.health import HealthBoard
+from plugin.device_plugin import ResourceServer
 from plugin.registration import register
-from plugin.serve import ResourceServer
-from plugin.service import DevicePluginService, Preference, Preferrer, advertised_devices
+from plugin.servicer import DevicePluginService, Preference, Preferrer, advertised_devices
 from tests.kubelet_sim import KubeletSimulator
 
 RESOURCE = "nvidia.com/gpu"

@@ -28,8 +28,8 @@ from cdigen.errors import InputError
 from cdigen.fileio import parse_document
 from cdigen.nodefile import dump_node
 from plugin.config import load_config
-from plugin.serve import Plugin
-from plugin.specs import write_specs
+from plugin.device_plugin import Plugin
+from plugin.generate_specs import write_specs
 from tests.cdihost import LIB_DIR, FakeHost, build_host, make_node
 from tests.cdihost import spec_options as options
 from tests.helpers.shared import require_shared_tool

@@ -13,7 +13,7 @@ from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
 from plugin.config import PluginConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from policies import cel
 from policies.cel import (
     CelCompileError,

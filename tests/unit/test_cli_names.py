@@ -13,7 +13,7 @@ import pytest
 from cdigen.cli import main
 from cdigen.errors import InputError
 from plugin.config import ResourceConfig
-from plugin.serve import PolicySet
+from plugin.device_plugin import PolicySet
 from policies.policy import BUILTIN_NAMES, load_policy
 
 EXPLAIN = ["policy", "explain", "--node", "builtin:dgx1-v100", "--available", "0,2,3,5"]

@@ -344,7 +344,7 @@ def test_host_driver_plugin_writes_host_paths(
     objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     """The default install's spec writing, run with /host pointing at a fake host's /."""
-    from plugin.specs import write_specs
+    from plugin.generate_specs import write_specs
     from tests.cdihost import DRIVER_VERSION, LIB_DIR, build_host, make_node
 
     node = make_node(2)

@@ -14,8 +14,8 @@ from plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
 from plugin.agent.health_watchers import NodeWatcher
 from plugin.agent.xid import xid_reason
 from plugin.config import PluginConfig, ResourceConfig, load_config
+from plugin.device_plugin import Plugin
 from plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
-from plugin.serve import Plugin
 from tests.helpers.clock import FakeClock
 
 GPU = "nvidia.com/gpu"
@@ -259,7 +259,7 @@ def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
     import threading
 
     from plugin.resources import AdvertisedDevice
-    from plugin.service import DevicePluginService, Preference
+    from plugin.servicer import DevicePluginService, Preference
 
     shares = [
         AdvertisedDevice(f"GPU-a::{k}", 0, ("GPU-a",), ("nvidia.com/gpu=GPU-a",)) for k in range(2)

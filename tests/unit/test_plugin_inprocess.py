@@ -8,7 +8,7 @@ import pytest
 
 from cdigen.discover import load_node
 from plugin.config import HealthConfig, PluginConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.specs import write_spec
 from tests.kubelet_sim import KubeletSimulator

@@ -19,6 +19,7 @@ import pytest
 from cdigen.errors import CdigenError, InputError
 from plugin.agent.health import HealthBoard
 from plugin.agent.sockets import make_plugin_dir, socket_in_use
+from plugin.device_plugin import ResourceServer
 from plugin.kubelet import Backoff, Registrar
 from plugin.registration import (
     KubeletRefused,
@@ -28,8 +29,7 @@ from plugin.registration import (
     register,
     resource_name_problem,
 )
-from plugin.serve import ResourceServer
-from plugin.service import AdvertisedDevice, DevicePluginService, Preference
+from plugin.servicer import AdvertisedDevice, DevicePluginService, Preference
 from tests.helpers.clock import FakeClock
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem
 
@@ -530,13 +530,13 @@ def test_healthz_says_it_waits_for_the_kubelet() -> None:
 # A plugin whose shutdown hangs (as a gRPC worker stuck in a call would make it hang).
 HANGING_STOP = """
 import sys, time
-import plugin.serve
-real_stop = plugin.serve.Plugin.stop
+import plugin.device_plugin
+real_stop = plugin.device_plugin.Plugin.stop
 def stop(self):
     real_stop(self)
     if HANG:
         time.sleep(30)
-plugin.serve.Plugin.stop = stop
+plugin.device_plugin.Plugin.stop = stop
 from cdigen.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -11,7 +11,7 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
 from plugin.config import HealthConfig, PluginConfig, ResourceConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from policies.allocator import AllocationRequest, Allocator
 from tests.kubelet_sim import KubeletSimulator
 
@@ -63,9 +63,9 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     its kind and its GPU's position, and each resource has its engine."""
     from cdigen.cdi.cache import load_state
     from plugin.config import ResourceConfig
+    from plugin.generate_specs import write_specs
     from plugin.layout import plan_layout
     from plugin.sharing import Sharing
-    from plugin.specs import write_specs
     from policies.policy_set import PolicySet
     from tests.cdihost import build_host, make_node
 

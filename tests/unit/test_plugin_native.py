@@ -10,7 +10,7 @@ from cdigen.cdi.cache import SpecCache
 from cdigen.cdi.validate import spec_problems
 from cdigen.fileio import parse_document
 from plugin.api import deviceplugin_pb2 as pb
-from plugin.native import SpecEdits, fill_native
+from plugin.native_edits import SpecEdits, fill_native
 
 SPEC = """\
 cdiVersion: 0.5.0

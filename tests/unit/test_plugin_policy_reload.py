@@ -10,7 +10,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.model import Node
 from plugin.config import PluginConfig
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from policies import allocator as allocator_module
 from policies.allocator import Allocator
 from policies.policy import Policy

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from plugin.api import deviceplugin_pb2 as pb
-from plugin.service import FifoGate, Preference, short_id
+from plugin.servicer import FifoGate, Preference, short_id
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness, last_two
 
 BIG_ID = "GPU-" + "x" * (2**20 - 4)  # a 1 MB device ID

@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
-from plugin.native import ContainerEdits, DeviceNodeEdit, MountEdit
+from plugin.kubelet_requests import RequestRecorder
+from plugin.native_edits import ContainerEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
-from plugin.requests import RequestRecorder
-from plugin.service import Preference
+from plugin.servicer import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
 
 

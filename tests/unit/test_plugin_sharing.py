@@ -18,7 +18,7 @@ from cdigen.discover import load_node
 from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig, load_config
-from plugin.serve import Plugin
+from plugin.device_plugin import Plugin
 from plugin.sharing import ShareRefused, Sharing, allocate_shares
 from tests.kubelet_sim import KubeletSimulator
 

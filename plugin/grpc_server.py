@@ -15,7 +15,7 @@ from typing import Any
 
 from plugin.agent.sockets import bind_socket
 from plugin.registration import socket_name
-from plugin.service import DevicePluginService
+from plugin.servicer import DevicePluginService
 
 log = logging.getLogger("cdigen.plugin")
 

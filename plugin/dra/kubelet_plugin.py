@@ -26,12 +26,7 @@ from plugin.agent.kubeapi import api_error
 from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
 from plugin.dra.dynamic_mig import MigMaker
-from plugin.dra.kube import SliceApi, SlicePublisher
-from plugin.dra.labels import dra_labels
-from plugin.dra.metrics import DraMetrics
-from plugin.dra.options import DraOptions
-from plugin.dra.prepare import Preparer
-from plugin.dra.service import (
+from plugin.dra.grpc_services import (
     DRA_WORKERS,
     HealthService,
     RegistrationService,
@@ -41,6 +36,11 @@ from plugin.dra.service import (
     registration_service,
     socket_paths,
 )
+from plugin.dra.kube import SliceApi, SlicePublisher
+from plugin.dra.labels import dra_labels
+from plugin.dra.metrics import DraMetrics
+from plugin.dra.options import DraOptions
+from plugin.dra.prepare import Preparer
 from plugin.dra.slices import TaintDoc
 from plugin.dra.status import StatusApi, StatusWriter
 from plugin.dra.taints import xid_taints

@@ -16,8 +16,7 @@ import grpc
 from plugin.agent.health import HealthBoard
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.native import EditsLookup, add_mounts, fill_native
-from plugin.requests import (
+from plugin.kubelet_requests import (
     SUMMARY_INTERVAL_S,
     CallSummary,
     FifoGate,
@@ -28,6 +27,7 @@ from plugin.requests import (
     id_list_problem,
     short_id,
 )
+from plugin.native_edits import EditsLookup, add_mounts, fill_native
 from plugin.resources import AdvertisedDevice
 from plugin.resources import advertised_devices as advertised_devices  # re-exported
 from plugin.sharing import ShareAllocation, ShareRefused

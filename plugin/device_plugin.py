@@ -23,7 +23,10 @@ from plugin.agent.lifecycle import open_nvml, serve_until_signalled
 from plugin.agent.sockets import make_plugin_dir
 from plugin.agent.xid import XidHealth
 from plugin.config import PluginConfig
+from plugin.generate_specs import write_specs
+from plugin.grpc_server import ResourceServer, stop_servers
 from plugin.kubelet import Registrar
+from plugin.kubelet_requests import RequestRecorder
 from plugin.labels import plugin_labels
 from plugin.layout import (
     AllocatorCache,
@@ -32,12 +35,9 @@ from plugin.layout import (
     plan_layout,
     plan_resources_for,
 )
-from plugin.requests import RequestRecorder
 from plugin.resources import AdvertisedDevice, Resource
-from plugin.server import ResourceServer, stop_servers
-from plugin.service import DevicePluginService
+from plugin.servicer import DevicePluginService
 from plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
-from plugin.specs import write_specs
 from plugin.watchers import plugin_watchers
 from policies.policy_set import PolicySet, load_policy_set
 
@@ -189,7 +189,7 @@ class Plugin:
         config = self.config
         edits = None
         if config.device_list_strategy == "native":
-            from plugin.native import SpecEdits
+            from plugin.native_edits import SpecEdits
 
             edits = SpecEdits(self.spec_cache)
 
