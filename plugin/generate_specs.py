@@ -15,28 +15,16 @@ log = logging.getLogger("cdigen.plugin")
 
 def write_specs(node: Node, config: PluginConfig) -> Path:
     """Generate the CDI spec for ``node`` into the first spec dir (as ``cdigen generate``)."""
-    from cdigen.cdi.checks import check_host
     from cdigen.cdi.driverfiles import find_hook
     from cdigen.cdi.hostfs import HostFS
     from cdigen.cdi.names import capability_device_name, split_kind
-    from cdigen.cdi.spec import SpecOptions, missing_capability_devices
-    from cdigen.cdi.write import generate_spec_file
+    from cdigen.cdi.spec import SpecOptions
+    from cdigen.cdi.spec_service import node_spec
 
     if not config.spec_dirs:
         raise InputError("generateSpecs needs a spec dir", where="specDir")
     vendor, cls = split_kind(config.cdi_kind)
     fs = HostFS(config.host_root)
-    # the guards of `cdigen generate`: roots that exist, and the running driver's libraries
-    warning = check_host(
-        node,
-        source=config.node,
-        driver_root=config.driver_root,
-        dev_root=config.dev_root,
-        sysfs_root=config.sysfs_root,
-        fs=fs,
-    )
-    if warning:
-        log.warning("%s", warning)
     options = SpecOptions(
         vendor=vendor,
         cls=cls,
@@ -48,8 +36,12 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         capabilities=config.capabilities,
         capability_devices=config.capability_devices,
     )
-    spec, result = generate_spec_file(node, options, config.spec_dirs[0], fs=fs)
-    for cap in missing_capability_devices(spec, options):
+    # the guards of `cdigen generate`, the same service: roots, driver libraries, checks, lock
+    made = node_spec(node, options, source=config.node, fs=fs, output_dir=config.spec_dirs[0])
+    assert made.written is not None
+    if made.host_warning:
+        log.warning("%s", made.host_warning)
+    for cap in made.missing_capabilities:
         log.warning(
             "no %s files under the driver root %s: the CDI spec has no %s device, and "
             "containers of the resources that ask for %s will not start",
@@ -60,8 +52,8 @@ def write_specs(node: Node, config: PluginConfig) -> Path:
         )
     log.info(
         "%s CDI spec %s (%d devices)",
-        "wrote" if result.changed else "unchanged",
-        result.path,
-        len(spec["devices"]),
+        "wrote" if made.written.changed else "unchanged",
+        made.written.path,
+        len(made.spec["devices"]),
     )
-    return result.path
+    return made.written.path

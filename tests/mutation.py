@@ -65,6 +65,10 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_spec_dir_safety.py",
         "tests/unit/test_dra_files.py",
     ),
+    "cdigen/cdi/spec_service.py": (
+        "tests/unit/test_spec_service.py",
+        "tests/unit/test_cdi_capability_devices.py",
+    ),
     "cdigen/catalogue.py": (
         "tests/unit/test_catalogue.py",
         "tests/unit/test_mig_resources.py",

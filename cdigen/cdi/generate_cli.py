@@ -116,14 +116,14 @@ def _add_spec_options(gen: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Handle ``cdigen generate``."""
-    from cdigen.cdi.checks import check_driver_libraries, check_roots
-    from cdigen.cdi.spec import generate, missing_capability_devices
-    from cdigen.cdi.validate import check_spec
-    from cdigen.cdi.write import generate_spec_file, render_spec
-    from cdigen.discover import describes_hardware, load_node
+    from cdigen.cdi.checks import check_roots
+    from cdigen.cdi.spec_service import node_spec
+    from cdigen.cdi.write import render_spec
+    from cdigen.discover import load_node
 
     _check_generate_args(args)
     fs = _host_fs(args)
+    # the roots again inside node_spec; here so that a wrong one fails before discovery runs
     check_roots(
         driver_root=args.driver_root,
         dev_root=args.dev_root,
@@ -139,29 +139,26 @@ def run_generate(args: argparse.Namespace) -> int:
         driver_root=args.driver_root,
         host_root=fs.root,
     )
-    warning = check_driver_libraries(
-        node, args.driver_root, fs, source=args.node, hardware=describes_hardware(args.node, node)
-    )
-    if warning:
-        print(f"cdigen: warning: {warning}", file=sys.stderr)
-    if args.dry_run or args.output == "-":
-        spec = generate(node, options, fs)
-        check_spec(spec, where="generated spec")
-        _warn_missing_capabilities(missing_capability_devices(spec, options), args.driver_root)
-        sys.stdout.write(render_spec(spec, args.format))
-        return EXIT_OK
-    spec, result = generate_spec_file(
+    dry_run = args.dry_run or args.output == "-"
+    made = node_spec(
         node,
         options,
-        Path(args.output_dir),
-        args.format,
-        output=Path(args.output) if args.output else None,
+        source=args.node,
         fs=fs,
+        output_dir=None if dry_run else Path(args.output_dir),
+        fmt=args.format,
+        output=Path(args.output) if args.output and not dry_run else None,
     )
-    _warn_missing_capabilities(missing_capability_devices(spec, options), args.driver_root)
-    status = "wrote" if result.changed else "unchanged"
+    if made.host_warning:
+        print(f"cdigen: warning: {made.host_warning}", file=sys.stderr)
+    _warn_missing_capabilities(made.missing_capabilities, args.driver_root)
+    if made.written is None:
+        sys.stdout.write(render_spec(made.spec, args.format))
+        return EXIT_OK
+    status = "wrote" if made.written.changed else "unchanged"
     print(
-        f"{status} {result.path} ({len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']})"
+        f"{status} {made.written.path} ({len(made.spec['devices'])} devices, "
+        f"cdiVersion {made.spec['cdiVersion']})"
     )
     return EXIT_OK
 
