@@ -300,7 +300,6 @@ class Plugin:
 
     def _react(self, old: Layout, new: Layout) -> None:
         """Servers and watchers follow a layout whose devices changed."""
-        config = self.config
         log.info(
             "new MIG layout: %s",
             ", ".join(f"{r.name} ({len(r.devices)})" for r in new.resources) or "no resources",
@@ -311,7 +310,7 @@ class Plugin:
             if server.resource in after and server.service is not None:
                 server.service.set_devices(new.resource(server.resource).devices)
         if self._spec_watcher is not None:
-            self._spec_watcher.set_names(new.cdi_names(config.cdi_kind))
+            self._spec_watcher.set_names(new.cdi_names())
         for name in sorted(before - after):
             server = next(s for s in self.servers if s.resource == name)
             self.servers.remove(server)  # first: the registrar must not miss its socket

@@ -120,9 +120,9 @@ class Layout:
         """Per device ID: the GPU UUIDs whose health it shares."""
         return {d.id: d.parents for d in self.devices}
 
-    def cdi_names(self, cdi_kind: str) -> dict[str, list[str]]:
+    def cdi_names(self) -> dict[str, list[str]]:
         """Per device ID: the CDI names Allocate may return for it (capability devices too)."""
-        return cdi_names(self.resources, cdi_kind)
+        return cdi_names(self.resources)
 
     def policy_names(self) -> dict[str, str]:
         """Per resource: the name of the policy in force."""

@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdigen.catalogue import CatalogueEntry, catalogue
-from cdigen.cdi.names import qualified_name
+from cdigen.catalogue import CatalogueEntry, DeviceKind, catalogue
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES, Node
 from plugin.cdi_names import entry_cdi_name
@@ -26,33 +25,43 @@ from plugin.sharing import Sharing, share_devices
 MIG_RESOURCE_PREFIX = "mig-"
 
 
-DEVICE_KINDS = ("gpu", "mig", "replica", "slice")
-
-
 @dataclass(frozen=True)
 class AdvertisedDevice:
-    """One device of a layout, as the kubelet sees it and as the engine places it."""
+    """One catalogue device as the kubelet sees it and the engine places it, with the
+    fully-qualified CDI names Allocate hands out for it."""
 
-    id: str  # a GPU UUID, a MIG UUID, or a share ID (``<uuid>::<k>``, ``<uuid>::slice-<k>``)
-    numa_node: int | None
-    gpu_uuids: tuple[str, ...] = ()  # the physical GPU(s) it lives on; () means (id,)
-    cdi_names: tuple[str, ...] = ()  # fully-qualified names Allocate returns; () means kind=id
-    kind: str = "gpu"  # one of DEVICE_KINDS
-    gpu_position: int | None = None  # its GPU's place in the node's GPUs by NVML index
+    entry: CatalogueEntry
+    cdi_names: tuple[str, ...]
 
     @property
-    def parents(self) -> tuple[str, ...]:
-        """The physical GPU UUIDs whose health this device shares."""
-        return self.gpu_uuids or (self.id,)
+    def id(self) -> str:
+        """The ID the kubelet sees: a GPU or MIG UUID, or a share ID."""
+        return self.entry.id
+
+    @property
+    def numa_node(self) -> int | None:
+        """The NUMA node of the device's GPU."""
+        return self.entry.numa_node
+
+    @property
+    def kind(self) -> DeviceKind:
+        """``gpu``, ``mig``, ``replica`` or ``slice``."""
+        return self.entry.kind
+
+    @property
+    def gpu_position(self) -> int:
+        """Its GPU's place among the node's GPUs by NVML index."""
+        return self.entry.position
 
     @property
     def gpu_uuid(self) -> str:
         """The UUID of the GPU this device lives on."""
-        return self.parents[0]
+        return self.entry.gpu_uuid
 
-    def names(self, cdi_kind: str) -> tuple[str, ...]:
-        """The fully-qualified CDI names Allocate hands out for this device."""
-        return self.cdi_names or (qualified_name(cdi_kind, self.id),)
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """The physical GPU UUIDs whose health this device shares."""
+        return (self.entry.gpu_uuid,)
 
 
 @dataclass(frozen=True)
@@ -69,14 +78,7 @@ class Resource:
 
 def advertised(entry: CatalogueEntry, cdi_kind: str) -> AdvertisedDevice:
     """A catalogue device as the plugin advertises it (a share is handed out as its GPU)."""
-    return AdvertisedDevice(
-        entry.id,
-        entry.numa_node,
-        (entry.gpu_uuid,),
-        (entry_cdi_name(cdi_kind, entry),),
-        entry.kind,
-        entry.position,
-    )
+    return AdvertisedDevice(entry, (entry_cdi_name(cdi_kind, entry),))
 
 
 def advertised_devices(
@@ -168,7 +170,7 @@ def device_parents(resources: Sequence[Resource]) -> dict[str, tuple[str, ...]]:
     return {d.id: d.parents for r in resources for d in r.devices}
 
 
-def cdi_names(resources: Sequence[Resource], cdi_kind: str) -> dict[str, list[str]]:
+def cdi_names(resources: Sequence[Resource]) -> dict[str, list[str]]:
     """Per device ID: the CDI names Allocate may return for it (its resource's capability
     devices included)."""
-    return {d.id: [*d.names(cdi_kind), *r.capability_names] for r in resources for d in r.devices}
+    return {d.id: [*d.cdi_names, *r.capability_names] for r in resources for d in r.devices}

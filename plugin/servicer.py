@@ -69,10 +69,10 @@ class Advertised:
     names: Mapping[str, tuple[str, ...]]  # device ID -> the CDI names Allocate hands out
 
     @classmethod
-    def of(cls, devices: Sequence[AdvertisedDevice], cdi_kind: str) -> Advertised:
-        """``devices`` with their CDI names (``kind=id`` where a device names none)."""
+    def of(cls, devices: Sequence[AdvertisedDevice]) -> Advertised:
+        """``devices`` with their CDI names."""
         devices = tuple(devices)
-        return cls(devices, {d.id: d.names(cdi_kind) for d in devices})
+        return cls(devices, {d.id: d.cdi_names for d in devices})
 
 
 class PreferenceFailed(Exception):
@@ -109,7 +109,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         # the same for the envvar strategy, as nvidia-container-runtime reads them ("" = its own)
         self._driver_capabilities = ",".join(driver_capabilities)
         self.cdi_kind = cdi_kind
-        self._advertised = Advertised.of(devices, cdi_kind)
+        self._advertised = Advertised.of(devices)
         self._board = board
         self.strategy = strategy
         self._prefer = prefer
@@ -126,7 +126,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
     def set_devices(self, devices: Sequence[AdvertisedDevice]) -> None:
         """Advertise ``devices`` from now on (a new MIG layout); streams resend on the next
         health-board change."""
-        self._advertised = Advertised.of(devices, self.cdi_kind)
+        self._advertised = Advertised.of(devices)
 
     def wake_streams(self) -> None:
         """Let open ListAndWatch streams notice that the server is stopping; log the calls

@@ -49,7 +49,7 @@ def plugin_watchers(
     watchers: list[Pollable] = []
     spec = None
     if config.device_list_strategy != "envvar":  # envvar hands out no CDI names
-        names = layout.cdi_names(config.cdi_kind)
+        names = layout.cdi_names()
         spec = SpecDirWatcher(spec_cache, names, board, config.node)
         spec.poll()  # at startup, before the first device list goes out
         watchers.append(spec)

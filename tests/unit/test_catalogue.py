@@ -164,10 +164,10 @@ def test_the_spec_names_exactly_what_the_plugin_hands_out_and_dra_publishes(
 ) -> None:
     node = make_node(4, mig_gpu=2)
     planned = plan_resources(node, "mixed", gpu_resource=KIND, cdi_kind=KIND)
-    handed_out = [n for r in planned for d in r.devices for n in d.names(KIND)]
+    handed_out = [n for r in planned for d in r.devices for n in d.cdi_names]
     assert sorted(handed_out) == sorted(spec_names(node, tmp_path))
     shared = shared_resource(node, "nvidia.com/gpu.shared", Sharing(replicas=2), KIND)
-    assert {n for d in shared.devices for n in d.names(KIND)} <= set(handed_out)
+    assert {n for d in shared.devices for n in d.cdi_names} <= set(handed_out)
     published = [v.name for v in device_views(node)]
     assert published == [e.dra_name for e in catalogue(node)]
     assert len(published) == len(handed_out)

@@ -50,7 +50,7 @@ def test_mixed_has_one_resource_per_profile_plus_the_plain_gpus() -> None:
 def test_mixed_devices_carry_parent_numa_and_mig_cdi_names() -> None:
     resources = plan_resources(MIXED, "mixed", gpu_resource=GPU, cdi_kind="example.com/gpu")
     parents = device_parents(resources)
-    names = cdi_names(resources, "example.com/gpu")
+    names = cdi_names(resources)
     for gpu in MIXED.gpus:
         for mig in gpu.mig_devices:
             assert parents[mig.uuid] == (gpu.uuid,)
@@ -258,13 +258,12 @@ def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
 def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
     import threading
 
-    from plugin.resources import AdvertisedDevice
     from plugin.servicer import DevicePluginService, Preference
+    from tests.helpers.devices import mig as mig_device
+    from tests.helpers.devices import replica
 
-    shares = [
-        AdvertisedDevice(f"GPU-a::{k}", 0, ("GPU-a",), ("nvidia.com/gpu=GPU-a",)) for k in range(2)
-    ]
-    mig = AdvertisedDevice("MIG-x", 1, ("GPU-b",), ("nvidia.com/gpu=MIG-x",))
+    shares = [replica("GPU-a", k) for k in range(2)]
+    mig = mig_device("MIG-x", parent="GPU-b", index=1)
     service = DevicePluginService(
         resource=GPU,
         devices=[*shares, mig],

@@ -29,8 +29,9 @@ from plugin.registration import (
     register,
     resource_name_problem,
 )
-from plugin.servicer import AdvertisedDevice, DevicePluginService, Preference
+from plugin.servicer import DevicePluginService, Preference
 from tests.helpers.clock import FakeClock
+from tests.helpers.devices import whole
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem
 
 RESOURCE = "example.com/gpu"
@@ -42,7 +43,7 @@ def serve(plugin_dir: Path, resource: str = RESOURCE) -> ResourceServer:
     def make(stop: threading.Event) -> DevicePluginService:
         return DevicePluginService(
             resource=resource,
-            devices=[AdvertisedDevice("GPU-x", 0)],
+            devices=[whole("GPU-x")],
             board=board,
             cdi_kind="nvidia.com/gpu",
             strategy="cdi-cri",

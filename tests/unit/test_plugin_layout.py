@@ -84,7 +84,7 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     defined = set(load_state([tmp_path / "cdi"]).devices)
     layout = plan_layout(node, config, PolicySet())
     assert plan_layout(node, config, PolicySet()).resources == layout.resources  # pure
-    names = {n for d in layout.devices for n in d.names(config.cdi_kind)}
+    names = {n for d in layout.devices for n in d.cdi_names}
     assert names and names <= defined
     kinds = {(r.name, d.id): (d.kind, d.gpu_position) for r in layout.resources for d in r.devices}
     gpus = [g.uuid for g in node.gpus]
