@@ -126,6 +126,10 @@ def test_a_16_gpu_nvswitch_node_answers_whole_gpus_without_its_subset_table() ->
     answer = allocator.prefer(AllocationRequest(tuple(map(str, range(16))), ("9",), 8))
     assert answer.devices == tuple(map(str, range(8, 16)))  # one NUMA node, with GPU 9
     assert answer.numa_nodes == (1,) and answer.fallback_reason is None
+    free = tuple(map(str, range(15, -1, -1)))  # any order, any size, with or without must
+    for size, must in ((1, ()), (16, ()), (3, ("4",)), (16, ("0",))):
+        answer = allocator.prefer(AllocationRequest(free, must, size))
+        assert len(answer.devices) == size and set(must) <= set(answer.devices)
     assert allocator.exact._full is not None and allocator.exact._full.built is None
     uuid = node.gpus[0].uuid
     replicas = AllocationRequest((f"{uuid}::0", f"{uuid}::1", "3"), (), 2)
