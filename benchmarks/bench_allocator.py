@@ -19,8 +19,9 @@ Engine speed (issue 27; ``--engine`` runs only this): CPU time (``time.process_t
 a busy shared machine does not inflate) beside wall time, with the load average. 8 GPUs: every
 request of a node (each available set, size, no or one must-include GPU: 5,632, the requests
 recorded from go-gpuallocator) first sight and warm, beside go-gpuallocator's figures from
-issue 27 (its real Go code, measured there; not run here). 16 GPUs: engine build, random
-requests first sight, and the worst request (a free node, every size; the random ones).
+issue 27 (its real Go code, measured there; not run here), and the engine build. 16 GPUs:
+engine build, random requests first sight, and the worst request (a free node, every size; the
+random ones).
 
     python benchmarks/bench_allocator.py [--quick] [--cookbook] [--engine]
 """
@@ -393,9 +394,11 @@ def engine(quick: bool) -> None:
     for name in ENGINE_NODES:
         node = load_node(f"builtin:{name}")
         requests = every_request(node)
-        allocator = Allocator(node)
+        allocator = Allocator(node)  # the first build in a process also loads the policy
+        builds = [cpu_and_wall(lambda n=node: Allocator(n)) for _ in range(3)]
         first = [cpu_and_wall(lambda r=r, a=allocator: a.prefer(r)) for r in requests]
         warm = [cpu_and_wall(lambda r=r, a=allocator: a.prefer(r)) for r in requests]
+        report_cpu(f"8 GPUs ({name}): engine build", builds, "ms")
         report_cpu(f"8 GPUs ({name}), every request, first sight", first)
         report_cpu("    the same, warm (memoized)", warm)
     default = builtin_policy("default")

@@ -88,7 +88,7 @@ class Allocator:
             FastPath(
                 self.exact,
                 self.good,
-                [name for gpu in topo.gpus for name in (gpu.uuid, str(gpu.index))],
+                ([gpu.uuid for gpu in topo.gpus], [str(gpu.index) for gpu in topo.gpus]),
                 self.position_of,
             )
             if self.exact.universe is not None and not self.objective.constrained

@@ -2,12 +2,16 @@
 search) and a policy without constraints. It answers on bit masks, with
 :meth:`~policies.search.ExactSearch.best_plain`, what the general path would; the
 :class:`~policies.allocator.Allocator` builds it and falls back to the general path on None.
+
+On a node of at most ``NAMED_LIMIT`` GPUs, requests naming the available GPUs all by UUID or
+all by index, in the node's order (ascending index), skip the per-ID work: their mask is
+looked up by the whole tuple, and the answer of each chosen set is built once, at engine build.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import compress
 
 from cdigen.shares import share_kind
@@ -15,6 +19,9 @@ from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
 from policies.search import ExactSearch
 
 log = logging.getLogger("cdigen.allocator")
+
+# Up to this many usable GPUs the fast path holds every answer by chosen set, per naming
+NAMED_LIMIT = 8
 
 
 class FastPath:
@@ -24,26 +31,52 @@ class FastPath:
         self,
         exact: ExactSearch,
         good: Sequence[int],
-        ids: Sequence[str],
+        namings: Sequence[Sequence[str]],
         position_of: Callable[[str], int | None],
     ) -> None:
         """The fast path over ``exact``'s universe for the usable positions ``good``;
-        ``ids``: the whole-GPU IDs (UUIDs and indexes), read off ``position_of`` so that both
-        paths agree on what an ID names."""
+        ``namings``: the whole-GPU IDs, per naming (UUIDs, indexes) in the node's order, read
+        off ``position_of`` so that both paths agree on what an ID names."""
         universe = exact.universe
         assert universe is not None
         self.exact = exact
         self.universe = universe
         self.position_bits = {p: 1 << universe.bit_of[p] for p in good}
         self.id_bits: dict[str, int] = {}
-        for name in ids:
-            named = position_of(name)
-            if named in self.position_bits and share_kind(name) == "gpu":
-                self.id_bits[name] = self.position_bits[named]
+        # the available tuples of each naming in the node's order -> (mask, naming)
+        self.named: dict[tuple[str, ...], tuple[int, Naming]] = {}
+        facts = _every_facts(exact, self.position_bits.values()) if len(good) <= NAMED_LIMIT else {}
+        for ids in namings:
+            bit_of = {}
+            for name in ids:
+                named = position_of(name)
+                if named in self.position_bits and share_kind(name) == "gpu":
+                    bit_of[name] = self.position_bits[named]
+            self.id_bits.update(bit_of)
+            if facts:
+                self.named.update(Naming(bit_of, facts).masks)
 
     def ids(self, request: AllocationRequest) -> AllocationAnswer | None:
         """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
         among them (at most ``size``), else None: the general path answers the rest."""
+        named = self.named.get(request.available)
+        if named is None:
+            return self._any_ids(request)
+        avail, naming = named
+        size, must_ids = request.size, request.must_include
+        must = _must_mask(must_ids, naming.bit_of, request.available, size) if must_ids else 0
+        if must < 0 or not 0 < size <= len(request.available):
+            return None
+        best = self.exact.best_plain(size, avail, must)
+        if best < 0:
+            return None
+        answer = naming.answers[best]
+        if answer.fallback_reason is not None:
+            log.info("preferred allocation fallback: %s", answer.fallback_reason)
+        return answer
+
+    def _any_ids(self, request: AllocationRequest) -> AllocationAnswer | None:
+        """:meth:`ids` for IDs in any order and naming (each ID read off :attr:`id_bits`)."""
         available, size = request.available, request.size
         bit_of = self.id_bits
         try:
@@ -54,17 +87,10 @@ class FastPath:
         # n distinct bits sum to n set bits; a GPU named twice gives fewer
         if avail.bit_count() != len(bits) or not 0 < size <= len(bits):
             return None
-        must = 0
         must_ids = request.must_include
-        if must_ids:
-            if len(must_ids) > size:
-                return None
-            for m in must_ids:
-                if m not in available:
-                    return None
-                must += bit_of[m]
-            if must.bit_count() != len(must_ids):
-                return None
+        must = _must_mask(must_ids, bit_of, available, size) if must_ids else 0
+        if must < 0:
+            return None
         best = self.exact.best_plain(size, avail, must)
         if best < 0:
             return None
@@ -73,7 +99,7 @@ class FastPath:
             tuple(compress(available, map(best.__and__, bits))),
             score,
             numa_nodes,
-            _selector_note(fails),
+            _logged(_selector_note(fails)),
         )
 
     def positions(
@@ -101,14 +127,65 @@ class FastPath:
             self.universe.positions_of(best),
             score,
             numa_nodes,
-            _selector_note(fails),
+            _logged(_selector_note(fails)),
         )
+
+
+class Naming:
+    """One naming of the usable GPUs (all UUIDs or all indexes): each ID's bit, the tuple of
+    IDs of every mask in the node's order (:attr:`masks`: tuple -> (mask, this naming)), and
+    every mask's answer (:attr:`answers`, by mask) from its ``facts`` (link score, NUMA nodes,
+    fallback reason)."""
+
+    def __init__(self, bit_of: Mapping[str, int], facts: Mapping[int, _Facts]) -> None:
+        self.bit_of = bit_of
+        names: dict[int, tuple[str, ...]] = {0: ()}
+        for name, bit in sorted(bit_of.items(), key=lambda item: item[1]):
+            names.update({mask | bit: (*ids, name) for mask, ids in names.items()})
+        self.masks = {ids: (mask, self) for mask, ids in names.items() if mask}
+        self.answers = {mask: AllocationAnswer(ids, *facts[mask]) for mask, ids in names.items()}
+
+
+_Facts = tuple[int, tuple[int, ...], str | None]
+
+
+def _every_facts(exact: ExactSearch, bits: Iterable[int]) -> dict[int, _Facts]:
+    """The facts of an answer (link score, NUMA nodes, fallback reason) for every mask of
+    ``bits``."""
+    masks = [0]
+    for bit in bits:
+        masks += [mask | bit for mask in masks]
+    out = {}
+    for mask in masks:
+        score, numa_nodes, fails = exact.facts(mask)
+        out[mask] = (score, numa_nodes, _selector_note(fails))
+    return out
+
+
+def _must_mask(
+    must_ids: Sequence[str], bit_of: Mapping[str, int], available: Sequence[str], size: int
+) -> int:
+    """The mask of the must-include IDs when they are at most ``size`` distinct IDs of
+    ``available``, else -1 (the general path answers, with its note)."""
+    if len(must_ids) > size:
+        return -1
+    must = 0
+    for m in must_ids:
+        if m not in available:
+            return -1
+        must |= bit_of[m]
+    return must if must.bit_count() == len(must_ids) else -1
 
 
 def _selector_note(fails: int) -> str | None:
     """The fast path's fallback reason: ``fails`` chosen GPUs fail the selector, if any."""
     if not fails:
         return None
-    reason = f"{fails} chosen device(s) fail the policy selector"
-    log.info("preferred allocation fallback: %s", reason)
+    return f"{fails} chosen device(s) fail the policy selector"
+
+
+def _logged(reason: str | None) -> str | None:
+    """``reason``, logged as the general path logs its fallback reasons."""
+    if reason is not None:
+        log.info("preferred allocation fallback: %s", reason)
     return reason

@@ -107,7 +107,9 @@ class ExactSearch:
                 classes.prepare()
                 self.classes, self._universe = classes, parts
         if self._full is not None and self.classes is None:
-            self._full.get()
+            table = self._full.get()
+            if not objective.constrained:
+                table.walks_within()  # best_plain's walks, built now, not on a kubelet call
         fields = objective.fact_fields
         if self._full is not None and fields and "minPairNVLinks" in fields:
             self._full.get().min_pair_nvlinks(0)  # build its table now, not on a kubelet call
@@ -166,22 +168,24 @@ class ExactSearch:
             return self.classes.best(k, avail, must)
         assert self._full is not None
         table = self._full.built or self._full.get()
-        guard = (((1 << len(table.universe)) - 1) & ~avail) | must
         rank = table.static_rank
         left_sets, left_pairs, score = table.left_best_set, table.left_pairs, table.score
         # no set leaving avail.bit_count() - k free can beat one that reaches all three
         bound = table.rest_bounds(avail.bit_count() - k)
         best = best_rank = best_set = best_pairs = -1
         best_cut: int | None = None
-        walk = table.order[k]
-        free, more = avail & ~must, k - must.bit_count()
-        fits = comb(free.bit_count(), more)
-        if 8 * fits * fits < len(walk):
-            # Few sets fit (the walk would skip about len(walk) / fits before the first): list
-            # them instead. Combinations of ascending bits come in term-9 order; a stable sort
-            # by rank makes it the walk's.
-            walk = list(map(must.__add__, map(sum, combinations(bit_values(free), more))))
-            walk.sort(key=rank.__getitem__)
+        if table.within is not None:  # the walk of the sets within avail: none uses a busy GPU
+            walk, guard = table.within[avail][k], must
+        else:
+            walk, guard = table.order[k], (table.full_mask & ~avail) | must
+            free, more = avail & ~must, k - must.bit_count()
+            fits = comb(free.bit_count(), more)
+            if 8 * fits * fits < len(walk):
+                # Few sets fit (the walk would skip about len(walk) / fits before the first):
+                # list them instead. Combinations of ascending bits come in term-9 order; a
+                # stable sort by rank makes it the walk's.
+                walk = list(map(must.__add__, map(sum, combinations(bit_values(free), more))))
+                walk.sort(key=rank.__getitem__)
         for mask in walk:
             if mask & guard != must:  # a busy GPU, or a must-include one missing
                 continue

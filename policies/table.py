@@ -18,6 +18,8 @@ from policies.graph import Topology
 from policies.terms import NEXT_SET_SIZE, StaticTerms, static_terms
 
 EXACT_LIMIT = 16
+# Up to this many GPUs a table also holds its walk per available set (3^8 = 6,561 masks in all)
+WITHIN_LIMIT = 8
 
 
 def popcount(mask: int) -> int:
@@ -107,6 +109,8 @@ class Table:
         for k in range(count + 1):
             self.order.append(ordered[start : start + comb(count, k)])
             start += comb(count, k)
+        self.full_mask = (1 << count) - 1
+        self.within: list[list[list[int]]] | None = None  # see walks_within
         self.weights = weights
         self.left_best_set = _best_set_within(score, sizes, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
@@ -123,6 +127,14 @@ class Table:
         """The highest best set, best pairing and link score of any ``size``-mask: a set that
         leaves all three free cannot be beaten on terms 6-8."""
         return self._rest_bounds[size]
+
+    def walks_within(self) -> list[list[list[int]]] | None:
+        """Per available mask, per size ``k``: the ``k``-masks within it in the order of
+        :attr:`order` (the walk without the sets that use a busy GPU); None above
+        ``WITHIN_LIMIT`` GPUs. Built on first call (about 1 ms on 8 GPUs)."""
+        if self.within is None and len(self.universe) <= WITHIN_LIMIT:
+            self.within = _orders_within(self.order, len(self.universe))
+        return self.within
 
     def static_terms(self, mask: int) -> StaticTerms:
         """Terms 1, 3 and 4 of the objective for a mask (what :attr:`static_rank` orders)."""
@@ -174,6 +186,23 @@ class Table:
                 assert self._min_pair is not None
                 out.append(self._min_pair)
         return out
+
+
+def _orders_within(order: list[list[int]], count: int) -> list[list[list[int]]]:
+    """Per mask ``avail`` below ``1 << count``, per size ``k``: the ``k``-masks within
+    ``avail`` in the order of ``order[k]`` (each mask is added to each of its supersets)."""
+    full = (1 << count) - 1
+    within: list[list[list[int]]] = [[[] for _ in order] for _ in range(1 << count)]
+    for k, masks in enumerate(order):
+        for mask in masks:
+            rest = full ^ mask
+            extra = rest
+            while True:  # every subset of what the mask leaves out, down to none
+                within[mask | extra][k].append(mask)
+                if not extra:
+                    break
+                extra = (extra - 1) & rest
+    return within
 
 
 def _max_into(target: list[int], values: list[int]) -> list[int]:

@@ -52,6 +52,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_sharing_allocator.py",
     ),
     "policies/fast_path.py": (
+        "tests/unit/test_allocator_fast_path.py",
         "tests/unit/test_allocator_engine.py",
         "tests/unit/test_allocator_positions.py",
         "tests/unit/test_allocator_topologies.py",
@@ -94,6 +95,17 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "if avail.bit_count() != len(bits) or not 0 < size <= len(bits) or len(must) > size:",
         "< -> <=",
     ): "as for IDs: a size of 0 gets the empty set either way",
+    (
+        "policies/fast_path.py",
+        "if must < 0 or not 0 < size <= len(request.available):",
+        "< -> <=",
+    ): "as for IDs read one by one: a size of 0 gets the empty set either way",
+    (
+        "policies/fast_path.py",
+        "NAMED_LIMIT = 8",
+        "8 -> 9",
+    ): "speed only: a request looked up whole and one read ID by ID get the same answer, and"
+    " only a node of 9 usable GPUs would change path (it answers alike)",
     (
         "policies/fast_path.py",
         "if best < 0:",

@@ -187,6 +187,8 @@ def test_a_request_larger_than_what_is_offered_is_the_one_error() -> None:
     assert len(allocator.prefer(AllocationRequest(_ids(0, 1, 2), (), 3)).devices) == 3
     with pytest.raises(AllocationError, match="request for 4 devices but only 3"):
         allocator.prefer(AllocationRequest(_ids(0, 1, 2), (), 4))
+    with pytest.raises(AllocationError, match="request for 9 devices but only 8"):
+        allocator.prefer(AllocationRequest(_ids(*range(8)), (), 9))  # more than any table size
     with pytest.raises(AllocationError, match="request for 2 devices but only 1"):
         allocator.prefer_positions([0], [], 2)
 

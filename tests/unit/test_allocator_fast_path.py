@@ -8,6 +8,7 @@ be the same, on every request of a node, by IDs and by GPU positions.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from pathlib import Path
 
@@ -125,6 +126,10 @@ def test_a_16_gpu_nvswitch_node_answers_whole_gpus_without_its_subset_table() ->
     answer = allocator.prefer(AllocationRequest(tuple(map(str, range(16))), ("9",), 8))
     assert answer.devices == tuple(map(str, range(8, 16)))  # one NUMA node, with GPU 9
     assert answer.numa_nodes == (1,) and answer.fallback_reason is None
+    free = tuple(map(str, range(15, -1, -1)))  # any order, any size, with or without must
+    for size, must in ((1, ()), (16, ()), (3, ("4",)), (16, ("0",))):
+        answer = allocator.prefer(AllocationRequest(free, must, size))
+        assert len(answer.devices) == size and set(must) <= set(answer.devices)
     assert allocator.exact._full is not None and allocator.exact._full.built is None
     uuid = node.gpus[0].uuid
     replicas = AllocationRequest((f"{uuid}::0", f"{uuid}::1", "3"), (), 2)
@@ -150,3 +155,82 @@ def test_a_health_change_keeps_the_classes_and_answers_as_a_fresh_engine() -> No
         request = AllocationRequest(tuple(map(str, free)), tuple(map(str, must)), size)
         assert derived.prefer(request) == fresh.prefer(request), (free, must, size)
     assert engine.exact._full is not None and engine.exact._full.built is None
+
+
+def test_any_order_or_naming_of_the_ids_gets_the_same_answer() -> None:
+    """The node's order (ascending index, all UUIDs or all indexes) is looked up whole; any
+    other order, or UUIDs mixed with indexes, is read ID by ID: the same sets either way, named
+    as asked and in the order offered."""
+    node = load_node("builtin:dgx1-v100")
+    allocator = Allocator(node)
+    uuid = {str(g.index): g.uuid for g in node.gpus}
+    index_of = {u: i for i, u in uuid.items()}
+    for free, must, size in random.Random(27).sample(_every_request(len(node.gpus)), 400):
+        ids, must_ids = tuple(map(str, free)), tuple(map(str, must))
+        expected = allocator.prefer(AllocationRequest(ids, must_ids, size))
+        mixed = tuple(uuid[i] if int(i) % 2 else i for i in reversed(ids))
+        mixed_must = tuple(m for m in mixed if index_of.get(m, m) in must_ids)
+        answer = allocator.prefer(AllocationRequest(mixed, mixed_must, size))
+        assert answer.devices == tuple(d for d in mixed if index_of.get(d, d) in expected.devices)
+        assert (answer.link_score, answer.numa_nodes, answer.fallback_reason) == (
+            expected.link_score,
+            expected.numa_nodes,
+            expected.fallback_reason,
+        )
+
+
+def test_requests_in_the_nodes_order_share_one_answer_per_chosen_set() -> None:
+    """Asked in the node's order, the answer of a chosen set is built once, with the engine:
+    requests that choose the same set get that one object (and the memo holds no copies)."""
+    node = load_node("builtin:dgx-a100")
+    allocator = Allocator(node)
+    free = tuple(map(str, range(8)))
+    first = allocator.prefer(AllocationRequest(free, (), 2))
+    again = allocator.prefer(AllocationRequest(free, first.devices[:1], 2))
+    assert again is first
+    uuids = tuple(g.uuid for g in sorted(node.gpus, key=lambda g: g.index))
+    by_uuid = allocator.prefer(AllocationRequest(uuids, (), 2))
+    assert by_uuid is allocator.prefer(AllocationRequest(uuids, by_uuid.devices[1:], 2))
+    assert by_uuid.devices == tuple(uuids[int(i)] for i in first.devices)
+    reversed_ids = allocator.prefer(AllocationRequest(free[::-1], (), 2))
+    assert reversed_ids == dataclasses.replace(first, devices=first.devices[::-1])
+
+
+def test_the_walk_within_each_available_set_is_the_tables_walk_filtered(tmp_path: Path) -> None:
+    """On up to 8 GPUs the table holds, per available set and size, its walk without the sets
+    that use a busy GPU; built with the engine of a policy without constraints only."""
+    node = load_node("builtin:dgx1-v100")
+    table = Allocator(node).exact.full_table
+    assert table is not None and table.within is not None
+    for avail in range(1 << 8):
+        for k, masks in enumerate(table.order):
+            assert table.within[avail][k] == [m for m in masks if m & avail == m], (avail, k)
+    constrained = Allocator(node, load_policy(_policy(tmp_path, "c", PASSING_CONSTRAINT)))
+    full = constrained.exact.full_table
+    assert full is not None and full.within is None  # only the fast path walks them
+    sixteen = Allocator(load_node("builtin:dgx2-v100")).exact
+    assert sixteen.full_table is not None and sixteen.full_table.walks_within() is None
+
+
+def test_the_selector_reason_is_logged_on_either_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPU 3 fails the selector: an answer holding it says so and logs it, in the node's
+    order (looked up whole) and in another (read ID by ID); one without it does neither."""
+    node = load_node("builtin:dgx1-v100")
+    allocator = Allocator(node, load_policy(_policy(tmp_path, "sel", NOT_GPU_3)))
+    caplog.set_level(logging.INFO, logger="cdigen.allocator")
+    note = "1 chosen device(s) fail the policy selector"
+    cases = [
+        (("3",), 1, note),
+        ((node.gpus[3].uuid,), 1, note),
+        (("3", "2"), 2, note),
+        (("2", "3"), 1, None),
+        (("3", "2"), 1, None),
+    ]
+    for available, size, reason in cases:
+        caplog.clear()
+        answer = allocator.prefer(AllocationRequest(available, (), size))
+        assert answer.fallback_reason == reason, available
+        logged = [r.getMessage() for r in caplog.records]
+        assert logged == ([f"preferred allocation fallback: {reason}"] if reason else [])
