@@ -28,10 +28,9 @@ from typing import Literal, Protocol
 from cdigen.cdi.names import device_name, qualified_name
 from cdigen.mig_profiles import MigGeometry, MigPlacement, mig_geometry
 from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
-from cdigen.shares import replica_ids, slice_count, slice_ids
+from cdigen.shares import ShareKind, replica_ids, slice_count, slice_ids
 
-DeviceKind = Literal["gpu", "mig", "replica", "slice"]
-ShareKind = Literal["replica", "slice"]
+DeviceKind = Literal["gpu", "mig"] | ShareKind
 
 
 @dataclass(frozen=True)

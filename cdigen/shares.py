@@ -20,7 +20,8 @@ SLICE_MARKER = "slice-"
 MAX_REPLICAS = 1024
 MIB = 1 << 20
 
-ShareKind = Literal["gpu", "replica", "slice"]
+ShareKind = Literal["replica", "slice"]
+IdKind = Literal["gpu"] | ShareKind  # what an ID names: a whole GPU or a share
 
 
 def gpu_part(device_id: str) -> str:
@@ -28,7 +29,7 @@ def gpu_part(device_id: str) -> str:
     return device_id.split(SHARE_SEPARATOR, 1)[0]
 
 
-def share_kind(device_id: str) -> ShareKind:
+def share_kind(device_id: str) -> IdKind:
     """Whether ``device_id`` names a whole GPU, a replica or a memory slice."""
     _, sep, rest = device_id.partition(SHARE_SEPARATOR)
     if not sep:
