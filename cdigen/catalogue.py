@@ -23,12 +23,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from cdigen.cdi.names import device_name, qualified_name
-from cdigen.mig_profiles import MigGeometry, MigPlacement, mig_geometry
 from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
 from cdigen.shares import ShareKind, replica_ids, slice_count, slice_ids
+
+if TYPE_CHECKING:  # the MIG tables load only for --mig-strategy dynamic: generate runs at boot
+    from cdigen.mig_profiles import MigGeometry, MigPlacement
 
 DeviceKind = Literal["gpu", "mig"] | ShareKind
 
@@ -114,14 +116,6 @@ class ShareCounts(Protocol):
     def memory_slice_mib(self) -> int | None: ...
 
 
-@dataclass(frozen=True)
-class ShareSizes:
-    """A sharing setting by itself (the policy tools' ``--replicas`` and ``--slice-mib``)."""
-
-    replicas: int | None = None
-    memory_slice_mib: int | None = None
-
-
 def share_ids(gpu: Gpu, sharing: ShareCounts) -> tuple[str, ...]:
     """The share IDs one GPU is advertised as (none for a GPU smaller than one slice)."""
     if sharing.replicas is not None:
@@ -191,6 +185,8 @@ def catalogue(
         gpu = whole.gpu
         geometry = None
         if gpu.mig_enabled and mig_strategy == "dynamic":
+            from cdigen.mig_profiles import mig_geometry
+
             geometry = (geometries or {}).get(gpu.uuid) or mig_geometry(gpu.name)
         if geometry is not None:
             out.extend(placement_entries(whole, geometry, (taken or {}).get(gpu.uuid, ())))

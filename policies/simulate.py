@@ -209,10 +209,19 @@ class ShareFigures:
     multi_distinct: int = 0  # ... whose shares are on distinct GPUs
 
 
+@dataclass(frozen=True)
+class ShareSizes:
+    """A sharing setting by itself (``--replicas`` or ``--slice-mib``), as the catalogue's
+    :func:`~cdigen.catalogue.share_ids` reads one."""
+
+    replicas: int | None = None
+    memory_slice_mib: int | None = None
+
+
 def every_share_id(node: Node, *, replicas: int | None, slice_mib: int | None) -> list[str]:
     """Every share ID of ``node`` for a resource with ``replicas`` or ``slice_mib`` set (MIG
     GPUs too: the simulation treats every GPU as whole)."""
-    from cdigen.catalogue import ShareSizes, share_ids
+    from cdigen.catalogue import share_ids
 
     if replicas is None and slice_mib is None:
         return []
