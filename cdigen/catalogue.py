@@ -23,16 +23,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from cdigen.cdi.names import device_name, qualified_name
 from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
-from cdigen.shares import ShareKind, replica_ids, slice_count, slice_ids
 
-if TYPE_CHECKING:  # the MIG tables load only for --mig-strategy dynamic: generate runs at boot
+# what only sharing and --mig-strategy dynamic need loads with them: generate runs at every boot
+if TYPE_CHECKING:
     from cdigen.mig_profiles import MigGeometry, MigPlacement
+    from cdigen.shares import ShareKind
 
-DeviceKind = Literal["gpu", "mig"] | ShareKind
+DeviceKind: TypeAlias = 'Literal["gpu", "mig"] | ShareKind'
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ class ShareCounts(Protocol):
 
 def share_ids(gpu: Gpu, sharing: ShareCounts) -> tuple[str, ...]:
     """The share IDs one GPU is advertised as (none for a GPU smaller than one slice)."""
+    from cdigen.shares import replica_ids, slice_count, slice_ids
+
     if sharing.replicas is not None:
         return replica_ids(gpu.uuid, sharing.replicas)
     assert sharing.memory_slice_mib is not None
