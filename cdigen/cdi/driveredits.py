@@ -147,6 +147,29 @@ def copy_nodes(nodes: Iterable[DeviceNodeDoc]) -> list[DeviceNodeDoc]:
     return [n.copy() for n in nodes]
 
 
+_Made = tuple[list[str], list[MountDoc], list[HookDoc]]
+# The env, mounts and hooks of a driver's files by what they depend on. DRA builds a spec for
+# every claim from one scan of the driver: making them again each time was a third of a
+# NodePrepareResources (benchmarks/bench_dra.py). A new scan is a new key.
+_MADE: dict[tuple[DriverFiles, tuple[str, ...], str | None], _Made] = {}
+_MADE_MAX = 16
+
+
+def _made(driver: DriverFiles, caps: tuple[str, ...], hook_path: str | None) -> _Made:
+    key = (driver, caps, hook_path)
+    made = _MADE.get(key)
+    if made is None:
+        selected = select(driver, caps)
+        use_hooks = hook_path is not None
+        graphics = "graphics" in caps
+        hooks = _hooks(selected, hook_path, graphics) if hook_path else []
+        made = (_env(selected, use_hooks), _mounts(selected, use_hooks, graphics), hooks)
+        if len(_MADE) >= _MADE_MAX:
+            _MADE.pop(next(iter(_MADE)))
+        _MADE[key] = made
+    return made
+
+
 def driver_edits(
     driver: DriverFiles,
     capabilities: Iterable[str],
@@ -154,20 +177,16 @@ def driver_edits(
     control: list[DeviceNodeDoc],
 ) -> ContainerEditsDoc:
     """The container edits of the driver files of ``capabilities``: the spec's common edits,
-    and (with one more capability) what a capability device is measured against."""
-    caps = tuple(capabilities)
-    driver = select(driver, caps)
-    use_hooks = hook_path is not None
-    edits: ContainerEditsDoc = {"env": _env(driver, use_hooks)}
+    and (with one more capability) what a capability device is measured against. Each call
+    gets its own lists and entries, free to change."""
+    env, mounts, hooks = _made(driver, tuple(capabilities), hook_path)
+    edits: ContainerEditsDoc = {"env": list(env)}
     if control:
         edits["deviceNodes"] = copy_nodes(control)
-    graphics = "graphics" in caps
-    mounts = _mounts(driver, use_hooks, graphics)
     if mounts:
-        edits["mounts"] = mounts
-    hooks = _hooks(driver, hook_path, graphics) if hook_path else []
+        edits["mounts"] = [m.copy() for m in mounts]
     if hooks:
-        edits["hooks"] = hooks
+        edits["hooks"] = [h.copy() for h in hooks]
     return edits
 
 
