@@ -11,7 +11,7 @@ looked up by the whole tuple, and the answer of each chosen set is built once, a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 
 from cdigen.shares import share_kind
@@ -45,7 +45,6 @@ class FastPath:
         self.id_bits: dict[str, int] = {}
         # the available tuples of each naming in the node's order -> (mask, naming)
         self.named: dict[tuple[str, ...], tuple[int, Naming]] = {}
-        facts = _every_facts(exact, self.position_bits.values()) if len(good) <= NAMED_LIMIT else {}
         for ids in namings:
             bit_of = {}
             for name in ids:
@@ -53,8 +52,8 @@ class FastPath:
                 if named in self.position_bits and share_kind(name) == "gpu":
                     bit_of[name] = self.position_bits[named]
             self.id_bits.update(bit_of)
-            if facts:
-                self.named.update(Naming(bit_of, facts).masks)
+            if len(good) <= NAMED_LIMIT:
+                self.named.update(Naming(bit_of, exact).masks)
 
     def ids(self, request: AllocationRequest) -> AllocationAnswer | None:
         """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
@@ -134,32 +133,30 @@ class FastPath:
 class Naming:
     """One naming of the usable GPUs (all UUIDs or all indexes): each ID's bit, the tuple of
     IDs of every mask in the node's order (:attr:`masks`: tuple -> (mask, this naming)), and
-    every mask's answer (:attr:`answers`, by mask) from its ``facts`` (link score, NUMA nodes,
-    fallback reason)."""
+    every mask's answer (:attr:`answers`, by mask), each made when first chosen and kept."""
 
-    def __init__(self, bit_of: Mapping[str, int], facts: Mapping[int, _Facts]) -> None:
+    def __init__(self, bit_of: Mapping[str, int], exact: ExactSearch) -> None:
         self.bit_of = bit_of
         names: dict[int, tuple[str, ...]] = {0: ()}
         for name, bit in sorted(bit_of.items(), key=lambda item: item[1]):
             names.update({mask | bit: (*ids, name) for mask, ids in names.items()})
         self.masks = {ids: (mask, self) for mask, ids in names.items() if mask}
-        self.answers = {mask: AllocationAnswer(ids, *facts[mask]) for mask, ids in names.items()}
+        self.answers = _Answers(names, exact)
 
 
-_Facts = tuple[int, tuple[int, ...], str | None]
+class _Answers(dict[int, AllocationAnswer]):
+    """A naming's answers by chosen mask, each made on first use: making all 2 x 256 with the
+    engine tripled an 8-GPU engine build."""
 
+    def __init__(self, names: Mapping[int, tuple[str, ...]], exact: ExactSearch) -> None:
+        super().__init__()
+        self._names, self._exact = names, exact
 
-def _every_facts(exact: ExactSearch, bits: Iterable[int]) -> dict[int, _Facts]:
-    """The facts of an answer (link score, NUMA nodes, fallback reason) for every mask of
-    ``bits``."""
-    masks = [0]
-    for bit in bits:
-        masks += [mask | bit for mask in masks]
-    out = {}
-    for mask in masks:
-        score, numa_nodes, fails = exact.facts(mask)
-        out[mask] = (score, numa_nodes, _selector_note(fails))
-    return out
+    def __missing__(self, mask: int) -> AllocationAnswer:
+        score, numa_nodes, fails = self._exact.facts(mask)
+        answer = AllocationAnswer(self._names[mask], score, numa_nodes, _selector_note(fails))
+        self[mask] = answer
+        return answer
 
 
 def _must_mask(

@@ -110,7 +110,7 @@ class Table:
             self.order.append(ordered[start : start + comb(count, k)])
             start += comb(count, k)
         self.full_mask = (1 << count) - 1
-        self.within: list[list[list[int]]] | None = None  # see walks_within
+        self.within: Walks | None = None  # see walks_within
         self.weights = weights
         self.left_best_set = _best_set_within(score, sizes, count, NEXT_SET_SIZE)
         self.left_pairs = _best_pairing_within(weights, count)
@@ -128,12 +128,12 @@ class Table:
         leaves all three free cannot be beaten on terms 6-8."""
         return self._rest_bounds[size]
 
-    def walks_within(self) -> list[list[list[int]]] | None:
+    def walks_within(self) -> Walks | None:
         """Per available mask, per size ``k``: the ``k``-masks within it in the order of
         :attr:`order` (the walk without the sets that use a busy GPU); None above
-        ``WITHIN_LIMIT`` GPUs. Built on first call (about 1 ms on 8 GPUs)."""
+        ``WITHIN_LIMIT`` GPUs."""
         if self.within is None and len(self.universe) <= WITHIN_LIMIT:
-            self.within = _orders_within(self.order, len(self.universe))
+            self.within = Walks(self.order, self.full_mask)
         return self.within
 
     def static_terms(self, mask: int) -> StaticTerms:
@@ -188,21 +188,20 @@ class Table:
         return out
 
 
-def _orders_within(order: list[list[int]], count: int) -> list[list[list[int]]]:
-    """Per mask ``avail`` below ``1 << count``, per size ``k``: the ``k``-masks within
-    ``avail`` in the order of ``order[k]`` (each mask is added to each of its supersets)."""
-    full = (1 << count) - 1
-    within: list[list[list[int]]] = [[[] for _ in order] for _ in range(1 << count)]
-    for k, masks in enumerate(order):
-        for mask in masks:
-            rest = full ^ mask
-            extra = rest
-            while True:  # every subset of what the mask leaves out, down to none
-                within[mask | extra][k].append(mask)
-                if not extra:
-                    break
-                extra = (extra - 1) & rest
-    return within
+class Walks(dict[int, list[list[int]]]):
+    """Per available mask, per size ``k``: the ``k``-masks within it in the order of the
+    table's walk (``order``), each available mask's made when first asked for (some 10 µs on 8
+    GPUs: all 256 at engine build were most of its cost) and kept."""
+
+    def __init__(self, order: list[list[int]], full_mask: int) -> None:
+        super().__init__()
+        self._order, self._full_mask = order, full_mask
+
+    def __missing__(self, avail: int) -> list[list[int]]:
+        busy = self._full_mask & ~avail
+        walks = [[mask for mask in masks if not mask & busy] for masks in self._order]
+        self[avail] = walks
+        return walks
 
 
 def _max_into(target: list[int], values: list[int]) -> list[int]:

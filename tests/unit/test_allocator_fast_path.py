@@ -180,7 +180,7 @@ def test_any_order_or_naming_of_the_ids_gets_the_same_answer() -> None:
 
 
 def test_requests_in_the_nodes_order_share_one_answer_per_chosen_set() -> None:
-    """Asked in the node's order, the answer of a chosen set is built once, with the engine:
+    """Asked in the node's order, the answer of a chosen set is built once, when first chosen:
     requests that choose the same set get that one object (and the memo holds no copies)."""
     node = load_node("builtin:dgx-a100")
     allocator = Allocator(node)
