@@ -5,7 +5,7 @@ search) and a policy without constraints. It answers on bit masks, with
 
 On a node of at most ``NAMED_LIMIT`` GPUs, requests naming the available GPUs all by UUID or
 all by index, in the node's order (ascending index), skip the per-ID work: their mask is
-looked up by the whole tuple, and the answer of each chosen set is built once, at engine build.
+looked up by the whole tuple, and the answer of each chosen set is made once, when first chosen.
 """
 
 from __future__ import annotations
