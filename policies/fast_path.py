@@ -43,8 +43,7 @@ class FastPath:
         self.universe = universe
         self.position_bits = {p: 1 << universe.bit_of[p] for p in good}
         self.id_bits: dict[str, int] = {}
-        # the available tuples of each naming in the node's order -> (mask, naming)
-        self.named: dict[tuple[str, ...], tuple[int, Naming]] = {}
+        namings_kept: list[Naming] = []
         for ids in namings:
             bit_of = {}
             for name in ids:
@@ -53,12 +52,14 @@ class FastPath:
                     bit_of[name] = self.position_bits[named]
             self.id_bits.update(bit_of)
             if len(good) <= NAMED_LIMIT:
-                self.named.update(Naming(bit_of, exact).masks)
+                namings_kept.append(Naming(bit_of, exact))
+        # the available tuples of a naming in the node's order -> (mask, naming)
+        self.named = NodeOrder(namings_kept)
 
     def ids(self, request: AllocationRequest) -> AllocationAnswer | None:
         """The answer for distinct whole-GPU IDs of usable GPUs with the must-include IDs
         among them (at most ``size``), else None: the general path answers the rest."""
-        named = self.named.get(request.available)
+        named = self.named[request.available]
         if named is None:
             return self._any_ids(request)
         avail, naming = named
@@ -131,30 +132,56 @@ class FastPath:
 
 
 class Naming:
-    """One naming of the usable GPUs (all UUIDs or all indexes): each ID's bit, the tuple of
-    IDs of every mask in the node's order (:attr:`masks`: tuple -> (mask, this naming)), and
-    every mask's answer (:attr:`answers`, by mask), each made when first chosen and kept."""
+    """One naming of the usable GPUs (all UUIDs or all indexes): each ID's bit, and every
+    chosen mask's answer (:attr:`answers`, by mask) with its IDs in the node's order, made when
+    the mask is first chosen and kept."""
 
     def __init__(self, bit_of: Mapping[str, int], exact: ExactSearch) -> None:
         self.bit_of = bit_of
-        names: dict[int, tuple[str, ...]] = {0: ()}
-        for name, bit in sorted(bit_of.items(), key=lambda item: item[1]):
-            names.update({mask | bit: (*ids, name) for mask, ids in names.items()})
-        self.masks = {ids: (mask, self) for mask, ids in names.items() if mask}
-        self.answers = _Answers(names, exact)
+        self.by_bit = sorted(bit_of.items(), key=lambda item: item[1])
+        self.answers = _Answers(self, exact)
+
+    def mask_of(self, ids: tuple[str, ...]) -> int | None:
+        """The mask of ``ids`` when they are IDs of this naming in the node's order (each bit
+        above the one before), else None."""
+        mask = last = 0
+        for name in ids:
+            bit = self.bit_of.get(name, 0)
+            if bit <= last:  # not of this naming, out of order, or named twice
+                return None
+            mask, last = mask | bit, bit
+        return mask
+
+
+class NodeOrder(dict[tuple[str, ...], "tuple[int, Naming] | None"]):
+    """Tuples of available IDs in the node's order -> (their mask, their naming), each found
+    when first asked for and kept (at most 2^8 per naming); None, not kept, for any other."""
+
+    def __init__(self, namings: Sequence[Naming]) -> None:
+        super().__init__()
+        self._namings = namings
+
+    def __missing__(self, ids: tuple[str, ...]) -> tuple[int, Naming] | None:
+        for naming in self._namings:
+            mask = naming.mask_of(ids)
+            if mask is not None:
+                self[ids] = found = (mask, naming)
+                return found
+        return None
 
 
 class _Answers(dict[int, AllocationAnswer]):
     """A naming's answers by chosen mask, each made on first use: making all 2 x 256 with the
     engine tripled an 8-GPU engine build."""
 
-    def __init__(self, names: Mapping[int, tuple[str, ...]], exact: ExactSearch) -> None:
+    def __init__(self, naming: Naming, exact: ExactSearch) -> None:
         super().__init__()
-        self._names, self._exact = names, exact
+        self._naming, self._exact = naming, exact
 
     def __missing__(self, mask: int) -> AllocationAnswer:
         score, numa_nodes, fails = self._exact.facts(mask)
-        answer = AllocationAnswer(self._names[mask], score, numa_nodes, _selector_note(fails))
+        ids = tuple(name for name, bit in self._naming.by_bit if mask & bit)
+        answer = AllocationAnswer(ids, score, numa_nodes, _selector_note(fails))
         self[mask] = answer
         return answer
 
