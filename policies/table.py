@@ -188,20 +188,31 @@ class Table:
         return out
 
 
-class Walks(dict[int, list[list[int]]]):
+class Walks(dict[int, "SizeWalks"]):
     """Per available mask, per size ``k``: the ``k``-masks within it in the order of the
-    table's walk (``order``), each available mask's made when first asked for (some 10 µs on 8
-    GPUs: all 256 at engine build were most of its cost) and kept."""
+    table's walk (``order``), each made when first asked for (a few µs on 8 GPUs: all 2,304
+    at engine build were most of its cost) and kept."""
 
     def __init__(self, order: list[list[int]], full_mask: int) -> None:
         super().__init__()
         self._order, self._full_mask = order, full_mask
 
-    def __missing__(self, avail: int) -> list[list[int]]:
-        busy = self._full_mask & ~avail
-        walks = [[mask for mask in masks if not mask & busy] for masks in self._order]
-        self[avail] = walks
+    def __missing__(self, avail: int) -> SizeWalks:
+        walks = self[avail] = SizeWalks(self._order, self._full_mask & ~avail)
         return walks
+
+
+class SizeWalks(dict[int, list[int]]):
+    """One available mask's walks by size ``k``, each made when first asked for."""
+
+    def __init__(self, order: list[list[int]], busy: int) -> None:
+        super().__init__()
+        self._order, self._busy = order, busy
+
+    def __missing__(self, k: int) -> list[int]:
+        busy = self._busy
+        walk = self[k] = [mask for mask in self._order[k] if not mask & busy]
+        return walk
 
 
 def _max_into(target: list[int], values: list[int]) -> list[int]:
