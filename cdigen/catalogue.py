@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from cdigen.cdi.names import device_name, qualified_name
@@ -85,7 +86,7 @@ class CatalogueEntry:
         """The NUMA node of the device's GPU."""
         return self.gpu.numa_node
 
-    @property
+    @cached_property  # slices and prepare read it for every device; a placement's takes a regex
     def dra_name(self) -> str:
         """The DNS-label name DRA publishes: ``gpu-<index>``, ``gpu-<index>-mig-<gi>-<ci>``, or
         for a placement ``gpu-<index>-<profile>-at-<start>`` (``gpu-0-1g-10gb-at-3``)."""

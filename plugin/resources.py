@@ -85,7 +85,10 @@ def advertised_devices(
     node: Node, cdi_kind: str = "nvidia.com/gpu"
 ) -> tuple[AdvertisedDevice, ...]:
     """Every whole GPU of ``node`` that is not MIG-enabled, in NVML index order."""
-    entries = catalogue(node, mig_strategy="mixed")
+    return _whole_gpus(catalogue(node, mig_strategy="mixed"), cdi_kind)
+
+
+def _whole_gpus(entries: Sequence[CatalogueEntry], cdi_kind: str) -> tuple[AdvertisedDevice, ...]:
     return tuple(advertised(e, cdi_kind) for e in entries if e.kind == "gpu")
 
 
@@ -101,7 +104,7 @@ def plan_resources(
     """The resources ``node`` advertises under ``strategy``; InputError when ``single`` cannot
     hold (mixed profiles, or some GPUs without MIG)."""
     entries = catalogue(node, mig_strategy="mixed")
-    whole = Resource(gpu_resource, advertised_devices(node, cdi_kind))
+    whole = Resource(gpu_resource, _whole_gpus(entries, cdi_kind))
     if strategy == "none":
         return (whole,)
     migs = [e for e in entries if e.mig is not None]

@@ -109,7 +109,7 @@ class ExactSearch:
         if self._full is not None and self.classes is None:
             table = self._full.get()
             if not objective.constrained:
-                table.walks_within()  # best_plain's walks, built now, not on a kubelet call
+                table.walks_within()  # best_plain's walks: each is made on first use, and kept
         fields = objective.fact_fields
         if self._full is not None and fields and "minPairNVLinks" in fields:
             self._full.get().min_pair_nvlinks(0)  # build its table now, not on a kubelet call

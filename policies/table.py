@@ -18,7 +18,7 @@ from policies.graph import Topology
 from policies.terms import NEXT_SET_SIZE, StaticTerms, static_terms
 
 EXACT_LIMIT = 16
-# Up to this many GPUs a table also holds its walk per available set (3^8 = 6,561 masks in all)
+# Up to this many GPUs a table also holds its walk per available set and size (Walks)
 WITHIN_LIMIT = 8
 
 
