@@ -229,7 +229,7 @@ def test_no_kubelet_socket_is_one_line_and_the_metrics_say_so(tmp_path: Path) ->
 
 @pytest.fixture
 def dra(api: FakeApiServer, kubelet_dir: Path, tmp_path: Path) -> Iterator[Harness]:
-    host = build_host(tmp_path / "host", load_node("builtin:rtx4090"))
+    host = build_host(tmp_path / "dra-host", load_node("builtin:rtx4090"))
     h = Harness(api, host, kubelet_dir, tmp_path)
     yield h
     h.stop()
@@ -281,3 +281,160 @@ def test_two_pods_sharing_a_4090_through_dra(
             ("notebook-a", UUID, "shared", "default/notebook-a-gpu", "gpu-0", "3072Mi"),
             ("notebook-b", UUID, "shared", "default/notebook-b-gpu", "gpu-0", "5120Mi"),
         ]
+
+
+# --------------------------------------------------------------------------- the dashboard
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "cdigen-dashboard.json"
+# Grafana's own variables, as it would fill them in for a short range
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "1s"}
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """Every (panel title, PromQL) of the dashboard, Grafana's variables filled in."""
+    doc = json.loads(DASHBOARD.read_text())
+    out = []
+    for panel in doc["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(name, value)
+            assert "$" not in expr, f"{panel['title']}: unknown variable in {expr}"
+            out.append((panel["title"], expr))
+    return out
+
+
+class Prometheus:
+    """Debian's ``prometheus`` scraping ``targets`` (job -> port on 127.0.0.1) every second,
+    with a temp config and storage and a free port of its own."""
+
+    def __init__(self, binary: str, tmp: Path, targets: dict[str, int]) -> None:
+        import socket
+
+        import yaml
+
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                for job, port in targets.items()
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.log = (tmp / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        from urllib.parse import urlencode
+
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?{urlencode({'query': expr})}"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            doc = json.loads(r.read())
+        assert doc["status"] == "success", doc
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+    def wait_up(self, jobs: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()
+            try:
+                up = self.query("up == 1")
+            except OSError:
+                up = []
+            if len(up) == jobs:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"Prometheus scraped no {jobs} targets:\n{self.query('up')}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()
+
+
+def test_every_dashboard_query_is_answered_by_a_real_prometheus(
+    served: dict[str, Any], dra: Harness, api: FakeApiServer, tmp_path: Path
+) -> None:
+    import shutil
+
+    from plugin.agent.health import SOURCE_XID
+    from plugin.agent.xid import xid_reason
+    from plugin.dra.healthz import HealthServer
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("Debian's prometheus is not installed (apt-get install prometheus; CI does)")
+    kubelet, pods, device_plugin = served["kubelet"], served["pods"], served["plugin"]
+    plugin = dra.start(memory_shares=MemoryShares(step=GIB))
+    health = HealthServer(("127.0.0.1", 0), plugin)
+    health.start()
+    (tmp_path / "prom").mkdir()
+    prometheus = Prometheus(
+        binary,
+        tmp_path / "prom",
+        {"cdigen-plugin": device_plugin.port(), "cdigen-dra": int(health.server_address[1])},
+    )
+    try:
+        prometheus.wait_up(2)
+        # what happens while Prometheus watches: two pods on each wing, an Xid on the card
+        free = [d.ID for d in kubelet.wait_devices(SLICES, lambda d: len(d) == 23)]
+        for pod, size in (("notebook-a", 3), ("notebook-b", 4)):
+            chosen = kubelet.preferred(SLICES, free, size)
+            free = [i for i in free if i not in chosen]
+            kubelet.allocate(SLICES, [chosen])
+            pods.admit("default", pod, "main", SLICES, chosen)
+        for n, amount in enumerate(("3Gi", "5Gi")):
+            result = {
+                "request": "share",
+                "driver": DRIVER,
+                "pool": NODE_NAME,
+                "device": "gpu-0",
+                "shareID": f"{n + 1}1111111-1111-1111-1111-111111111111",
+                "consumedCapacity": {"memory": amount},
+            }
+            api.add_claim(allocated_claim(f"dra-{n}", f"uid-{n}", [result]))
+            answer = dra.kubelet.prepare([("default", f"uid-{n}", f"dra-{n}")])
+            prepared = answer.claims[f"uid-{n}"].devices
+            pods.admit_claim("default", f"dra-pod-{n}", "main", f"dra-{n}", DRIVER, prepared)
+        plugin.board.set_reasons(SOURCE_XID, {UUID: xid_reason(79)})
+
+        queries = dashboard_queries()
+        assert len(queries) >= 15
+        missing: list[str] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            missing = []
+            for title, expr in queries:
+                result = prometheus.query(expr)
+                values = [sample["value"][1] for sample in result]
+                # a quantile of a method never called is NaN (a gap in Grafana); the others
+                # must be numbers
+                if not values or all(v == "NaN" for v in values):
+                    missing.append(f"{title}: {expr} -> {values}")
+            if not missing:
+                break
+            time.sleep(0.5)
+        assert not missing, "\n".join(missing)
+        # and the data is what happened
+        (xids,) = prometheus.query('cdigen_gpu_xid_events_total{job="cdigen-dra"}')
+        assert xids["value"][1] == "1"
+        rows = prometheus.query("cdigen_pod_gpu_memory_limit_bytes")
+        given = sorted((r["metric"]["pod"], int(r["value"][1]) // GIB) for r in rows)
+        assert given == [("dra-pod-0", 3), ("dra-pod-1", 5), ("notebook-a", 3), ("notebook-b", 4)]
+    finally:
+        prometheus.stop()
+        health.close()
