@@ -167,10 +167,11 @@ def _device_doc_problem(device: Any) -> str | None:
     if device.get("shareId") is not None and not isinstance(device.get("shareId"), str):
         return f".shareId: {kind_of(device.get('shareId'))}, not a string or null"
     consumed = device.get("consumedCapacity", {})
-    if not isinstance(consumed, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in consumed.items()
-    ):
-        return f".consumedCapacity: {kind_of(consumed)}, not an object of name: quantity"
+    if not isinstance(consumed, dict):
+        return f".consumedCapacity: {kind_of(consumed)}, not an object"
+    for name, value in consumed.items():
+        if not isinstance(value, str):
+            return f".consumedCapacity.{quoted(name, 40)}: {kind_of(value)}, not a quantity string"
     return None
 
 

@@ -1,0 +1,106 @@
+"""Attribution's rules where no kubelet is needed: names escaped, the limits Allocate sets are the
+limits reported, Xid events counted once per GPU, the checkpoint's consumedCapacity checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdigen.discover import load_node
+from cdigen.errors import InputError
+from plugin.agent.xid import xid_reason
+from plugin.attribution.collector import XidCounter
+from plugin.attribution.holdings import printable
+from plugin.attribution.podresources import ContainerResources
+from plugin.attribution.wings import plugin_holdings
+from plugin.dra.checkpoint import load_checkpoint
+from plugin.resources import shared_resource
+from plugin.sharing import Sharing, allocate_shares
+
+NODE = load_node("builtin:pcie-8x4090")
+RESOURCE = "nvidia.com/gpu.shared"
+
+
+def test_printable_escapes_control_characters_and_backslashes() -> None:
+    assert printable("pod-a") == "pod-a"
+    assert printable("a\x1b[2J\nb\\c\u202ed") == "a\\x1b[2J\\x0ab\\\\c\\u202ed"
+    assert printable("x" * 300) == "x" * 250 + "..."
+
+
+@pytest.mark.parametrize(
+    "sharing",
+    [
+        Sharing(replicas=3, mps_pipe_directory="/run/nvidia/mps"),
+        Sharing(memory_slice_mib=2048),
+        Sharing(replicas=4),
+    ],
+    ids=["replicas-mps", "slices", "replicas-time-slicing"],
+)
+def test_the_limit_reported_is_the_one_allocate_sets(sharing: Sharing) -> None:
+    resource = shared_resource(NODE, RESOURCE, sharing, "nvidia.com/gpu")
+    on_gpu_2 = [d.id for d in resource.devices if d.entry.gpu.index == 2][:2]
+    given = allocate_shares(on_gpu_2, NODE, sharing, cdi_kind="nvidia.com/gpu", resource=RESOURCE)
+    container = ContainerResources("ns", "pod", "main", ((RESOURCE, tuple(on_gpu_2)),))
+    (row,) = plugin_holdings([container], [resource])
+    assert (row.gpu_index, row.kind, row.devices) == (2, sharing.kind, tuple(on_gpu_2))
+    env = given.env_dict().get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    if env is None:  # plain time-slicing: nothing limits the memory
+        assert row.memory_limit_bytes is None
+    else:
+        assert env == f"0={row.memory_limit_bytes // (1 << 20)}M"  # type: ignore[operator]
+
+
+def test_ids_of_other_resources_and_unknown_ids_are_left_out() -> None:
+    resource = shared_resource(NODE, RESOURCE, Sharing(replicas=2), "nvidia.com/gpu")
+    container = ContainerResources(
+        "ns", "pod", "main", (("example.com/fpga", ("f0",)), (RESOURCE, ("GPU-gone::0",)))
+    )
+    assert plugin_holdings([container], [resource]) == []
+
+
+def test_an_xid_counts_once_per_gpu_however_many_devices_carry_it() -> None:
+    counter = XidCounter()
+    gpu_of = {"gpu-0::0": "GPU-0", "gpu-0::1": "GPU-0", "gpu-1": "GPU-1"}
+    quiet: dict[str, tuple[str, ...]] = {d: () for d in gpu_of}
+    counter.update(quiet, gpu_of)
+    reason = xid_reason(79)
+    counter.update({**quiet, "gpu-0::0": (reason,), "gpu-0::1": (reason,)}, gpu_of)
+    counter.update({**quiet, "gpu-0::0": (reason,), "gpu-0::1": (reason,)}, gpu_of)  # same
+    assert counter.counts() == ({"GPU-0": 1}, {"GPU-0": 79})
+    counter.update({**quiet, "gpu-0::0": (xid_reason(48),), "gpu-0::1": (xid_reason(48),)}, gpu_of)
+    counter.update(quiet, gpu_of)  # recovered
+    counter.update({**quiet, "gpu-1": ("no CDI name",)}, gpu_of)  # not an Xid
+    counter.update({**quiet, "gpu-0::1": (reason,)}, gpu_of)  # back again: a new event
+    assert counter.counts() == ({"GPU-0": 3}, {"GPU-0": 79})
+
+
+def test_the_checkpoint_refuses_a_consumed_capacity_that_is_not_quantities(
+    tmp_path: Path,
+) -> None:
+    device = {
+        "requestNames": ["gpu"],
+        "poolName": "node-a",
+        "deviceName": "gpu-0",
+        "cdiDeviceIds": [],
+        "shareId": None,
+        "consumedCapacity": {"memory": 3},
+    }
+    claim = {
+        "namespace": "default",
+        "name": "a",
+        "devices": [device],
+        "shareable": {"gpu-0": True},
+        "specPath": "",
+    }
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 1, "claims": {"uid-a": claim}}))
+    with pytest.raises(
+        InputError, match=r"devices\[0\]\.consumedCapacity\.'memory': a number, not a quantity"
+    ):
+        load_checkpoint(path, spec_dir=tmp_path, driver="gpu.cdigen.dev")
+    device["consumedCapacity"] = {"memory": "3Gi"}
+    path.write_text(json.dumps({"version": 1, "claims": {"uid-a": claim}}))
+    loaded = load_checkpoint(path, spec_dir=tmp_path, driver="gpu.cdigen.dev")
+    assert loaded["uid-a"]["devices"][0].get("consumedCapacity") == {"memory": "3Gi"}
