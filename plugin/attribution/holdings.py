@@ -21,8 +21,10 @@ class Holding:
     of a device-plugin resource), ``shared`` (a DRA device shared through consumable capacity).
     ``source``: the extended resource (device plugin) or ``<namespace>/<name>`` of the claim
     (DRA). ``devices``: the device IDs (device plugin) or device names (DRA) held.
-    ``allocation``: what one allocation is (the container's resource, or the claim's UID), so
-    that a claim several containers use counts once on its GPU. ``memory_limit_bytes``: the
+    ``names``: the devices as the table shows them: a share's number (``#3``), a device's DRA
+    name (``gpu-0``, ``gpu-0-mig-1-0``). ``allocation``: what one allocation is (the
+    container's resource, or the claim's UID), so that a claim several containers use counts
+    once on its GPU. ``memory_limit_bytes``: the
     memory the container was given on this GPU; None where nothing limits it (time-slicing).
     """
 
@@ -36,6 +38,12 @@ class Holding:
     devices: tuple[str, ...]
     allocation: str
     memory_limit_bytes: int | None
+    names: tuple[str, ...] = ()  # short names of ``devices`` for the table (default: the IDs)
+
+    @property
+    def shown(self) -> tuple[str, ...]:
+        """What the table's DEVICES column lists."""
+        return self.names or self.devices
 
 
 def printable(text: str, limit: int = NAME_LIMIT) -> str:
@@ -83,7 +91,7 @@ def table(rows: Sequence[Holding]) -> str:
                 h.gpu_uuid,
                 h.kind,
                 printable(h.source),
-                ",".join(printable(d) for d in h.devices),
+                ",".join(printable(d) for d in h.shown),
                 memory_text(h.memory_limit_bytes),
             )
         )
@@ -106,6 +114,7 @@ def as_json(rows: Sequence[Holding]) -> str:
             "kind": h.kind,
             "from": printable(h.source),
             "devices": [printable(d) for d in h.devices],
+            "names": [printable(d) for d in h.shown],
             "memoryLimitBytes": h.memory_limit_bytes,
         }
         for h in sorted_holdings(rows)

@@ -66,6 +66,12 @@ def entry_memory(entry: CatalogueEntry) -> int:
     return entry.gpu.memory_bytes
 
 
+def short_name(entry: CatalogueEntry) -> str:
+    """How the table names a device: a share by its number on the GPU (``#3``; the GPU and the
+    kind have their own columns), anything else by its DRA name (``gpu-0-mig-1-0``)."""
+    return f"#{entry.share.index}" if entry.share is not None else entry.dra_name
+
+
 # --- the device plugin ---------------------------------------------------------------------
 
 
@@ -119,6 +125,7 @@ def plugin_holdings(
                         devices=tuple(d.id for d in held),
                         allocation=f"{c.namespace}/{c.pod}/{c.container}/{resource_name}",
                         memory_limit_bytes=plugin_limit(resource, held),
+                        names=tuple(short_name(d.entry) for d in held),
                     )
                 )
     return rows

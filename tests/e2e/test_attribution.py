@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,22 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
 
 def by(metric: dict[tuple[tuple[str, str], ...], float], **labels: str) -> list[float]:
     return [v for k, v in metric.items() if labels.items() <= dict(k).items()]
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "attribution.md"
+
+
+def doc_block(first_line: str) -> str:
+    """The rest of the doc's ``text`` block that starts with ``first_line``."""
+    for block in re.findall(r"```text\n(.*?)```", DOC.read_text(), re.S):
+        if block.startswith(first_line + "\n"):
+            return str(block[len(first_line) + 1 :])
+    raise AssertionError(f"docs/attribution.md has no text block starting {first_line!r}")
+
+
+def doc_promql() -> list[str]:
+    """The doc's PromQL examples."""
+    return [str(b) for b in re.findall(r"```promql\n(.*?)```", DOC.read_text(), re.S)]
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -168,6 +185,7 @@ def test_two_pods_sharing_a_4090_through_the_device_plugin(
         ("notebook-a", "0", UUID, "slice", SLICES, "3072Mi"),
         ("notebook-b", "0", UUID, "slice", SLICES, "4096Mi"),
     ]
+    assert result.stdout == doc_block("# cdigen plugin pods"), "docs/attribution.md's table"
     one = cdigen(
         "plugin", "pods", *common, "--pod-resources-socket", socket,
         "--pod", "default/notebook-b", "--format", "json",
@@ -340,8 +358,11 @@ class Prometheus:
         from urllib.parse import urlencode
 
         url = f"http://127.0.0.1:{self.port}/api/v1/query?{urlencode({'query': expr})}"
-        with urllib.request.urlopen(url, timeout=5) as r:
-            doc = json.loads(r.read())
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                doc = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{expr}: {exc.read().decode()}") from None
         assert doc["status"] == "success", doc
         result: list[dict[str, Any]] = doc["data"]["result"]
         return result
@@ -429,6 +450,8 @@ def test_every_dashboard_query_is_answered_by_a_real_prometheus(
                 break
             time.sleep(0.5)
         assert not missing, "\n".join(missing)
+        for expr in doc_promql():  # the doc's examples are PromQL Prometheus accepts
+            prometheus.query(expr)
         # and the data is what happened
         (xids,) = prometheus.query('cdigen_gpu_xid_events_total{job="cdigen-dra"}')
         assert xids["value"][1] == "1"
