@@ -12,6 +12,7 @@ plugin handed out, not made-up ones.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class PodResourcesSim(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
         self._pods: dict[tuple[str, str], dict[str, _Container]] = {}
         self._server: grpc.Server | None = None
         self.calls: list[str] = []
+        self.delay_s = 0.0  # a kubelet slow to answer
 
     def start(self) -> PodResourcesSim:
         self.socket.parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +131,7 @@ class PodResourcesSim(pb_grpc.PodResourcesListerServicer):  # type: ignore[misc]
     def List(
         self, request: pb.ListPodResourcesRequest, context: Any
     ) -> pb.ListPodResourcesResponse:
+        time.sleep(self.delay_s)
         with self._lock:
             self.calls.append("List")
             pods = [self._pod(k, v) for k, v in self._pods.items()]

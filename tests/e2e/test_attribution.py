@@ -242,6 +242,35 @@ def test_no_kubelet_socket_is_one_line_and_the_metrics_say_so(tmp_path: Path) ->
     assert result.stderr.count("\n") == 1
 
 
+def test_a_kubelet_slow_or_gone_costs_one_deadline_and_leaves_the_gpu_series(
+    served: dict[str, Any], kubelet_dir: Path
+) -> None:
+    pods, plugin = served["pods"], served["plugin"]
+    socket = str(kubelet_dir / "pod-resources" / "kubelet.sock")
+    pods.delay_s = 3.0
+    start = time.monotonic()
+    result = cdigen(
+        "plugin", "pods", "--node", "builtin:rtx4090", "--config", str(served["config"]),
+        "--pod-resources-socket", socket, "--timeout", "0.5",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "PodResources List failed: DEADLINE_EXCEEDED" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert time.monotonic() - start < 2.5 + 2  # the deadline, and the interpreter's start
+    bad = cdigen("plugin", "pods", "--node", "builtin:rtx4090", "--timeout", "0")
+    assert bad.returncode == 2 and "--timeout: 0 is not a timeout" in bad.stderr
+
+    pods.stop()  # the kubelet is gone: the GPU's series stay, the pods' go
+    text = plugin.metrics()
+    assert samples(text, "cdigen_pod_resources_up") == {(): 0.0}
+    assert samples(text, "cdigen_pod_gpu_devices") == {}
+    assert by(samples(text, "cdigen_gpu_shares"), gpu_uuid=UUID, state="free") == [23]
+    assert by(samples(text, "cdigen_gpu_healthy"), gpu_uuid=UUID) == [1]
+    plugin.metrics()
+    log = plugin.log.read_text()
+    assert log.count("per-pod attribution:") == 1, log  # once per change of problem
+
+
 # --------------------------------------------------------------------------- DRA
 
 

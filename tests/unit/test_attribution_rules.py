@@ -13,7 +13,7 @@ from cdigen.errors import InputError
 from plugin.agent.xid import xid_reason
 from plugin.attribution.collector import XidCounter
 from plugin.attribution.holdings import printable
-from plugin.attribution.podresources import ContainerResources
+from plugin.attribution.podresources import ContainerClaim, ContainerResources
 from plugin.attribution.wings import plugin_holdings
 from plugin.dra.checkpoint import load_checkpoint
 from plugin.resources import shared_resource
@@ -104,3 +104,43 @@ def test_the_checkpoint_refuses_a_consumed_capacity_that_is_not_quantities(
     path.write_text(json.dumps({"version": 1, "claims": {"uid-a": claim}}))
     loaded = load_checkpoint(path, spec_dir=tmp_path, driver="gpu.cdigen.dev")
     assert loaded["uid-a"]["devices"][0].get("consumedCapacity") == {"memory": "3Gi"}
+
+
+def test_mig_devices_on_both_wings_are_given_their_own_memory() -> None:
+    from cdigen.catalogue import catalogue
+    from plugin.attribution.wings import dra_holdings
+    from plugin.resources import plan_resources
+
+    node = load_node("builtin:dgx-a100-mig-mixed")
+    resources = plan_resources(
+        node, "mixed", gpu_resource="nvidia.com/gpu", cdi_kind="nvidia.com/gpu"
+    )
+    mig = next(r for r in resources if r.mig_profile is not None)
+    device = mig.devices[0]
+    assert device.entry.mig is not None
+    container = ContainerResources("ns", "pod", "main", ((mig.name, (device.id,)),))
+    (row,) = plugin_holdings([container], resources)
+    assert (row.kind, row.memory_limit_bytes) == ("mig", device.entry.mig.memory_bytes)
+    assert row.gpu_uuid == device.entry.gpu.uuid and row.devices == (device.id,)
+    assert row.shown == (device.entry.dra_name,)
+
+    entries = {e.dra_name: e for e in catalogue(node, mig_strategy="mixed")}
+    claim = {
+        "namespace": "ns",
+        "name": "c",
+        "devices": [
+            {
+                "requestNames": ["gpu"],
+                "poolName": "node-a",
+                "deviceName": device.entry.dra_name,
+                "cdiDeviceIds": [],
+                "shareId": None,
+            }
+        ],
+        "shareable": {},
+        "specPath": "",
+    }
+    uses = ContainerResources("ns", "pod", "main", claims=(ContainerClaim("ns", "c"),))
+    (row,) = dra_holdings([uses], {"uid-c": claim}, entries)  # type: ignore[dict-item]
+    assert (row.kind, row.source, row.allocation) == ("mig", "ns/c", "uid-c")
+    assert row.memory_limit_bytes == device.entry.mig.memory_bytes
