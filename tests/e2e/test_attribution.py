@@ -334,7 +334,12 @@ def test_two_pods_sharing_a_4090_through_dra(
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "cdigen-dashboard.json"
 # Grafana's own variables, as it would fill them in for a short range
-GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "1s"}
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__range": "5m",
+    "$__interval": "1s",
+    "$instance": ".*",  # the dashboard's plugin filter at All
+}
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -479,6 +484,14 @@ def test_every_dashboard_query_is_answered_by_a_real_prometheus(
                 break
             time.sleep(0.5)
         assert not missing, "\n".join(missing)
+        # the dashboard's plugin filter lists both plugins
+        (variable,) = [
+            v
+            for v in json.loads(DASHBOARD.read_text())["templating"]["list"]
+            if v["type"] == "query"
+        ]
+        assert variable["query"]["query"] == "label_values(cdigen_gpu_healthy, instance)"
+        assert len(prometheus.query("group by (instance) (cdigen_gpu_healthy)")) == 2
         for expr in doc_promql():  # the doc's examples are PromQL Prometheus accepts
             prometheus.query(expr)
         # and the data is what happened

@@ -144,3 +144,49 @@ def test_mig_devices_on_both_wings_are_given_their_own_memory() -> None:
     (row,) = dra_holdings([uses], {"uid-c": claim}, entries)  # type: ignore[dict-item]
     assert (row.kind, row.source, row.allocation) == ("mig", "ns/c", "uid-c")
     assert row.memory_limit_bytes == device.entry.mig.memory_bytes
+
+
+def test_the_dashboard_is_one_grafana_can_import() -> None:
+    """Unique panel IDs and refIds, the data source asked for, panels inside the 24-column grid
+    without overlapping, and every series it reads one the plugins export."""
+    path = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "cdigen-dashboard.json"
+    doc = json.loads(path.read_text())
+    assert doc["uid"] == "cdigen-gpus" and doc["schemaVersion"] >= 36
+    names = [v["name"] for v in doc["templating"]["list"]]
+    assert names == ["datasource", "instance"]
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in doc["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not mine & cells, f"{panel['title']} overlaps another panel"
+        cells |= mine
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+    import re
+
+    read = {
+        m
+        for p in doc["panels"]
+        for t in p.get("targets", [])
+        for m in re.findall(r"\b(cdigen_[a-z0-9_]+)", t["expr"])
+    }
+    exported = set()
+    for module in ("plugin/metrics.py", "plugin/dra/metrics.py", "plugin/attribution/collector.py"):
+        text = (path.parents[2] / module).read_text()
+        exported |= set(re.findall(r'"(cdigen_[a-z0-9_]+)"', text))
+    suffixes = ("_total", "_bucket")
+    missing = {
+        m
+        for m in read
+        if m not in exported
+        and not any(m.endswith(s) and m.removesuffix(s) in exported for s in suffixes)
+    }
+    assert not missing, missing
