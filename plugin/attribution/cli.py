@@ -124,7 +124,13 @@ def _plugin_pods(args: argparse.Namespace) -> int:
 
     flags = {"node": args.node, "sysfs_root": args.sysfs_root, "proc_root": args.proc_root}
     config = load_config(args.config, flags=flags)
-    node = load_node(config.node, sysfs_root=config.sysfs_root, proc_root=config.proc_root)
+    node = load_node(  # as plugin serve discovers it (NVML's library under the driver root)
+        config.node,
+        sysfs_root=config.sysfs_root,
+        proc_root=config.proc_root,
+        driver_root=config.driver_root,
+        host_root=config.host_root,
+    )
     resources = plan_resources_for(node, config)
     return _print(args, plugin_holdings(_containers(args), resources))
 
