@@ -153,6 +153,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from plugin import config_cli
 
     config_cli.register(plugin_sub)
+    from plugin.attribution.cli import register_plugin
+
+    register_plugin(plugin_sub)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
 

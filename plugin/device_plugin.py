@@ -92,6 +92,10 @@ class Plugin:
                 self.metrics.declare_resource(resource.name)
         self.board = HealthBoard((d.id for d in self.devices), self.layout.parents())
         self.board.set_reasons(SOURCE_NODE, node_reasons(self.node))
+        if self.metrics is not None:  # who holds which GPU, on /metrics (docs/attribution.md)
+            from plugin.attribution.collector import attach_plugin
+
+            attach_plugin(self)
         self.servers: list[ResourceServer] = []
         # layout changes, policy reloads, health rebuilds and server restarts, one at a time;
         # re-entrant: the board calls _on_health back while apply_node holds it

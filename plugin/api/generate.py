@@ -21,6 +21,7 @@ PROTOS = (
     "plugin/dra/api/dra_v1beta1.proto",
     "plugin/dra/api/pluginregistration_v1.proto",
     "plugin/dra/api/dra_health_v1alpha1.proto",
+    "plugin/api/podresources_v1.proto",
 )
 PROTO = PROTOS[0]
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -32,6 +32,8 @@ class DeviceDoc(TypedDict):
     deviceName: str
     cdiDeviceIds: list[str]
     shareId: str | None
+    # consumedCapacity of the allocation (quantities by capacity name), for attribution
+    consumedCapacity: NotRequired[dict[str, str]]
 
 
 class ClaimDoc(TypedDict):
@@ -164,6 +166,12 @@ def _device_doc_problem(device: Any) -> str | None:
             return f".{key}: {kind_of(value)}, not a list of strings"
     if device.get("shareId") is not None and not isinstance(device.get("shareId"), str):
         return f".shareId: {kind_of(device.get('shareId'))}, not a string or null"
+    consumed = device.get("consumedCapacity", {})
+    if not isinstance(consumed, dict):
+        return f".consumedCapacity: {kind_of(consumed)}, not an object"
+    for name, value in consumed.items():
+        if not isinstance(value, str):
+            return f".consumedCapacity.{quoted(name, 40)}: {kind_of(value)}, not a quantity string"
     return None
 
 

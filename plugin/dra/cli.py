@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     serve_cli.register(dra_sub)
     claims_cli.register(dra_sub)
+    from plugin.attribution.cli import register_dra
+
+    register_dra(dra_sub)
     dra.set_defaults(func=lambda args: _usage(dra))
 
 

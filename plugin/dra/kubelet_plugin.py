@@ -127,6 +127,9 @@ class DraPlugin:
             health=lambda: self.board.snapshot()[1],
             registered=lambda: self.registration.registered,
         )
+        from plugin.attribution.collector import attach_dra
+
+        attach_dra(self)  # who holds which GPU, on /metrics (docs/attribution.md)
         self._stop = threading.Event()
         # the device status of prepared claims (KEP-4817), where the claim reader can write it
         self.status: StatusWriter | None = None

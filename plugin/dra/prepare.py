@@ -310,7 +310,7 @@ class Preparer:
     ) -> DeviceDoc:
         """What the kubelet is told of one prepared device: its CDI IDs in the claim's spec."""
         kind = claim_kind(self.driver)
-        return {
+        doc: DeviceDoc = {
             "requestNames": [result.request] if result.request else [],
             "poolName": self.pool,
             "deviceName": result.device,
@@ -320,6 +320,9 @@ class Preparer:
             ],
             "shareId": result.share_id,
         }
+        if result.consumed:  # what the claim was given of a shared device (attribution)
+            doc["consumedCapacity"] = dict(result.consumed)
+        return doc
 
     def _refuse_if_held(self, ref: ClaimRef, result: AllocatedDevice) -> None:
         for uid, other in self._claims.items():
