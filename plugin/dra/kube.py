@@ -9,6 +9,7 @@ models and project it back, 90% of publishing 56 devices (benchmarks/bench_dra.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,12 +19,15 @@ from urllib.parse import quote
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from plugin.dra.counters import build_counter_slices
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
-from policies.device_view import DeviceView
+from policies.device_view import Attribute, DeviceView
 
 log = logging.getLogger(__name__)
 
 
 NONE_EFFECT_MINOR = 35  # the first Kubernetes 1.x whose API server takes taint effect None
+# the first Kubernetes 1.x whose DeviceAttribute has list values (ints, KEP-5491; alpha there,
+# behind the DRAListTypeAttributes gate, which the operator vouches for with the flag)
+LIST_ATTRIBUTES_MINOR = 36
 
 
 class SliceApi(Protocol):
@@ -212,6 +216,7 @@ class SlicePublisher:
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
         self._said_none = False  # the warning about effect None, said once
+        self._said_lists = False  # the warning about list attributes, said once
         self._said_counters = False  # the error about dropped counters, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
@@ -250,6 +255,8 @@ class SlicePublisher:
         ``None`` go only to a server that knows it (Kubernetes 1.35+)."""
         if taints and any(t["effect"] == "None" for ts in taints.values() for t in ts):
             taints = self._informational_taints(taints)
+        if any(a.kind == "ints" for v in views for a in v.attributes.values()):
+            views = self._list_attributes(views)
         existing = {
             s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
         }
@@ -354,8 +361,33 @@ class SlicePublisher:
         kept = {d: [t for t in ts if t["effect"] != "None"] for d, ts in taints.items()}
         return {d: ts for d, ts in kept.items() if ts}
 
+    def _list_attributes(self, views: Sequence[DeviceView]) -> Sequence[DeviceView]:
+        """``views``, their list attributes cut to their first value (the scalar form) where
+        the server's DeviceAttribute has no lists (said once)."""
+        minor = getattr(self._api, "server_minor", lambda: None)()
+        if minor is not None and minor >= LIST_ATTRIBUTES_MINOR:
+            return views
+        if not self._said_lists:
+            self._said_lists = True
+            log.warning(
+                "list attributes (--numa-node-attribute list) published as their first value: "
+                "the API server is %s, and lists need Kubernetes 1.%d or newer",
+                f"1.{minor}" if minor is not None else "of an unknown version",
+                LIST_ATTRIBUTES_MINOR,
+            )
+        return [_scalar_attributes(v) for v in views]
+
     def delete_all(self) -> None:
         """Delete this node's slices (a clean shutdown, when configured to)."""
         self._written = {}
         for item in self._api.list_slices(self.driver, self.node_name):
             self._api.delete_slice(item["metadata"]["name"])
+
+
+def _scalar_attributes(view: DeviceView) -> DeviceView:
+    """``view`` with each list attribute as its first value."""
+    attributes = {
+        name: Attribute("int", a.value[0]) if isinstance(a.value, tuple) else a
+        for name, a in view.attributes.items()
+    }
+    return dataclasses.replace(view, attributes=attributes)
