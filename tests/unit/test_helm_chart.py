@@ -330,3 +330,19 @@ def test_every_value_is_documented() -> None:
         if not lines[n - 1].lstrip().startswith("#"):
             undocumented.append(key.group(2))
     assert undocumented == []
+
+
+def test_the_values_install_md_names_exist() -> None:
+    """Each value the install guide's Helm section sets is a key of values.yaml."""
+    text = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    section = text.split("### With Helm", 1)[1].split("### With kustomize", 1)[0]
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    named = set(re.findall(r"`((?:devicePlugin|dra|driver|image)\.[A-Za-z.]+)", section))
+    assert len(named) >= 10
+    for path in named:
+        node: Any = values
+        for part in path.split("."):
+            assert isinstance(node, dict) and part in node, path
+            node = node[part]
+    # and the one-line install the guide leads with renders
+    assert "$ helm install cdigen deploy/helm/cdigen\n" in text
