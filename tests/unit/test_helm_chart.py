@@ -209,6 +209,18 @@ def test_a_wrong_type_fails_naming_the_field(text: str, field: str, tmp_path: Pa
     assert field in result.stderr, result.stderr
 
 
+def test_helm_install_refuses_a_bad_value_naming_the_field(tmp_path: Path) -> None:
+    """`helm install` (client-side dry run: no cluster here) checks the schema too."""
+    install = [_tool("helm"), "install", "cdigen", str(CHART), "--dry-run=client"]
+    good = subprocess.run(install, capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    bad = tmp_path / "bad-values.yaml"
+    bad.write_text('dra: {healthPort: "9466"}\n', encoding="utf-8")
+    result = subprocess.run([*install, "-f", str(bad)], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "INSTALLATION FAILED" in result.stderr and "/dra/healthPort" in result.stderr
+
+
 def test_a_misspelt_key_fails_naming_it(tmp_path: Path) -> None:
     bad = tmp_path / "bad-values.yaml"
     bad.write_text("dra: {nodeSelecter: {a: b}}\n", encoding="utf-8")
