@@ -217,6 +217,7 @@ class SlicePublisher:
         self._written: dict[str, tuple[str | None, Any]] = {}
         self._said_none = False  # the warning about effect None, said once
         self._said_lists = False  # the warning about list attributes, said once
+        self._said_taints = False  # the error about dropped device taints, said once
         self._said_counters = False  # the error about dropped counters, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
@@ -281,6 +282,7 @@ class SlicePublisher:
                     body["metadata"]["resourceVersion"] = version
                 stored = self._api.replace_slice(name, body)
             self._check_counters_kept(body, stored)
+            self._check_taints_kept(body, stored)
             got = ((stored or {}).get("metadata") or {}).get("resourceVersion")
             self._written[name] = (str(got) if got else None, body.get("spec"))
         for name in existing:
@@ -340,6 +342,23 @@ class SlicePublisher:
                 "the API server dropped the MIG counters of the ResourceSlices: enable the "
                 "DRAPartitionableDevices feature gate (API server and scheduler), or serve "
                 "another --mig-strategy; until then claims for overlapping placements fail"
+            )
+
+    def _check_taints_kept(self, sent: Mapping[str, Any], stored: Mapping[str, Any] | None) -> None:
+        """Say once when the API server dropped the device taints we sent: its DRADeviceTaints
+        feature gate is off (alpha before 1.36, off by default), and the scheduler would then
+        hand out the GPUs the taints were to keep claims off."""
+        spec = (stored or {}).get("spec")
+        if self._said_taints or not isinstance(spec, Mapping):
+            return
+        sent_devices = (sent.get("spec") or {}).get("devices") or []
+        pairs = zip(sent_devices, spec.get("devices") or [], strict=False)
+        if any(d.get("taints") and not g.get("taints") for d, g in pairs):
+            self._said_taints = True
+            log.error(
+                "the API server dropped the device taints of the ResourceSlices: enable the "
+                "DRADeviceTaints feature gate (API server and scheduler; on by default from "
+                "Kubernetes 1.36, GA in 1.37); until then tainted GPUs are still allocated"
             )
 
     def _informational_taints(
