@@ -243,6 +243,7 @@ def test_a_misspelt_key_fails_naming_it(tmp_path: Path) -> None:
             ("dra.enabled=true", "dra.nodeSelector.gpu\\.cdigen\\.dev/dra=null"),
             "same nodes",
         ),
+        (("devicePlugin.podLabels.app\\.kubernetes\\.io/name=x",), "selector owns"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(sets: tuple[str, ...], message: str) -> None:

@@ -76,6 +76,11 @@ foreground; its /dev/shm (the clients' too) writable for clients of any user. */
 {{- if and .Values.devicePlugin.enabled .Values.dra.enabled .Values.createNamespaces (eq .Values.devicePlugin.namespace .Values.dra.namespace) -}}
 {{- fail (printf "devicePlugin.namespace and dra.namespace are both %q: give each wing its own namespace" .Values.dra.namespace) -}}
 {{- end -}}
+{{- range $wing := list "devicePlugin" "dra" -}}
+{{- if hasKey (index $.Values $wing "podLabels") "app.kubernetes.io/name" -}}
+{{- fail (printf "%s.podLabels sets app.kubernetes.io/name, which the DaemonSet's selector owns: use another label" $wing) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.devicePlugin.enabled .Values.dra.enabled (eq (toJson .Values.devicePlugin.nodeSelector) (toJson .Values.dra.nodeSelector)) -}}
 {{- fail "devicePlugin.nodeSelector and dra.nodeSelector are the same: both wings would serve the same nodes; opt nodes into DRA with a label of their own (docs/dra.md)" -}}
 {{- end -}}
