@@ -186,3 +186,17 @@ def test_the_flag_takes_only_its_two_forms() -> None:
     )
     assert bad.returncode == 2
     assert "--numa-node-attribute" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_simulator_reads_the_list_as_cel_does(harness: Harness) -> None:
+    """`dra why` and the first-fit simulator read published slices: a list attribute is a CEL
+    list there, as in the scheduler (not its text)."""
+    from celpy import celtypes
+
+    from policies.dra.slice_devices import slice_devices
+
+    harness.start(numa_form="list")
+    devices = {d.name: d for d in slice_devices(harness.api.slices.values())}
+    numa = devices["gpu-5"].cel_value()["attributes"]["resource.kubernetes.io"]["numaNode"]
+    assert isinstance(numa, celtypes.ListType)
+    assert [int(n) for n in numa] == [2, 0, 1, 3]
