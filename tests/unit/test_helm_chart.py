@@ -368,3 +368,25 @@ def test_the_values_install_md_names_exist() -> None:
             node = node[part]
     # and the one-line install the guide leads with renders
     assert "$ helm install cdigen deploy/helm/cdigen\n" in text
+
+
+def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
+    """`helm package` keeps what the templates read (files/policies, the schema)."""
+    result = helm("package", "--destination", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    (packaged,) = tmp_path.glob("cdigen-*.tgz")
+    rendered = subprocess.run(
+        [_tool("helm"), "template", "cdigen", str(packaged)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    assert [d for d in yaml.safe_load_all(rendered.stdout) if d] == template()
+    bad = subprocess.run(
+        [_tool("helm"), "template", "cdigen", str(packaged), "--set", "dra.enabled=maybe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode != 0 and "/dra/enabled" in bad.stderr
