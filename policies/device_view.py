@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from cdigen.catalogue import CatalogueEntry, catalogue, whole_entry
+from cdigen.discover.numa import NumaForm, numa_neighbours
 from cdigen.mig_profiles import MigGeometry, MigPlacement
 from cdigen.model import Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
@@ -30,7 +31,7 @@ DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 
-AttributeKind = Literal["string", "int", "bool", "version"]
+AttributeKind = Literal["string", "int", "bool", "version", "ints"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Attribute:
     """One typed attribute value, as a ResourceSlice carries it (``{kind: value}``)."""
 
     kind: AttributeKind
-    value: str | int | bool
+    value: str | int | bool | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,11 @@ def _version_attributes(node: Node, gpu: Gpu) -> dict[str, Attribute]:
 
 
 def _gpu_attributes(
-    node: Node, gpu: Gpu, sysfs_root: str | Path | None, groups: Mapping[str, Mapping[int, int]]
+    node: Node,
+    gpu: Gpu,
+    sysfs_root: str | Path | None,
+    groups: Mapping[str, Mapping[int, int]],
+    numa_form: NumaForm = "scalar",
 ) -> dict[str, Attribute]:
     attrs: dict[str, Attribute] = {
         "type": Attribute("string", "gpu"),
@@ -131,7 +136,14 @@ def _gpu_attributes(
     root = pcie_root(sysfs_root, gpu.pci_bus_id) if sysfs_root is not None else None
     if root:
         attrs[f"{STANDARD_DOMAIN}/pcieRoot"] = Attribute("string", root)
-    if gpu.numa_node is not None:
+    if gpu.numa_node is not None and numa_form == "list":
+        near = (
+            numa_neighbours(sysfs_root, gpu.numa_node)
+            if sysfs_root is not None
+            else (gpu.numa_node,)
+        )
+        attrs[f"{STANDARD_DOMAIN}/numaNode"] = Attribute("ints", near)
+    elif gpu.numa_node is not None:
         attrs[f"{STANDARD_DOMAIN}/numaNode"] = Attribute("int", gpu.numa_node)
     for name, by_index in groups.items():
         if gpu.index in by_index:
@@ -179,6 +191,7 @@ def device_views(
     sysfs_root: str | Path | None = None,
     geometries: Mapping[str, MigGeometry] | None = None,
     taken: Mapping[str, Sequence[range]] | None = None,
+    numa_form: NumaForm = "scalar",
 ) -> tuple[DeviceView, ...]:
     """Every device of ``node`` in DRA terms, GPUs by index, each GPU's MIG devices after it.
 
@@ -187,7 +200,8 @@ def device_views(
     MIG-enabled GPU offers its MIG devices instead of itself. ``sysfs_root`` (when given)
     supplies ``pcieRoot``; ``geometries`` (by GPU UUID, as NVML tells them) how GPUs partition,
     cdigen's table (:mod:`cdigen.mig_profiles`) for those it leaves out; ``taken`` (by GPU
-    UUID) the memory slices no placement may cover.
+    UUID) the memory slices no placement may cover; ``numa_form`` the form of
+    ``resource.kubernetes.io/numaNode`` (the list's neighbours read under ``sysfs_root``).
     """
     entries = catalogue(node, mig_strategy=mig_strategy, geometries=geometries, taken=taken)
     nvlink = nvlink_groups(node)
@@ -197,7 +211,7 @@ def device_views(
     for entry in entries:
         gpu = entry.gpu
         if gpu.uuid not in attributes:
-            attributes[gpu.uuid] = _gpu_attributes(node, gpu, sysfs_root, groups)
+            attributes[gpu.uuid] = _gpu_attributes(node, gpu, sysfs_root, groups, numa_form)
         if entry.kind == "gpu":
             views.append(_whole_view(entry, attributes[gpu.uuid]))
         else:

@@ -52,6 +52,9 @@ class FakeApiServer:
         self.version = ("1", "36")  # what /version answers
         # False: the DRAPartitionableDevices gate is off, and the counter fields are dropped
         self.partitionable = True
+        # False: the DRADeviceTaints gate is off (alpha, off by default, before 1.36), and the
+        # devices' taints are dropped
+        self.device_taints = True
         # (namespace, claim) -> field manager -> the status.devices keys it applied
         self.status_owners: dict[tuple[str, str], dict[str, set[tuple[str, str, str]]]] = {}
         self._version = 0
@@ -140,11 +143,15 @@ def _list(kind: str, items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
-    """``body`` as stored: without the counter fields while the partitionable gate is off."""
+    """``body`` as stored: without the counter fields while the partitionable gate is off, and
+    without the devices' taints while the device taints gate is off."""
     if not api.partitionable:
         body["spec"].pop("sharedCounters", None)
         for device in body["spec"].get("devices") or []:
             device.pop("consumesCounters", None)
+    if not api.device_taints:
+        for device in body["spec"].get("devices") or []:
+            device.pop("taints", None)
     return body
 
 

@@ -9,6 +9,7 @@ models and project it back, 90% of publishing 56 devices (benchmarks/bench_dra.p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -18,12 +19,15 @@ from urllib.parse import quote
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from plugin.dra.counters import build_counter_slices
 from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
-from policies.device_view import DeviceView
+from policies.device_view import Attribute, DeviceView
 
 log = logging.getLogger(__name__)
 
 
 NONE_EFFECT_MINOR = 35  # the first Kubernetes 1.x whose API server takes taint effect None
+# the first Kubernetes 1.x whose DeviceAttribute has list values (ints, KEP-5491; alpha there,
+# behind the DRAListTypeAttributes gate, which the operator vouches for with the flag)
+LIST_ATTRIBUTES_MINOR = 36
 
 
 class SliceApi(Protocol):
@@ -212,6 +216,8 @@ class SlicePublisher:
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
         self._said_none = False  # the warning about effect None, said once
+        self._said_lists = False  # the warning about list attributes, said once
+        self._said_taints = False  # the error about dropped device taints, said once
         self._said_counters = False  # the error about dropped counters, said once
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
@@ -250,6 +256,8 @@ class SlicePublisher:
         ``None`` go only to a server that knows it (Kubernetes 1.35+)."""
         if taints and any(t["effect"] == "None" for ts in taints.values() for t in ts):
             taints = self._informational_taints(taints)
+        if any(a.kind == "ints" for v in views for a in v.attributes.values()):
+            views = self._list_attributes(views)
         existing = {
             s["metadata"]["name"]: s for s in self._api.list_slices(self.driver, self.node_name)
         }
@@ -274,6 +282,7 @@ class SlicePublisher:
                     body["metadata"]["resourceVersion"] = version
                 stored = self._api.replace_slice(name, body)
             self._check_counters_kept(body, stored)
+            self._check_taints_kept(body, stored)
             got = ((stored or {}).get("metadata") or {}).get("resourceVersion")
             self._written[name] = (str(got) if got else None, body.get("spec"))
         for name in existing:
@@ -335,6 +344,23 @@ class SlicePublisher:
                 "another --mig-strategy; until then claims for overlapping placements fail"
             )
 
+    def _check_taints_kept(self, sent: Mapping[str, Any], stored: Mapping[str, Any] | None) -> None:
+        """Say once when the API server dropped the device taints we sent: its DRADeviceTaints
+        feature gate is off (alpha before 1.36, off by default), and the scheduler would then
+        hand out the GPUs the taints were to keep claims off."""
+        spec = (stored or {}).get("spec")
+        if self._said_taints or not isinstance(spec, Mapping):
+            return
+        sent_devices = (sent.get("spec") or {}).get("devices") or []
+        pairs = zip(sent_devices, spec.get("devices") or [], strict=False)
+        if any(d.get("taints") and not g.get("taints") for d, g in pairs):
+            self._said_taints = True
+            log.error(
+                "the API server dropped the device taints of the ResourceSlices: enable the "
+                "DRADeviceTaints feature gate (API server and scheduler; on by default from "
+                "Kubernetes 1.36, GA in 1.37); until then tainted GPUs are still allocated"
+            )
+
     def _informational_taints(
         self, taints: Mapping[str, Sequence[TaintDoc]]
     ) -> Mapping[str, Sequence[TaintDoc]]:
@@ -354,8 +380,33 @@ class SlicePublisher:
         kept = {d: [t for t in ts if t["effect"] != "None"] for d, ts in taints.items()}
         return {d: ts for d, ts in kept.items() if ts}
 
+    def _list_attributes(self, views: Sequence[DeviceView]) -> Sequence[DeviceView]:
+        """``views``, their list attributes cut to their first value (the scalar form) where
+        the server's DeviceAttribute has no lists (said once)."""
+        minor = getattr(self._api, "server_minor", lambda: None)()
+        if minor is not None and minor >= LIST_ATTRIBUTES_MINOR:
+            return views
+        if not self._said_lists:
+            self._said_lists = True
+            log.warning(
+                "list attributes (--numa-node-attribute list) published as their first value: "
+                "the API server is %s, and lists need Kubernetes 1.%d or newer",
+                f"1.{minor}" if minor is not None else "of an unknown version",
+                LIST_ATTRIBUTES_MINOR,
+            )
+        return [_scalar_attributes(v) for v in views]
+
     def delete_all(self) -> None:
         """Delete this node's slices (a clean shutdown, when configured to)."""
         self._written = {}
         for item in self._api.list_slices(self.driver, self.node_name):
             self._api.delete_slice(item["metadata"]["name"])
+
+
+def _scalar_attributes(view: DeviceView) -> DeviceView:
+    """``view`` with each list attribute as its first value."""
+    attributes = {
+        name: Attribute("int", a.value[0]) if isinstance(a.value, tuple) else a
+        for name, a in view.attributes.items()
+    }
+    return dataclasses.replace(view, attributes=attributes)

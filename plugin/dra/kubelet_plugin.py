@@ -203,6 +203,7 @@ class DraPlugin:
             sysfs_root=self.options.sysfs_root,
             geometries=geometries,
             taken=taken,
+            numa_form=self.options.numa_form,
         )
         return ordered_views(views, node)
 

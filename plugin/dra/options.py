@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.discover.numa import NumaForm
 from plugin.dra.mps import MpsSettings
 from plugin.dra.slices import MemoryShares
 from plugin.dra.taints import DEFAULT_TAINT_XIDS
@@ -41,6 +42,8 @@ class DraOptions:
     # driver capabilities claims may ask for beyond the node-wide ones (GpuConfig, docs/dra.md)
     capability_devices: tuple[str, ...] = ()
     features_file: Path | None = None  # NFD feature file kept current with the node labels
+    # resource.kubernetes.io/numaNode: one int, or the KEP-6072 list (DRAListTypeAttributes)
+    numa_form: NumaForm = "scalar"
 
     @property
     def checkpoint(self) -> Path:

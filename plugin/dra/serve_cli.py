@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
+from cdigen.discover.numa import NUMA_FORMS
 from cdigen.model import DRA_MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.agent.mps import LIMIT_KEYS
@@ -99,6 +100,15 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="CAPS",
         help="driver capabilities (video, graphics, display; or all) that claims may ask for "
         "beyond compute and utility through a GpuConfig (docs/dra.md); default: none",
+    )
+    serve.add_argument(
+        "--numa-node-attribute",
+        choices=NUMA_FORMS,
+        default="scalar",
+        help="resource.kubernetes.io/numaNode as one int (scalar, the default) or as the list "
+        "of the GPU's NUMA node and its same-socket nodes at the least SLIT distance, read "
+        "under --sysfs-root (list: only where the cluster has DRAListTypeAttributes on; "
+        "KEP-6072)",
     )
     serve.add_argument(
         "--delete-slices-on-exit",
@@ -342,6 +352,7 @@ def _dra_options(args: argparse.Namespace) -> DraOptions:
         host_root=args.host_root,
         proc_root=args.proc_root,
         delete_slices_on_exit=args.delete_slices_on_exit,
+        numa_form=args.numa_node_attribute,
         features_file=Path(args.features_file) if args.features_file else None,
         capability_devices=parse_capabilities(args.capability_devices, "--capability-devices")
         if args.capability_devices is not None

@@ -92,7 +92,10 @@ def device_doc(
         capacity[name] = entry
     doc: dict[str, Any] = {
         "name": view.name,
-        "attributes": {name: {a.kind: a.value} for name, a in sorted(view.attributes.items())},
+        "attributes": {
+            name: {a.kind: list(a.value) if isinstance(a.value, tuple) else a.value}
+            for name, a in sorted(view.attributes.items())
+        },
         "capacity": capacity,
     }
     if shared:

@@ -33,6 +33,8 @@ def _attribute(attribute: Attribute) -> Any:
     value = attribute.value
     if attribute.kind == "version":
         return _version(str(value))
+    if isinstance(value, tuple):  # a list attribute (KEP-5491)
+        return celtypes.ListType([celtypes.IntType(v) for v in value])
     if isinstance(value, bool):
         return celtypes.BoolType(value)
     if isinstance(value, int):

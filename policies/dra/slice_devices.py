@@ -68,7 +68,7 @@ class SliceDevice:
     name: str
     driver: str
     pool: str
-    attributes: Mapping[str, str | int | bool]
+    attributes: Mapping[str, str | int | bool | list[str | int | bool]]
     versions: frozenset[str]  # the attributes of kind version
     capacity: Mapping[str, int]
     policies: Mapping[str, CapacityPolicy]
@@ -82,12 +82,10 @@ class SliceDevice:
             domain, _, name = qualified.rpartition("/")
             if qualified in self.versions:
                 cel: Any = parse_semver(str(value), normalize=True)
-            elif isinstance(value, bool):
-                cel = celtypes.BoolType(value)
-            elif isinstance(value, int):
-                cel = celtypes.IntType(value)
+            elif isinstance(value, list):  # a list attribute (ints, strings, bools; KEP-5491)
+                cel = celtypes.ListType([_scalar(v) for v in value])
             else:
-                cel = celtypes.StringType(value)
+                cel = _scalar(value)
             attrs.setdefault(domain, {})[celtypes.StringType(name)] = cel
         caps: dict[str, dict[Any, Any]] = {}
         for qualified, amount in self.capacity.items():
@@ -130,6 +128,15 @@ def _policy(doc: Mapping[str, Any], where: str) -> CapacityPolicy:
     )
 
 
+def _scalar(value: Any) -> Any:
+    """The CEL value of one bool, int or string attribute value."""
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int):
+        return celtypes.IntType(value)
+    return celtypes.StringType(value)
+
+
 def slice_devices(slices: Iterable[Mapping[str, Any]]) -> list[SliceDevice]:
     """Every device of ``slices`` (v1 ResourceSlice dicts) in slice order, then device order."""
     out: list[SliceDevice] = []
@@ -139,7 +146,7 @@ def slice_devices(slices: Iterable[Mapping[str, Any]]) -> list[SliceDevice]:
         pool = str((spec.get("pool") or {}).get("name", ""))
         for k, dev in enumerate(spec.get("devices") or []):
             where = f"ResourceSlice {n} spec.devices[{k}]"
-            attrs: dict[str, str | int | bool] = {}
+            attrs: dict[str, str | int | bool | list[str | int | bool]] = {}
             versions = set()
             for name, typed in (dev.get("attributes") or {}).items():
                 ((kind, value),) = typed.items()

@@ -87,7 +87,7 @@ def test_the_simulator_refuses_a_plugin_with_unknown_versions(harness: Harness) 
 # --------------------------------------------------------------------------- slices
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 def test_published_slices_pass_strict_validation(harness: Harness, version: str) -> None:
     major, minor = version.split(".")
     harness.api.version = (major, minor)

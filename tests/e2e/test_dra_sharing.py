@@ -123,7 +123,8 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
         mps=MpsSettings(pipe_dir="/run/nvidia/mps", thread_percentage=0),
     )
     (body,) = plugin.slices()
-    _strict(body, "1.36")
+    for version in ("1.34", "1.35", "1.36", "1.37"):
+        _strict(body, version)
     (device,) = body["spec"]["devices"]
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["requestPolicy"] == {
@@ -205,7 +206,7 @@ def test_without_sharing_options_slices_stay_exclusive_and_specs_carry_no_limits
     (device,) = body["spec"]["devices"]
     assert "allowMultipleAllocations" not in device
     assert "requestPolicy" not in device["capacity"]["memory"]
-    for version in ("1.34", "1.35"):
+    for version in ("1.34", "1.35", "1.36", "1.37"):
         _strict(body, version)
     plugin.api.add_claim(
         allocated_claim(
@@ -266,7 +267,7 @@ def test_a_critical_xid_taints_the_device_in_the_slice_and_recovery_clears_it(
 
     p.board.set_reasons("xid", {gpu3.uuid: xid_reason(79), gpu5.uuid: xid_reason(94)})
     (tainted,) = plugin.slices()
-    for version in ("1.36", "1.37"):
+    for version in ("1.34", "1.35", "1.36", "1.37"):
         _strict(tainted, version)
     taints = {d["name"]: d.get("taints") for d in tainted["spec"]["devices"]}
     assert taints["gpu-3"] == [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoExecute"}]
@@ -611,7 +612,7 @@ def test_a_pool_above_64_devices_with_a_taint_is_cut_into_slices_of_64() -> None
     assert MAX_DEVICES_PER_SLICE == 128
     for body in tainted:
         body["metadata"]["uid"] = "x"  # _strict drops it, as the API server's own fields
-        for version in ("1.35", "1.36"):
+        for version in ("1.35", "1.36", "1.37"):
             _strict(body, version)
 
 
@@ -629,7 +630,8 @@ def test_an_informational_taint_goes_only_to_a_server_that_knows_effect_none(
     assert taints["gpu-5"] == [{"key": f"{DRIVER}/xid", "value": "48", "effect": "NoSchedule"}]
     if published:
         assert taints["gpu-3"] == [{"key": f"{DRIVER}/xid", "value": "79", "effect": "None"}]
-        _strict(body, "1.36")
+        for version in ("1.35", "1.36", "1.37"):
+            _strict(body, version)
     else:
         assert "gpu-3" not in taints
         said = [r.getMessage() for r in caplog.records if "effect None" in r.getMessage()]

@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE_DIR = REPO / "deploy" / "kubernetes"
 BASE_DIR = KUSTOMIZE_DIR / "base"
 COMPONENTS = sorted(p.name for p in (KUSTOMIZE_DIR / "components").iterdir() if p.is_dir())
-# The oldest release the docs support (DevicePluginCDIDevices alpha), the first with it GA, a
-# recent one and the newest kubernetes-validate knows.
-KUBERNETES_VERSIONS = ("1.28", "1.31", "1.35")
+# The oldest release the docs support (DevicePluginCDIDevices alpha), the first with it GA, and
+# every release the DRA wing supports (1.34 to 1.37, the newest kubernetes-validate knows).
+KUBERNETES_VERSIONS = ("1.28", "1.31", "1.34", "1.35", "1.36", "1.37")
 # Each shipped kustomization and the one driver-layout component it uses.
 SHIPPED = {"": "host-driver", "containerized-driver": "containerized-driver", "mps": "host-driver"}
 LAYOUT_ROOTS = {

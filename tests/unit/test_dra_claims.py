@@ -366,7 +366,7 @@ def test_bad_sharing_flags_are_one_line_exit_2(
     assert err.count("\n") == 1 and message in err
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.36"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 def test_the_examples_pass_strict_validation(version: str) -> None:
     import kubernetes_validate
 

@@ -30,7 +30,7 @@ def _devices(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for s in slices for d in s["spec"].get("devices") or []]
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 @pytest.mark.parametrize(
     ("node", "mig_gpus"), [("builtin:dgx-a100-mig-mixed", 4), ("builtin:h100-mig-single", 8)]
 )
@@ -94,7 +94,7 @@ def test_overlapping_placements_cannot_both_fit_the_counters() -> None:
 def test_whole_gpus_stay_plain_devices_and_taints_keep_the_limit() -> None:
     node = make_node(3, mig_gpu=2)
     taints = {"gpu-0": [{"key": f"{DRIVER}/xid", "value": "79", "effect": "NoSchedule"}]}
-    for minor in (34, 35, 36):
+    for minor in (34, 35, 36, 37):
         slices = _slices(node, minor, taints=taints)
         validate_pool(slices, f"1.{minor}")
         devices = {d["name"]: d for d in _devices(slices)}
@@ -192,7 +192,7 @@ def test_nvml_tells_how_a_gpu_partitions_where_cdigens_table_does_not_know_it(
         "gpu-0-1g-6gb-at-3", "gpu-0-1g-6gb-at-2", "gpu-0-1g-6gb-at-1", "gpu-0-1g-6gb-at-0",
         "gpu-0-2g-12gb-at-2", "gpu-0-2g-12gb-at-0", "gpu-0-4g-24gb-at-0",
     ]  # fmt: skip
-    for minor in (34, 35, 36):
+    for minor in (34, 35, 36, 37):
         slices = build_counter_slices(
             views, driver=DRIVER, node_name="n", generation=1, server_minor=minor
         )

@@ -279,7 +279,7 @@ def test_every_dra_form_is_exercised_on_a_node() -> None:
     assert {p.stem for p in DRA_FORMS} == {form for form, _, _ in DRA_PICKS}
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.36"])
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37"])
 def test_the_dra_forms_pass_strict_validation(version: str) -> None:
     import kubernetes_validate
     import yaml
