@@ -11,7 +11,8 @@ def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     config = plugin_sub.add_parser(
         "config",
         help="work with plugin config files",
-        description="Plugin config files: convert NVIDIA's device-plugin config into cdigen's.",
+        description="Plugin config files: check one as plugin serve would load it; convert "
+        "NVIDIA's device-plugin config into cdigen's.",
     )
     config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     convert = config_sub.add_parser(
@@ -28,7 +29,38 @@ def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     convert.add_argument(
         "--output", "-o", metavar="PATH", help="write here (atomically) instead of stdout"
     )
+    convert.add_argument(
+        "--drop-unsupported",
+        action="store_true",
+        help="drop the settings cdigen cannot express, naming each on stderr (default: refuse "
+        "the file, exit 2)",
+    )
     convert.set_defaults(func=_convert)
+    check = config_sub.add_parser(
+        "check",
+        help="load a plugin config as plugin serve would and show what the kubelet would see",
+        description=(
+            "Load FILE exactly as `cdigen plugin serve --config FILE` would (CDIGEN_* variables "
+            "and the flags below included), refuse what serve refuses (two resources advertising "
+            "one GPU among it), and print per resource the devices each GPU is advertised as "
+            "and the limits a container gets. Exit 0 when the config would serve, 1 when it "
+            "would be refused, 2 when FILE cannot be read or a flag is bad."
+        ),
+        epilog="example: cdigen plugin config check sharing.yaml --node builtin:rtx4090",
+    )
+    check.add_argument("file", metavar="FILE", help="cdigen plugin config file (YAML or JSON)")
+    check.add_argument(
+        "--node",
+        metavar="SOURCE",
+        help="the node to check against, as plugin serve --node: nvml, builtin:NAME or a node "
+        "file (default: the config's node, else nvml)",
+    )
+    check.add_argument(
+        "--policy-dir",
+        metavar="DIR",
+        help="as plugin serve --policy-dir (default: the config's policyDir)",
+    )
+    check.set_defaults(func=_check)
     config.set_defaults(func=lambda args: _usage(config))
 
 
@@ -63,3 +95,36 @@ def _convert(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from cdigen.errors import InputError
+    from cdigen.fileio import read_document
+    from plugin.config import load_config
+    from plugin.config_report import config_report, load_config_node
+
+    read_document(args.file, what="plugin config file")  # unreadable, not YAML: bad input, 2
+    flags = {"node": args.node, "policy_dir": args.policy_dir}
+    try:
+        config = load_config(args.file, flags=flags)
+    except InputError as exc:
+        if (exc.where or "").startswith("--"):  # a flag of this command: bad usage, 2
+            raise
+        return _refused(exc, args.file)
+    node = load_config_node(config)  # discovery failing is about --node, not the config: 2
+    try:
+        lines = config_report(config, node)
+    except InputError as exc:
+        return _refused(exc, args.file)
+    sys.stdout.write("".join(f"{line}\n" for line in lines))
+    return 0
+
+
+def _refused(exc: Exception, file: str) -> int:
+    """A config serve would refuse: one line, exit 1."""
+    from cdigen.errors import InputError
+
+    if isinstance(exc, InputError) and not exc.where:
+        exc = InputError(exc.message, where=file, hint=exc.hint)
+    print(f"cdigen: error: {exc}", file=sys.stderr)
+    return 1
