@@ -193,6 +193,12 @@ def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[Resource
     )
 
 
+def validate_config(config: PluginConfig) -> PluginConfig:
+    """``config`` as a whole checked as ``plugin serve`` checks it after merging its sources
+    (choices, resource names, one owner per GPU); InputError on the first problem."""
+    return _validate(config)
+
+
 def _validate(config: PluginConfig) -> PluginConfig:
     check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
     check_choice(config.log_level, LOG_LEVELS, what="log level")

@@ -21,8 +21,10 @@ def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Read NVIDIA's k8s-device-plugin config file (version: v1: flags, resources, "
             "sharing.timeSlicing, sharing.mps, renameByDefault, failRequestsGreaterThanOne) and "
-            "write the cdigen plugin config that advertises the same resources. What has no "
-            "equivalent here is listed as a note on stderr and as comments in the output."
+            "write the cdigen plugin config that advertises the same resources. An unknown key "
+            "or a value of the wrong type is refused (exit 2); so is a setting cdigen cannot "
+            "express, unless --drop-unsupported is given, and then each dropped one is named "
+            "on stderr and as a comment in the output."
         ),
     )
     convert.add_argument("file", metavar="FILE", help="NVIDIA's config file (YAML or JSON)")
@@ -72,7 +74,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from cdigen.fileio import atomic_write, dump_document, read_document
-    from plugin.config import config_from_document
+    from plugin.config import config_from_document, validate_config
     from plugin.nvidia_config import convert, describe, is_nvidia_config
 
     doc = read_document(args.file, what="NVIDIA device-plugin config")
@@ -83,12 +85,15 @@ def _convert(args: argparse.Namespace) -> int:
             where=args.file,
             hint="a cdigen config needs no conversion: pass it to plugin serve --config",
         )
-    converted = convert(doc, where=args.file)
-    # the result must load as a config the plugin accepts: a converter bug is ours, not theirs
-    config_from_document(converted.document, where=f"{args.file} (converted)")
-    text = describe(converted.notes) + dump_document(converted.document, "yaml")
+    converted = convert(doc, where=args.file, drop_unsupported=args.drop_unsupported)
+    # the result must load as a config the plugin accepts (one owner per GPU included): a
+    # converter bug is ours, not theirs
+    validate_config(config_from_document(converted.document, where=f"{args.file} (converted)"))
+    text = describe(converted.notes, converted.dropped) + dump_document(converted.document, "yaml")
     for note in converted.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
+    for setting in converted.dropped:
+        print(f"cdigen: dropped: {setting}", file=sys.stderr)
     if args.output:
         atomic_write(args.output, text.encode())
         print(f"cdigen: wrote {args.output}", file=sys.stderr)

@@ -9,10 +9,10 @@ from functools import cache
 import pytest
 
 from cdigen.discover import load_node
-from plugin.gpu_selector import GpuSelector
 from cdigen.model import Node
 from plugin.agent.health import with_board_health
 from plugin.config import PluginConfig, ResourceConfig
+from plugin.gpu_selector import GpuSelector
 from plugin.layout import (
     AllocatorCache,
     gpus_down,
