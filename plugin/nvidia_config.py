@@ -242,10 +242,7 @@ def _as_ours(
             continue
         value = block[key]
         at = f"{path}.{key}"
-        if isinstance(same, bool):
-            value = read.boolean(value, at)
-        else:
-            value = read.string(value, at)
+        value = read.boolean(value, at) if isinstance(same, bool) else read.string(value, at)
         if key == "deviceDiscoveryStrategy" and value in _NVML_DISCOVERY:
             continue
         if value != same:

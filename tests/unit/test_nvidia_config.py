@@ -223,7 +223,8 @@ SHARED_4 = "  timeSlicing:\n    {key}\n    resources: [{{name: nvidia.com/gpu, r
         # issue 36: two entries for one resource: one clear error
         (
             "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-            "    - {name: nvidia.com/gpu, replicas: 4}\n    - {name: nvidia.com/gpu, replicas: 2}\n",
+            "    - {name: nvidia.com/gpu, replicas: 4}\n"
+            "    - {name: nvidia.com/gpu, replicas: 2}\n",
             "resources[0] and resources[1] both give resource nvidia.com/gpu",
         ),
         # issue 36: no tracebacks on values of the wrong shape
