@@ -304,3 +304,39 @@ def test_the_shm_directory_is_checked_like_the_pipe_directory(tmp_path: Path) ->
     shm.write_text("")
     with pytest.raises(ShareRefused, match="is not a directory"):
         mounts()
+
+
+def test_an_empty_spec_dir_is_one_error_and_one_warning_per_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35 e: the 23 slices of a 4090 lack one CDI name, said once; they turn Unhealthy
+    in one line, not 23."""
+    import logging
+
+    (tmp_path / "cdi").mkdir()
+    path = config_file(
+        tmp_path, f"resources:\n  - {{name: {SLICES}, sharing: {{memorySliceMiB: 1024}}}}\n"
+    )
+    config = load_config(
+        path,
+        env={},
+        flags={"plugin_dir": tmp_path / "plugins", "spec_dirs": [str(tmp_path / "cdi")]},
+    )
+    node = load_node(RTX)
+    plugin = Plugin(config, node=node)
+    with caplog.at_level(logging.INFO), KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            kubelet.wait_registered(SLICES)
+            kubelet.wait_devices(SLICES, lambda ds: all(d.health == "Unhealthy" for d in ds))
+        finally:
+            plugin.stop()
+    name = f"nvidia.com/gpu={node.gpus[0].uuid}"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].count(name) == 1, errors
+    assert "23 device(s) advertised Unhealthy" in errors[0]
+    unhealthy = [r.getMessage() for r in caplog.records if "Unhealthy:" in r.getMessage()]
+    assert unhealthy == [
+        f"23 devices ({node.gpus[0].uuid}::slice-0 … {node.gpus[0].uuid}::slice-22) are "
+        f"Unhealthy: CDI name {name} missing from the spec dirs"
+    ]
