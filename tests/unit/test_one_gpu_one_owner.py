@@ -42,19 +42,22 @@ def _is_plugin_config(doc: Any) -> bool:
     )
 
 
-def shown_configs() -> dict[str, dict[str, Any]]:
-    """Every plugin config the docs and the deploy tree show, by where it is."""
+def shown_configs(*, refused: bool = False) -> dict[str, dict[str, Any]]:
+    """Every plugin config the docs and the deploy tree show, by where it is; with
+    ``refused``, those the docs show as refused instead (a first line saying "(refused)")."""
     found: dict[str, dict[str, Any]] = {}
     for page in [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]:
         text = page.read_text(encoding="utf-8")
         for n, block in enumerate(re.findall(r"```ya?ml\n(.*?)```", text, re.S)):
+            if ("(refused)" in block.partition("\n")[0]) != refused:
+                continue
             for doc in yaml.safe_load_all(block):
                 where = f"{page.relative_to(ROOT)}#{n}"
                 if is_nvidia_config(doc) and isinstance(doc, dict) and "version" in doc:
                     found[where] = convert(doc, where=where).document
                 elif _is_plugin_config(doc):
                     found[where] = doc
-    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")) if not refused else ():
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict) and doc.get("kind") == "PluginConfig":
                 found[str(path.relative_to(ROOT))] = doc
@@ -62,6 +65,7 @@ def shown_configs() -> dict[str, dict[str, Any]]:
 
 
 SHOWN = shown_configs()
+SHOWN_REFUSED = shown_configs(refused=True)
 
 # Configs in which two resources would advertise one GPU (the issue's own first).
 OVERLAPPING = {
@@ -134,6 +138,7 @@ def owners_after_allocating_everything(config: PluginConfig, node: Node) -> dict
 
 def test_the_docs_show_plugin_configs() -> None:
     assert any(w.startswith("docs/sharing.md") for w in SHOWN)
+    assert any(w.startswith("docs/sharing.md") for w in SHOWN_REFUSED)
     assert any(w.startswith("docs/plugin.md") for w in SHOWN)
     assert any(w.startswith("deploy/kubernetes/components/mps") for w in SHOWN)
 
@@ -149,6 +154,14 @@ def test_every_config_shown_gives_each_gpu_one_owner(
     assert owners, f"{where}: nothing was allocated"
     shared = {uuid: sorted(names) for uuid, names in owners.items() if len(names) > 1}
     assert not shared, f"{where}: GPUs handed out by two resources: {shared}"
+
+
+@pytest.mark.parametrize("where", sorted(SHOWN_REFUSED))
+def test_configs_the_docs_show_as_refused_are(where: str, tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(SHOWN_REFUSED[where]))
+    with pytest.raises(InputError, match="would both advertise"):
+        load_config(path, env={})
 
 
 @pytest.mark.parametrize("case", sorted(OVERLAPPING))
