@@ -129,7 +129,8 @@ def _refused(exc: Exception, file: str) -> int:
     """A config serve would refuse: one line, exit 1."""
     from cdigen.errors import InputError
 
-    if isinstance(exc, InputError) and not exc.where:
-        exc = InputError(exc.message, where=file, hint=exc.hint)
+    if isinstance(exc, InputError) and not (exc.where or "").startswith(file):
+        where = f"{file}: {exc.where}" if exc.where else file
+        exc = InputError(exc.message, where=where, hint=exc.hint)
     print(f"cdigen: error: {exc}", file=sys.stderr)
     return 1

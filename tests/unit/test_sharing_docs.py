@@ -56,10 +56,15 @@ def test_the_quoted_config_error_is_what_users_get() -> None:
     assert str(caught.value) == quoted.group(1)
 
 
+PLUGIN_DOC = DOC.with_name("plugin.md")  # its check session runs a config shown here
+
+
 def _check_sessions() -> list[tuple[str, str]]:
-    """(command, expected output) for each ``$ cdigen plugin config check`` of the doc."""
+    """(command, expected output) for each ``$ cdigen plugin config check`` of the doc (and of
+    plugin.md)."""
     out = []
-    for block in re.findall(r"```console\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
+    text = DOC.read_text(encoding="utf-8") + PLUGIN_DOC.read_text(encoding="utf-8")
+    for block in re.findall(r"```console\n(.*?)```", text, re.S):
         lines = block.splitlines()
         for at, line in enumerate(lines):
             if line.startswith("$ cdigen plugin config check "):
@@ -73,7 +78,7 @@ CHECKS = _check_sessions()
 
 
 def test_the_doc_checks_the_first_recipe_and_an_overlap() -> None:
-    assert len(CHECKS) >= 2
+    assert len(CHECKS) >= 3
 
 
 @pytest.mark.parametrize(("command", "expected"), CHECKS, ids=[c for c, _ in CHECKS])
