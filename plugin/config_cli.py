@@ -88,7 +88,12 @@ def _convert(args: argparse.Namespace) -> int:
     converted = convert(doc, where=args.file, drop_unsupported=args.drop_unsupported)
     # the result must load as a config the plugin accepts (one owner per GPU included): a
     # converter bug is ours, not theirs
-    validate_config(config_from_document(converted.document, where=f"{args.file} (converted)"))
+    loaded = config_from_document(converted.document, where=f"{args.file} (converted)")
+    try:
+        validate_config(loaded)
+    except InputError as exc:
+        where = f"{args.file} (converted): {exc.where}" if exc.where else args.file
+        raise InputError(exc.message, where=where, hint=exc.hint) from None
     text = describe(converted.notes, converted.dropped) + dump_document(converted.document, "yaml")
     for note in converted.notes:
         print(f"cdigen: note: {note}", file=sys.stderr)

@@ -343,6 +343,7 @@ def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) 
         block.get("resources"), f"sharing.{kind}.resources", _REPLICATED_RESOURCE_KEYS
     )
     first_at: dict[str, str] = {}
+    shared_by: dict[str, list[tuple[int, list[int | str] | None]]] = {}  # base: (entry, devices)
     for i, entry in enumerate(entries):
         at = f"sharing.{kind}.resources[{i}]"
         base = qualified(entry.get("name"), where=f"{read.where}: {at}.name")
@@ -368,6 +369,15 @@ def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) 
                 "give each entry its own rename, or merge them into one entry",
             )
         first_at[name] = f"resources[{i}]"
+        for j, other in shared_by.get(base, []):
+            if other is None or gpus is None:  # one of them shares every GPU of the base
+                raise read.error(
+                    f"resources[{j}] and resources[{i}] both share {base}, and "
+                    f"resources[{j if other is None else i}] every GPU of it",
+                    f"sharing.{kind}",
+                    "give each entry its own devices, or merge them into one entry",
+                )
+        shared_by.setdefault(base, []).append((i, gpus))
         shares: dict[str, Any] = {"replicas": replicas}
         if fail:
             shares["failRequestsGreaterThanOne"] = True
@@ -376,13 +386,17 @@ def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) 
         resource: dict[str, Any] = {"name": name}
         if gpus is not None:
             resource["gpus"] = gpus
+        result["resources"].append({**resource, "sharing": shares})
+        result["bases"].add(base)
+    for base, listed in shared_by.items():
+        if all(gpus is not None for _, gpus in listed):  # some GPUs of the base stay whole
+            chosen = [g for _, gpus in listed for g in gpus or ()]
+            entries_at = ", ".join(f"resources[{i}]" for i, _ in listed)
             read.cannot(
-                f"{at}.devices: the GPUs outside {_shown(gpus)}",
+                f"sharing.{kind}.{entries_at} devices: the GPUs outside {_shown(chosen)}",
                 f"their plugin keeps them whole under {base}; add {{name: {base}, gpus: [...]}} "
                 "naming them after converting",
             )
-        result["resources"].append({**resource, "sharing": shares})
-        result["bases"].add(base)
     if kind == "mps" and result["resources"]:
         read.notes.append(
             "sharing.mps: needs an MPS control daemon using "

@@ -227,6 +227,12 @@ SHARED_4 = "  timeSlicing:\n    {key}\n    resources: [{{name: nvidia.com/gpu, r
             "    - {name: nvidia.com/gpu, replicas: 2}\n",
             "resources[0] and resources[1] both give resource nvidia.com/gpu",
         ),
+        (
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            "    - {name: nvidia.com/gpu, rename: a, replicas: 2}\n"
+            "    - {name: nvidia.com/gpu, rename: b, replicas: 4, devices: [1]}\n",
+            "resources[0] and resources[1] both share nvidia.com/gpu, and resources[0] every GPU",
+        ),
         # issue 36: no tracebacks on values of the wrong shape
         ("version: v1\nflags: {plugin: {deviceListStrategy: 5}}\n", "expected a strategy name"),
         ("version: v1\nflags: {plugin: {deviceListStrategy: cdi}}\n", "unknown device list"),
@@ -288,7 +294,7 @@ def test_dropping_what_cannot_be_expressed_names_each_dropped_setting(
     assert [line.split(":")[2].strip() for line in dropped] == [
         "flags.plugin.deviceListStrategy",
         "flags.gdsEnabled",
-        "sharing.timeSlicing.resources[0].devices",
+        "sharing.timeSlicing.resources[0] devices",
     ]
     written = out.read_text()
     assert written.count("# dropped: ") == 3
