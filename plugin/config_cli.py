@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,6 +115,12 @@ def _check(args: argparse.Namespace) -> int:
     from plugin.config_report import config_report, load_config_node
 
     read_document(args.file, what="plugin config file")  # unreadable, not YAML: bad input, 2
+    if args.policy_dir is not None and not Path(args.policy_dir).is_dir():
+        raise InputError(
+            f"{args.policy_dir} is not a directory",
+            where="--policy-dir",
+            hint="give the policy directory plugin serve reads",
+        )
     flags = {"node": args.node, "policy_dir": args.policy_dir}
     try:
         config = load_config(args.file, flags=flags)

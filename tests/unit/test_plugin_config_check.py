@@ -107,6 +107,7 @@ def test_a_config_serve_would_refuse_is_one_line_exit_1(
         (None, ("--node", RTX), "plugin config file not found"),
         ("resources: [\n", ("--node", RTX), "plugin.yaml"),
         ("resources: [{name: a.com/x}]\n", ("--node", "builtin:nope"), "builtin:nope"),
+        ("resources: [{name: a.com/x}]\n", ("--policy-dir", "/nonexistent"), "--policy-dir"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
