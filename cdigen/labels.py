@@ -275,6 +275,10 @@ def node_labels(
     if mig_strategy != "none":
         nvidia["mig.strategy"] = mig_strategy
         nvidia.update(_single_labels(node) if mig_strategy == "single" else _mixed_labels(node))
+    elif any(g.mig_enabled for g in node.gpus):
+        # GFD leaves it out under none; on a node with MIG enabled that hides why its MIG GPUs
+        # are not advertised, so say it (a selector for single or mixed still does not match)
+        nvidia["mig.strategy"] = "none"
     labels = {NVIDIA + k: v for k, v in nvidia.items()}
     labels.update({OURS + k: v for k, v in _own_labels(node).items()})
     return dict(sorted(labels.items()))

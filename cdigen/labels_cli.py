@@ -77,12 +77,27 @@ def run_labels(args: argparse.Namespace) -> int:
             f"--replicas {args.replicas} is out of range",
             hint="give the replicas per GPU of the plugin's sharing config, 1 to 1024",
         )
+    if args.sharing_strategy == "mps" and args.replicas == 1:
+        raise InputError(
+            "--sharing-strategy mps needs --replicas N (N > 1): without replicas the GPUs are "
+            "not shared and the strategy would be ignored",
+            where="--sharing-strategy",
+            hint="give the replicas per GPU of the plugin's MPS config, e.g. --replicas 4",
+        )
     sharing = LabelSharing(
         replicas=args.replicas,
         strategy=args.sharing_strategy if args.replicas > 1 else "none",
         renamed=args.shared_resource != DEFAULT_RESOURCE,
     )
-    labels = node_labels(_load(args), mig_strategy=args.mig_strategy, sharing=sharing)
+    node = _load(args)
+    if args.mig_strategy == "none" and any(g.mig_enabled for g in node.gpus):
+        print(
+            "cdigen: warning: MIG is enabled on some GPUs, which the plugin does not advertise "
+            "under --mig-strategy none (labelled nvidia.com/mig.strategy=none); give the "
+            "plugin's strategy: --mig-strategy single or mixed",
+            file=sys.stderr,
+        )
+    labels = node_labels(node, mig_strategy=args.mig_strategy, sharing=sharing)
     if args.format == "json":
         sys.stdout.write(json.dumps(labels, indent=2, sort_keys=True) + "\n")
     else:
