@@ -58,6 +58,10 @@ def shown_configs(*, refused: bool = False) -> dict[str, dict[str, Any]]:
                 elif _is_plugin_config(doc):
                     found[where] = doc
     for path in sorted((ROOT / "deploy").rglob("*.yaml")) if not refused else ():
+        # Helm templates are not YAML until rendered; the chart's render is held equal to the
+        # kustomize layouts scanned here (tests/unit/test_helm_chart.py).
+        if "templates" in path.relative_to(ROOT).parts:
+            continue
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
             if isinstance(doc, dict) and doc.get("kind") == "PluginConfig":
                 found[str(path.relative_to(ROOT))] = doc
