@@ -6,7 +6,7 @@ import argparse
 import json
 
 from cdigen.errors import EXIT_OK, InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY, MIG_STRATEGIES
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 
@@ -32,8 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     labels.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
-        default="none",
-        help="the device plugin's MIG strategy (default: none)",
+        default=DEVICE_PLUGIN_MIG_STRATEGY,
+        help="the plugin's MIG strategy (default: the device plugin's, "
+        f"{DEVICE_PLUGIN_MIG_STRATEGY}; for a node served by dra serve give its "
+        f"--mig-strategy, by default {DRA_MIG_STRATEGY})",
     )
     labels.add_argument(
         "--replicas",
