@@ -25,6 +25,7 @@ from plugin.agent.health import HealthBoard, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
+from plugin.dra.cli_args import shares_problem
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.grpc_services import (
     DRA_WORKERS,
@@ -106,6 +107,7 @@ class DraPlugin:
         self.preparer = _preparer(options, node, claims, self._mig)
         # after the checkpoint: with dynamic MIG it says which MIG devices are ours
         self.views = self._views(node)
+        shares_problem(options.memory_shares, self.views)  # the API server would refuse it
         self.preparer.set_devices(node, self.views)
         self.board = HealthBoard(
             [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
@@ -350,7 +352,8 @@ class DraPlugin:
         views, strategy = self.views, self.options.mig_strategy
         if strategy == "dynamic":  # the labels describe the MIG devices there are now
             strategy = "mixed"
-        self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
+        shares = self.options.memory_shares
+        self.features.update(lambda: dra_labels(self.node, views, reasons, strategy, shares))
         with self._taint_lock:
             taints = xid_taints(reasons, self.options.taint_xids, self.options.driver)
             if taints == self.taints:

@@ -127,7 +127,7 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
     (device,) = body["spec"]["devices"]
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["requestPolicy"] == {
-        "default": "1Gi",
+        "default": "23Gi",  # a claim naming no memory takes the whole GPU unless told otherwise
         "validRange": {"min": "1Gi", "max": "23Gi", "step": "1Gi"},
     }
 

@@ -74,8 +74,13 @@ def test_shared_gpu_capacity_is_consumed_claim_by_claim() -> None:
         state.add(picks, fit.by_name)
     assert state.consumed["gpu-0"][f"{DRIVER}/memory"] == 21 * GIB
     assert fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).error
-    # a claim without a memory request takes the default step
-    assert fit.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
+    # a claim without a memory request takes the default: the whole GPU unless the operator
+    # chose a share, so it fits only on a GPU no one else holds
+    _, reasons = fit.explain(_claim(), state)
+    assert reasons == [("gpu-0", "needs memory 23Gi, 3060Mi left")]
+    assert fit.allocate(_claim()).picks[0].consumed == {f"{DRIVER}/memory": 23 * GIB}
+    shared = _fit("builtin:rtx4090", MemoryShares(default=GIB))
+    assert shared.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
 
 
 def test_exclusive_devices_are_not_given_twice_and_selectors_filter() -> None:
