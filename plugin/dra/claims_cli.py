@@ -8,22 +8,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
+from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.dra.cli_args import (
-    DEFAULT_DRIVER,
-    add_share_options,
-    api_timeout,
-    dns_subdomain,
-    memory_shares,
-    shares_problem,
-)
+from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, shares_problem
 
 if TYPE_CHECKING:
+    from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
-    from plugin.dra.slices import MemoryShares
     from policies.device_view import DeviceView
     from policies.dra.claim_docs import Claim
     from policies.dra.claims import Allocation, FirstFit, NodeState
@@ -72,8 +66,8 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
         choices=MIG_STRATEGIES,
         default=DRA_MIG_STRATEGY,
         help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
-        f"(default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, with no resource "
-        "name per profile, so offering those that exist costs nothing; the device plugin "
+        f"(default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, with no "
+        "resource name per profile, so offering those that exist costs nothing; the device plugin "
         "defaults to none, which changes no resource name)",
     )
     add_share_options(explain.add_argument_group("sharing, as `dra serve` takes it"))
@@ -275,4 +269,19 @@ def _why(args: argparse.Namespace) -> int:
     )
     for line in explain_pod(cluster, driver=args.driver_name):
         print(line)
+    for line in _stale_lines(args, cluster):
+        print(line)
     return 0
+
+
+def _stale_lines(args: argparse.Namespace, cluster: Any) -> list[str]:
+    """The nodes that still advertise an extended resource the pod asks for and one of the
+    driver's DeviceClasses serves (plugin.dra.stale), one line each."""
+    from plugin.agent.kubeapi import api_client
+    from plugin.dra.kube import KubeApi
+    from plugin.dra.stale import pod_stale_lines
+
+    api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    return pod_stale_lines(
+        cluster.pod, cluster.classes, cluster.slices, api.read_node, args.driver_name
+    )

@@ -6,28 +6,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from cdigen.labels import OURS, node_labels
+from cdigen.memory_shares import MemoryShares
 from cdigen.model import Node
 from plugin.agent.health import with_board_health
-from plugin.dra.slices import MemoryShares
+from plugin.dra.cli_args import whole_gpu_memory
 from policies.device_view import DeviceView
-
-MIB = 1 << 20
 
 
 def share_labels(shares: MemoryShares | None, views: Sequence[DeviceView]) -> dict[str, str]:
-    """``cdigen.dev/dra.memory-step`` and ``cdigen.dev/dra.default-share`` (MiB, as GFD writes
-    memory): the step of the memory shares and what a claim that names no memory (an unchanged
-    ``nvidia.com/gpu: 1`` pod) takes, the least over the shared GPUs; none without shares."""
+    """``cdigen.dev/dra.memory-step`` and ``cdigen.dev/dra.default-share`` (MiB): the memory
+    shares' step and what a claim that names no memory takes (none without shares)."""
     if shares is None:
         return {}
-    totals = [v.capacity.get("memory", 0) for v in views if v.mig is None]
-    defaults = [shares.default_for(t) for t in totals if shares.shares(t)]
-    if not defaults:
-        return {}
-    return {
-        f"{OURS}dra.memory-step": str(shares.step // MIB),
-        f"{OURS}dra.default-share": str(min(defaults) // MIB),
-    }
+    return {OURS + k: v for k, v in shares.labels(whole_gpu_memory(views)).items()}
 
 
 def dra_labels(

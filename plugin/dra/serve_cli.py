@@ -9,16 +9,11 @@ from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
+from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.agent.mps import LIMIT_KEYS
-from plugin.dra.cli_args import (
-    DEFAULT_DRIVER,
-    add_share_options,
-    api_timeout,
-    dns_subdomain,
-    memory_shares,
-)
+from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
 if TYPE_CHECKING:
     from plugin.dra.options import DraOptions
@@ -92,9 +87,9 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=DRA_MIG_STRATEGY,
         help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
         "whole GPUs only; dynamic: every MIG placement, made at prepare (needs --node nvml; "
-        f"docs/mig.md) (default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, with no resource "
-        "name per profile, so offering those that exist costs nothing; the device plugin "
-        "defaults to none, which changes no resource name)",
+        f"docs/mig.md) (default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, "
+        "with no resource name per profile, so offering those that exist costs nothing; "
+        "the device plugin defaults to none, which changes no resource name)",
     )
     serve.add_argument(
         "--dev-root",
@@ -252,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
     from plugin.dra.healthz import serve_until_signalled
     from plugin.dra.kube import KubeApi
     from plugin.dra.kubelet_plugin import DraPlugin
+    from plugin.dra.stale import warn_if_stale
 
     _check_serve_args(args)
     setup_logging(args.dra_log_level, args.dra_log_format)
@@ -285,7 +281,15 @@ def _serve(args: argparse.Namespace) -> int:
     # the device plugin must not serve this node's GPUs too: held while serving
     with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
         plugin = DraPlugin(
-            options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml
+            options,
+            node,
+            slices=api,
+            claims=api,
+            node_owner=api.node_owner,
+            nvml=nvml,
+            stale_check=lambda: warn_if_stale(
+                api.read_node, api.list_device_classes, options.node_name, options.driver
+            ),
         )
         return serve_until_signalled(plugin, args.health_address)
 

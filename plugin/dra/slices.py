@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from cdigen.memory_shares import MemoryShares
+from cdigen.sizes import quantity_text
 from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
@@ -20,22 +21,6 @@ MAX_DEVICES_PER_SLICE = 128
 # resource.k8s.io/v1: a slice in which any device has taints or consumes counters holds at most
 # 64 devices (the API server refuses more)
 MAX_DEVICES_WITH_TAINTS = 64
-_BINARY_SUFFIXES = (
-    ("Ei", 1 << 60),
-    ("Pi", 1 << 50),
-    ("Ti", 1 << 40),
-    ("Gi", 1 << 30),
-    ("Mi", 1 << 20),
-    ("Ki", 1 << 10),
-)
-
-
-def quantity_text(count: int) -> str:
-    """``85899345920`` -> ``"80Gi"``: the canonical Kubernetes quantity of a byte count."""
-    for suffix, size in _BINARY_SUFFIXES:
-        if count >= size and count % size == 0:
-            return f"{count // size}{suffix}"
-    return str(count)
 
 
 class TaintDoc(TypedDict):
@@ -44,75 +29,6 @@ class TaintDoc(TypedDict):
     key: str
     value: str
     effect: str
-
-
-@dataclass(frozen=True)
-class MemoryShares:
-    """Whole GPUs published for consumable capacity (KEP-5075, beta in 1.36): the device allows
-    multiple allocations and its ``memory`` is consumed in ``step`` bytes.
-
-    What a request that names no memory takes (the capacity's ``requestPolicy.default``) is the
-    operator's: ``default`` bytes, or with ``per_gpu`` N the GPU's memory / N rounded down to the
-    step, or, with neither, the whole GPU (all the steps it has), so that such a claim never
-    shares its GPU.
-    """
-
-    step: int = 1 << 30
-    default: int | None = None
-    per_gpu: int | None = None
-
-    def top(self, total: int) -> int:
-        """The most a claim may take of a GPU with ``total`` bytes: whole steps."""
-        return total - total % self.step
-
-    def shares(self, total: int) -> bool:
-        """Whether a GPU of ``total`` bytes is published as shares: the API server refuses a
-        range whose ``min + step`` is above the capacity."""
-        return total >= 2 * self.step
-
-    def default_for(self, total: int) -> int:
-        """What a request naming no memory takes of a GPU with ``total`` bytes."""
-        if self.default is not None:
-            return self.default
-        if self.per_gpu:
-            return total // self.per_gpu // self.step * self.step
-        return self.top(total)
-
-    def described(self) -> str:
-        """The setting, for a log line or a note: ``6Gi``, ``1/4 of the GPU``, ``the whole
-        GPU``."""
-        if self.default is not None:
-            return quantity_text(self.default)
-        if self.per_gpu:
-            return f"1/{self.per_gpu} of the GPU's memory, in whole steps"
-        return "the whole GPU"
-
-    def refusal(self, views: Sequence[DeviceView]) -> str:
-        """Why the default cannot be published for one of the whole GPUs among ``views``, as
-        the API server would refuse it (a default within min..max, on a step), or ""."""
-        for view in views:
-            name, total = view.name, view.capacity.get("memory", 0)
-            if view.mig is not None or not self.shares(total):
-                continue
-            amount, top = self.default_for(total), self.top(total)
-            if amount < self.step or amount > top:
-                return (
-                    f"a claim naming no memory would take {quantity_text(amount)} of "
-                    f"{name}, which offers {quantity_text(self.step)} to {quantity_text(top)} "
-                    f"in steps of {quantity_text(self.step)}"
-                )
-        return ""
-
-    def policy(self, total: int) -> dict[str, Any]:
-        """The ``requestPolicy`` of a GPU with ``total`` bytes of memory."""
-        return {
-            "default": quantity_text(self.default_for(total)),
-            "validRange": {
-                "min": quantity_text(self.step),
-                "max": quantity_text(self.top(total)),
-                "step": quantity_text(self.step),
-            },
-        }
 
 
 def device_doc(
