@@ -99,8 +99,11 @@ class DraPlugin:
         nvml: Any = None,
         resync_s: float = SLICE_RESYNC_S,
         mig: MigMaker | None = None,
+        stale_check: Callable[[], object] | None = None,
     ) -> None:
         self.options = options
+        # at start, in the background: does the Node still advertise what our classes serve?
+        self._stale_check = stale_check
         self.node = node
         self._nvml = nvml
         self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
@@ -229,6 +232,8 @@ class DraPlugin:
         self._reg_server.start()
         self._keeper = threading.Thread(target=self._keep_slices, name="dra-slices", daemon=True)
         self._keeper.start()
+        if self._stale_check is not None:
+            threading.Thread(target=self._stale_check, name="dra-stale", daemon=True).start()
         log.info(
             "DRA driver %s ready: %d devices in pool %s",
             self.options.driver,
