@@ -293,7 +293,7 @@ def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: lis
 
 def test_runs_on_opted_in_gpu_nodes_as_a_node_critical_pod(pod: dict[str, Any]) -> None:
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", f"{DRIVER}/dra": "true"}
+    assert pod["nodeSelector"] == {f"{DRIVER}/dra": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
