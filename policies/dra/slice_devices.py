@@ -60,7 +60,6 @@ class CapacityPolicy:
             return None
         return amount
 
-
     def allowed(self) -> str:
         """What the policy takes, in quantities: ``1Gi to 23Gi in steps of 1Gi``."""
         if self.values:
