@@ -48,11 +48,18 @@ def served_resources(classes: Iterable[Mapping[str, Any]], driver: str) -> dict[
         if not isinstance(name, str) or not name:
             continue
         selectors = spec.get("selectors") or []
-        if selectors and json.dumps(driver) not in json.dumps(selectors):
+        if selectors and not any(_names(s, driver) for s in selectors):
             continue
         meta = doc.get("metadata")
         out.setdefault(name, str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
     return out
+
+
+def _names(selector: Any, driver: str) -> bool:
+    """Whether a class selector's CEL names ``driver`` as a string literal."""
+    cel = selector.get("cel") if isinstance(selector, Mapping) else None
+    text = cel.get("expression") if isinstance(cel, Mapping) else None
+    return isinstance(text, str) and (f'"{driver}"' in text or f"'{driver}'" in text)
 
 
 def _nonzero(amount: Any) -> bool:

@@ -728,3 +728,50 @@ def test_extended_resource_component_names_the_device_plugins_resources(
             timeout=120,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the wings: which nodes each DaemonSet runs on (docs/dra.md, moving a node) ---------------
+
+
+def _runs_on(pod_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether the DaemonSet controller places the pod on a node with ``labels``: every
+    nodeSelector pair, and one required nodeAffinity term (In, NotIn, Exists, DoesNotExist:
+    NotIn and DoesNotExist hold for a node without the key, as in Kubernetes)."""
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+
+    def holds(expr: Mapping[str, Any]) -> bool:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        return {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+
+    return any(all(holds(e) for e in term.get("matchExpressions") or ()) for term in required)
+
+
+def test_the_wings_never_select_one_node(pod: dict[str, Any]) -> None:
+    """Every mix of the two labels: at most one DaemonSet; a GPU node gets the device plugin
+    until it is labelled for DRA, then DRA alone, whatever NFD says of gpu.present."""
+    from tests.unit.test_deploy import KUSTOMIZE_DIR, only, render
+
+    device_plugin = only(render(KUSTOMIZE_DIR), "DaemonSet")["spec"]["template"]["spec"]
+    present, dra = "nvidia.com/gpu.present", f"{DRIVER}/dra"
+    for a in (None, "true", "false"):
+        for b in (None, "true", "false"):
+            labels = {k: v for k, v in ((present, a), (dra, b)) if v is not None}
+            wings = [_runs_on(device_plugin, labels), _runs_on(pod, labels)]
+            assert sum(wings) <= 1, labels
+    assert _runs_on(device_plugin, {present: "true"}) and not _runs_on(pod, {present: "true"})
+    migrated = {present: "true", dra: "true"}  # NFD keeps gpu.present on a GPU node
+    assert _runs_on(pod, migrated) and not _runs_on(device_plugin, migrated)
