@@ -775,3 +775,43 @@ def test_the_wings_never_select_one_node(pod: dict[str, Any]) -> None:
     assert _runs_on(device_plugin, {present: "true"}) and not _runs_on(pod, {present: "true"})
     migrated = {present: "true", dra: "true"}  # NFD keeps gpu.present on a GPU node
     assert _runs_on(pod, migrated) and not _runs_on(device_plugin, migrated)
+
+
+def test_the_seed_overlay_in_dra_md_renders_and_serves_unchanged_pods_a_share(
+    tmp_path: Path,
+) -> None:
+    """docs/dra.md's overlay (extended-resource + MPS + --memory-step 1Gi --shares-per-gpu 4),
+    rendered by kustomize from a checkout beside it as the doc lays it out: the plugin's command
+    parses with the real CLI into 1/4 of each GPU for a claim naming no memory, and
+    gpu.cdigen.dev carries nvidia.com/gpu."""
+    from cdigen.memory_shares import memory_shares
+
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: cannot render a kustomize overlay")
+    doc = (REPO / "docs" / "dra.md").read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n# my-dra/kustomization\.yaml\n(.*?)```", doc, re.S)
+    assert block and "--shares-per-gpu=4" in block.group(1)
+    shutil.copytree(DRA_DIR, tmp_path / "cdigen" / "deploy" / "dra")  # a checkout beside it
+    (tmp_path / "my-dra").mkdir()
+    (tmp_path / "my-dra" / "kustomization.yaml").write_text(block.group(1), encoding="utf-8")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path / "my-dra")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    extended = {
+        d["metadata"]["name"]: d["spec"].get("extendedResourceName")
+        for d in docs
+        if d["kind"] == "DeviceClass"
+    }
+    assert extended["gpu.cdigen.dev"] == "nvidia.com/gpu"
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    command = daemonset["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = build_parser().parse_args(command[1:])
+    shares = memory_shares(args)
+    assert shares is not None and shares.step == 1 << 30 and shares.per_gpu == 4
+    assert args.mps_pipe_dir == "/run/nvidia/mps"

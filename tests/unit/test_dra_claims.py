@@ -411,7 +411,7 @@ def test_the_4090_story_in_the_docs_is_what_explain_prints(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "dra-sharing.md").read_text()
-    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Mi --claim memory-3gi"
+    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Gi --claim memory-3gi"
     block = docs[docs.index(command) :].split("```", 1)[0]
     argv, _, printed = block.partition("\n")
     monkeypatch.chdir(EXAMPLES)  # the docs run it there
