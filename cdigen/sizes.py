@@ -39,13 +39,13 @@ def _value(text: str) -> Fraction | None:
     if match:
         number, unit, binary = match.groups()
         power = _POWERS.index(unit.lower()) + 1 if unit else 0
-        return Fraction(number) * (1024 if binary else 1000) ** power
+        return Fraction(number) * Fraction(1024 if binary else 1000) ** power
     match = _QUANTITY.match(text)
     if not match:
         return None
     number, suffix = Fraction(match.group(1)), match.group(2) or ""
     if suffix in _BINARY:
-        return number * 1024 ** _BINARY[suffix]
+        return number * Fraction(1024) ** _BINARY[suffix]
     if suffix in _DECIMAL:
         return number * Fraction(10) ** _DECIMAL[suffix]
     return number * Fraction(10) ** int(suffix[1:])

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from plugin.dra.counters import build_counter_slices
-from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
+from plugin.dra.slices import TaintDoc, build_slices
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)

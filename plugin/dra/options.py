@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.memory_shares import MemoryShares
 from cdigen.model import DRA_MIG_STRATEGY
 from plugin.dra.mps import MpsSettings
-from plugin.dra.slices import MemoryShares
 from plugin.dra.taints import DEFAULT_TAINT_XIDS
 from policies.device_view import DRA_DRIVER
 

@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from cdigen.discover import load_node
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import api_client
 from plugin.dra.kube import KubeApi
 from plugin.dra.kubelet_plugin import DraPlugin
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
-from plugin.dra.slices import MemoryShares
 from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import build_host
 from tests.dra_kubelet_sim import DraKubeletSim

@@ -13,7 +13,8 @@ import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from plugin.dra.slices import MemoryShares, build_slices
+from cdigen.memory_shares import MemoryShares
+from plugin.dra.slices import build_slices
 from policies.device_view import attribute_names, device_views, published_attribute_names
 from policies.dra.claims import (
     CapacityPolicy,
