@@ -17,8 +17,8 @@ import pytest
 from cdigen.nodefile import dump_node
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.deploy import extended_resource_classes, node_advertising
 from tests.helpers.dra import DRIVER, NODE_NAME
-from tests.unit.test_dra_stale import node, shipped_classes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
-    for doc in shipped_classes():
+    for doc in extended_resource_classes():
         server.add_class(doc)
     yield server
     server.stop()
@@ -76,7 +76,7 @@ def serve(api: FakeApiServer, kubelet_dir: Path, tmp_path: Path) -> Iterator[Cal
 def test_serve_warns_once_at_start_when_the_node_still_advertises_nvidia_gpu(
     api: FakeApiServer, serve: Callable[[], str]
 ) -> None:
-    api.nodes[NODE_NAME] = node(NODE_NAME, "1")
+    api.nodes[NODE_NAME] = node_advertising(NODE_NAME, "1")
     log = serve()
     warnings = [line for line in log.splitlines() if "still advertises" in line]
     assert len(warnings) == 1, log
@@ -90,7 +90,7 @@ def test_serve_warns_once_at_start_when_the_node_still_advertises_nvidia_gpu(
 def test_serve_says_nothing_when_the_node_is_clean(
     api: FakeApiServer, serve: Callable[[], str]
 ) -> None:
-    api.nodes[NODE_NAME] = node(NODE_NAME, None)
+    api.nodes[NODE_NAME] = node_advertising(NODE_NAME, None)
     log = serve()
     assert "still advertises" not in log and "stale" not in log, log
 
@@ -98,7 +98,7 @@ def test_serve_says_nothing_when_the_node_is_clean(
 def test_serve_without_rights_to_read_the_classes_says_so_in_one_info_line(
     api: FakeApiServer, serve: Callable[[], str]
 ) -> None:
-    api.nodes[NODE_NAME] = node(NODE_NAME, "1")
+    api.nodes[NODE_NAME] = node_advertising(NODE_NAME, "1")
     api.fail["classes"] = 403
     log = serve()
     lines = [line for line in log.splitlines() if "stale extended resources" in line]

@@ -31,6 +31,7 @@ from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_clas
 from tests.cdihost import build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.deploy import render_with_component
 from tests.helpers.dra import DRIVER, NODE_NAME, dra_options
 from tests.helpers.slice_rules import validate_pool
 
@@ -63,8 +64,6 @@ def api() -> Iterator[FakeApiServer]:
 def rendered_classes(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """The DeviceClasses of deploy/dra with components/extended-resource, as an overlay of the
     user's own renders them (docs/dra.md, step 4)."""
-    from tests.unit.test_deploy_dra import render_with_component
-
     rendered = render_with_component(tmp_path_factory, "extended-resource")
     return [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DeviceClass"]
 

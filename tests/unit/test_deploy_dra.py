@@ -4,7 +4,6 @@ selectors over the published device view, the API calls the plugin really makes)
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from cdigen.cli import build_parser
+from tests.helpers.deploy import DEVICE_PLUGIN_DIR, kustomize, render_with_component
 
 REPO = Path(__file__).resolve().parents[2]
 DRA_DIR = REPO / "deploy" / "dra"
@@ -557,32 +557,6 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
 # -- the MPS component (deploy/dra/components/mps) --------------------------------------------
 
 
-def render_with_component(tmp_path_factory: pytest.TempPathFactory, component: str) -> str:
-    """deploy/dra with one of its components, from an overlay of the kind the docs show
-    (kustomize wants relative paths, and no overlay inside deploy/dra: that is a cycle)."""
-    kubectl = shutil.which("kubectl")
-    if not kubectl:
-        pytest.skip("kubectl is not installed: cannot render a kustomize component")
-    overlay = tmp_path_factory.mktemp(f"{component}-overlay")
-    base = Path(os.path.relpath(DRA_DIR, overlay))
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [str(base)],
-                "components": [str(base / "components" / component)],
-            }
-        ),
-        encoding="utf-8",
-    )
-    result = subprocess.run(
-        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
     """deploy/dra with the MPS component (docs/dra-sharing.md)."""
@@ -763,9 +737,7 @@ def _runs_on(pod_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 def test_the_wings_never_select_one_node(pod: dict[str, Any]) -> None:
     """Every mix of the two labels: at most one DaemonSet; a GPU node gets the device plugin
     until it is labelled for DRA, then DRA alone, whatever NFD says of gpu.present."""
-    from tests.unit.test_deploy import KUSTOMIZE_DIR, only, render
-
-    device_plugin = only(render(KUSTOMIZE_DIR), "DaemonSet")["spec"]["template"]["spec"]
+    device_plugin = only(kustomize(DEVICE_PLUGIN_DIR), "DaemonSet")["spec"]["template"]["spec"]
     present, dra = "nvidia.com/gpu.present", f"{DRIVER}/dra"
     for a in (None, "true", "false"):
         for b in (None, "true", "false"):

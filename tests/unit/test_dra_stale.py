@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
@@ -19,34 +18,10 @@ from plugin.dra.kube import KubeApi, SlicePublisher
 from plugin.dra.stale import removal_command, served_resources, stale_resources
 from policies.device_view import device_views
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.deploy import extended_resource_classes, node_advertising
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
-
-
-def shipped_classes() -> list[dict[str, Any]]:
-    """deploy/dra's classes with what components/extended-resource adds to them."""
-    docs = [
-        d for d in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()) if d
-    ]
-    component = yaml.safe_load(
-        (ROOT / "deploy/dra/components/extended-resource/kustomization.yaml").read_text()
-    )
-    by_name = {d["metadata"]["name"]: d for d in docs}
-    for patch in component["patches"]:
-        (op,) = yaml.safe_load(patch["patch"])
-        assert op["op"] == "add" and op["path"] == "/spec/extendedResourceName"
-        by_name[patch["target"]["name"]]["spec"]["extendedResourceName"] = op["value"]
-    return docs
-
-
-def node(name: str, gpus: str | None) -> dict[str, Any]:
-    """A Node whose status carries ``nvidia.com/gpu: gpus`` (None: not at all)."""
-    status: dict[str, Any] = {"capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"}}
-    if gpus is not None:
-        status["capacity"]["nvidia.com/gpu"] = gpus
-        status["allocatable"]["nvidia.com/gpu"] = gpus
-    return {"metadata": {"name": name, "uid": f"uid-{name}"}, "status": status}
 
 
 def seed_pod(node_name: str | None) -> dict[str, Any]:
@@ -65,7 +40,7 @@ def seed_pod(node_name: str | None) -> dict[str, Any]:
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
-    for doc in shipped_classes():
+    for doc in extended_resource_classes():
         server.add_class(doc)
     kube = KubeApi(api_client(str(server.kubeconfig(tmp_path / "kubeconfig"))))
     views = device_views(load_node("builtin:rtx4090"))
@@ -86,7 +61,7 @@ def why(capsys: pytest.CaptureFixture[str], api: FakeApiServer, tmp_path: Path) 
 def test_dra_why_names_the_stale_resource_and_the_command_that_removes_it(
     capsys: pytest.CaptureFixture[str], api: FakeApiServer, tmp_path: Path
 ) -> None:
-    api.nodes["node-a"] = node("node-a", "1")
+    api.nodes["node-a"] = node_advertising("node-a", "1")
     api.add_pod(seed_pod("node-a"))
     lines = why(capsys, api, tmp_path)
     (line,) = [x for x in lines if "still advertises" in x]
@@ -105,7 +80,7 @@ def test_dra_why_is_quiet_when_the_node_no_longer_advertises_it(
     capsys: pytest.CaptureFixture[str], api: FakeApiServer, tmp_path: Path
 ) -> None:
     for gpus in (None, "0"):  # gone, or at 0 (the kubelet's mark of a plugin it lost)
-        api.nodes["node-a"] = node("node-a", gpus)
+        api.nodes["node-a"] = node_advertising("node-a", gpus)
         api.add_pod(seed_pod("node-a"))
         assert not any("still advertises" in x for x in why(capsys, api, tmp_path))
 
@@ -113,8 +88,8 @@ def test_dra_why_is_quiet_when_the_node_no_longer_advertises_it(
 def test_dra_why_looks_at_the_nodes_with_slices_for_a_pod_not_scheduled(
     capsys: pytest.CaptureFixture[str], api: FakeApiServer, tmp_path: Path
 ) -> None:
-    api.nodes["node-a"] = node("node-a", None)
-    api.nodes["node-b"] = node("node-b", "2")
+    api.nodes["node-a"] = node_advertising("node-a", None)
+    api.nodes["node-b"] = node_advertising("node-b", "2")
     api.add_pod(seed_pod(None))
     lines = [x for x in why(capsys, api, tmp_path) if "still advertises" in x]
     assert len(lines) == 1 and lines[0].startswith("node node-b still advertises nvidia.com/gpu: 2")
@@ -122,7 +97,7 @@ def test_dra_why_looks_at_the_nodes_with_slices_for_a_pod_not_scheduled(
 
 def test_the_patch_removes_exactly_the_stale_resource() -> None:
     """The command's JSON pointers, applied as RFC 6902/6901 read them (``~1`` is ``/``)."""
-    doc = node("node-a", "1")
+    doc = node_advertising("node-a", "1")
     command = removal_command("node-a", ["nvidia.com/gpu"])
     patch = json.loads(command.split(" -p ", 1)[1].strip("'"))
     for op in patch:
@@ -137,7 +112,7 @@ def test_the_patch_removes_exactly_the_stale_resource() -> None:
 
 def test_only_classes_of_this_driver_count() -> None:
     classes = [
-        *shipped_classes(),
+        *extended_resource_classes(),
         {"metadata": {"name": "other"},
          "spec": {"extendedResourceName": "example.com/fpga",
                   "selectors": [{"cel": {"expression": 'device.driver == "fpga.example.com"'}}]}},
@@ -145,5 +120,5 @@ def test_only_classes_of_this_driver_count() -> None:
     served = served_resources(classes, DRIVER)
     assert served["nvidia.com/gpu"] == "gpu.cdigen.dev" and "example.com/fpga" not in served
     assert served["nvidia.com/mig-1g.10gb"] == "mig-1g.10gb.gpu.cdigen.dev"
-    found = stale_resources(node("n", "1"), {"example.com/fpga": "other"})
+    found = stale_resources(node_advertising("n", "1"), {"example.com/fpga": "other"})
     assert found == []
