@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdigen.errors import shortened
+from plugin.dra.claims import quoted
 
 log = logging.getLogger(__name__)
+_PLAIN = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}"
+)  # names and quantities as Kubernetes has them
 
 DOCS = "docs/dra.md, 'Moving a node from the device plugin to DRA'"
 
@@ -41,17 +45,16 @@ def served_resources(classes: Iterable[Mapping[str, Any]], driver: str) -> dict[
     devices: those whose selectors name the driver (``"gpu.cdigen.dev"``), or that have none."""
     out: dict[str, str] = {}
     for doc in classes:
-        spec = doc.get("spec")
-        if not isinstance(spec, Mapping):
-            continue
+        spec = _mapping(_mapping(doc).get("spec"))
         name = spec.get("extendedResourceName")
         if not isinstance(name, str) or not name:
             continue
         selectors = spec.get("selectors") or []
-        if selectors and not any(_names(s, driver) for s in selectors):
+        if not isinstance(selectors, list) or (
+            selectors and not any(_names(s, driver) for s in selectors)
+        ):
             continue
-        meta = doc.get("metadata")
-        out.setdefault(name, str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
+        out.setdefault(name, str(_mapping(doc.get("metadata")).get("name", "")))
     return out
 
 
@@ -60,6 +63,16 @@ def _names(selector: Any, driver: str) -> bool:
     cel = selector.get("cel") if isinstance(selector, Mapping) else None
     text = cel.get("expression") if isinstance(cel, Mapping) else None
     return isinstance(text, str) and (f'"{driver}"' in text or f"'{driver}'" in text)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _shown(value: str) -> str:
+    """``value`` as it is when Kubernetes could have made it, else quoted and cut short (a name
+    from the API server goes into a log line: no control character, no newline)."""
+    return value if _PLAIN.fullmatch(value) else quoted(value)
 
 
 def _nonzero(amount: Any) -> bool:
@@ -74,19 +87,15 @@ def _nonzero(amount: Any) -> bool:
 def stale_resources(node: Mapping[str, Any], served: Mapping[str, str]) -> list[StaleResource]:
     """The ``served`` resources ``node`` (a Node object) advertises in its status, each with
     its allocatable (else capacity) number; a resource at 0 everywhere is not advertised."""
-    status = node.get("status") if isinstance(node.get("status"), Mapping) else {}
-    assert isinstance(status, Mapping)
-    meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
-    assert isinstance(meta, Mapping)
-    lists = [status.get(k) for k in ("allocatable", "capacity")]
+    status = _mapping(node.get("status"))
+    name = str(_mapping(node.get("metadata")).get("name", ""))
+    lists = [_mapping(status.get(k)) for k in ("allocatable", "capacity")]
     found = []
     for resource, device_class in sorted(served.items()):
-        amounts = [x[resource] for x in lists if isinstance(x, Mapping) and resource in x]
-        if any(_nonzero(a) for a in amounts):
-            amount = next(a for a in amounts if _nonzero(a))
-            found.append(
-                StaleResource(str(meta.get("name", "")), resource, str(amount), device_class)
-            )
+        amounts = [str(x[resource]) for x in lists if resource in x]
+        advertised = [a for a in amounts if _nonzero(a)]
+        if advertised:
+            found.append(StaleResource(name, resource, advertised[0], device_class))
     return found
 
 
@@ -106,13 +115,12 @@ def stale_line(found: Sequence[StaleResource]) -> str:
     """One line for ``found`` (all of one node), or "" when there is nothing."""
     if not found:
         return ""
-    node = found[0].node
+    node = _shown(found[0].node)
     what = ", ".join(
-        f"{shortened(s.resource, 60)}: {shortened(s.amount, 20)} (DeviceClass "
-        f"{shortened(s.device_class, 60)} serves it)"
+        f"{_shown(s.resource)}: {_shown(s.amount)} (DeviceClass {_shown(s.device_class)} serves it)"
         for s in found
     )
-    command = removal_command(node, [s.resource for s in found])
+    command = removal_command(node, [_shown(s.resource) for s in found])
     return (
         f"node {node} still advertises {what} in its status, left by a device plugin: the "
         "scheduler counts that instead of this driver's devices, and pods asking for it get "
@@ -140,16 +148,13 @@ def warn_if_stale(read_node: Any, list_classes: Any, node_name: str, driver: str
 
 def _asked(pod: Mapping[str, Any]) -> set[str]:
     """The resource names the pod's containers (init containers too) ask for."""
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
     names: set[str] = set()
     for key in ("initContainers", "containers"):
-        for container in spec.get(key) or ():
-            resources = container.get("resources") if isinstance(container, Mapping) else None
+        containers = _mapping(pod.get("spec")).get(key)
+        for container in containers if isinstance(containers, list) else ():
+            resources = _mapping(_mapping(container).get("resources"))
             for part in ("limits", "requests"):
-                amounts = resources.get(part) if isinstance(resources, Mapping) else None
-                if isinstance(amounts, Mapping):
-                    names.update(str(k) for k in amounts)
+                names.update(str(k) for k in _mapping(resources.get(part)))
     return names
 
 
@@ -168,17 +173,14 @@ def pod_stale_lines(
     served = {r: c for r, c in served_resources(classes, driver).items() if r in _asked(pod)}
     if not served:
         return []
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    assert isinstance(spec, Mapping)
-    scheduled = spec.get("nodeName")
-    nodes: list[str] = [str(scheduled)] if scheduled else []
+    scheduled = _mapping(pod.get("spec")).get("nodeName")
+    nodes: list[str] = [scheduled] if isinstance(scheduled, str) and scheduled else []
     if not nodes:
         for body in slices:
-            slice_spec = body.get("spec")
-            if isinstance(slice_spec, Mapping) and slice_spec.get("driver") == driver:
-                name = slice_spec.get("nodeName")
-                if isinstance(name, str) and name and name not in nodes:
-                    nodes.append(name)
+            slice_spec = _mapping(_mapping(body).get("spec"))
+            name = slice_spec.get("nodeName")
+            if slice_spec.get("driver") == driver and isinstance(name, str) and name:
+                nodes += [] if name in nodes else [name]
     lines = []
     for name in nodes[:most_nodes]:
         try:

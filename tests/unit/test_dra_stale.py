@@ -122,3 +122,13 @@ def test_only_classes_of_this_driver_count() -> None:
     assert served["nvidia.com/mig-1g.10gb"] == "mig-1g.10gb.gpu.cdigen.dev"
     found = stale_resources(node_advertising("n", "1"), {"example.com/fpga": "other"})
     assert found == []
+
+
+def test_a_hostile_name_stays_one_quoted_line() -> None:
+    from plugin.dra.stale import stale_line
+
+    doc = node_advertising("node-a\nFAKE: injected", "1\x1b[31m")
+    (found,) = stale_resources(doc, {"nvidia.com/gpu": "gpu.cdigen.dev"})
+    line = stale_line([found])
+    assert "\n" not in line and "\x1b" not in line
+    assert "'node-a\\nFAKE: injected'" in line and "'1\\x1b[31m'" in line
