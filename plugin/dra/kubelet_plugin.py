@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,9 @@ def _preparer(
         options=spec_options,
         driver_files=scan_driver(options.driver_root, node.driver_version, fs),
         fs=fs,
-        mps=options.mps,
+        mps=replace(options.mps, memory_step=options.memory_shares.step)
+        if options.memory_shares
+        else options.mps,
         mig=mig,
     )
 
