@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cdigen.model import MIG_STRATEGIES, Gpu, Node
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES, Gpu, Node
 
 MIB = 1024 * 1024
 NVIDIA = "nvidia.com/"
@@ -253,7 +253,10 @@ def nvlink_domain_size(node: Node) -> int:
 
 
 def node_labels(
-    node: Node, *, mig_strategy: str = "none", sharing: LabelSharing = NOT_SHARED
+    node: Node,
+    *,
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY,
+    sharing: LabelSharing = NOT_SHARED,
 ) -> dict[str, str]:
     """Every label for ``node``, full keys, sorted; none for a node without GPUs (as GFD).
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.config_sources import (
     check_choice,
@@ -70,7 +70,7 @@ class PluginConfig:
     cdi_kind: str = DEFAULT_CDI_KIND
     device_list_strategy: str = "cdi-cri"
     policy_dir: Path | None = None
-    mig_strategy: str = "none"
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY
     health: HealthConfig = field(default_factory=HealthConfig)
     log_level: str = "info"
     log_format: str = "text"

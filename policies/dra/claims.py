@@ -228,7 +228,7 @@ class FirstFit:
             wanted = policy.consumed(requested.get(name), total)
             short = name.rpartition("/")[2]
             if wanted is None:
-                return {}, f"{short} request {requested.get(name)} is outside its request policy"
+                return {}, policy.refusal(short, requested.get(name))
             amount = wanted
             left = total - state.consumed.get(device.name, {}).get(name, 0)
             if amount > left:
