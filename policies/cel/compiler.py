@@ -19,7 +19,7 @@ from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_err
 from policies.cel.functions import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from policies.cel.parser import parse
-from policies.cel.typecheck import check_types
+from policies.cel.typecheck import DEVICE, DYN, CelType, check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
@@ -257,11 +257,19 @@ def _line_column(text: str, offset: int) -> tuple[int, int]:
     return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
 
 
+def _declared(variables: frozenset[str]) -> dict[str, CelType]:
+    """The declared type of each variable: ``device`` as Kubernetes declares it for DRA
+    selectors; the others (``allocation``) of unknown type, checked when evaluated."""
+    return {name: DEVICE if name == "device" else DYN for name in variables}
+
+
 def compile_expression(
     text: str, variables: frozenset[str] = frozenset({"device", "allocation"})
 ) -> CelProgram:
-    """Parse and bind ``text`` once; CelCompileError with the position of a syntax error, of
-    an identifier outside ``variables``, or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
+    """Parse, check and bind ``text`` once; CelCompileError with the position of a syntax
+    error, of an identifier outside ``variables``, of what the API server's type check refuses
+    (:mod:`policies.cel.typecheck`: overloads, fields, literals, RE2 patterns, format calls,
+    a result that is not a bool), or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
     nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
     if len(text.encode()) > limits.MAX_EXPRESSION_BYTES:
         raise CelCompileError(f"expression longer than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1)
@@ -285,7 +293,7 @@ def compile_expression(
     _check_identifiers(ast, variables)
     _rewrite_bind(ast)
     limits.check_depth(ast)
-    check_types(ast)
+    check_types(ast, text, _declared(variables))
     cost = limits.estimate_cost(ast, variables)
     return CelProgram(
         text=text,
