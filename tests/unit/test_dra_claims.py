@@ -308,7 +308,12 @@ def test_check_names_file_field_and_cel_position_of_a_misspelt_attribute(
     )
     assert "capacity.requests.memroy: no capacity 'memroy' (did you mean 'memory'?)" in err[1]
     assert "constraints[0].matchAttribute: no attribute 'resource.kubernetes.io/numaNod'" in err[2]
-    assert err[-1] == "cdigen: dra check failed: 3 problem(s)"
+    assert err[3].startswith(
+        f"{path}: ResourceClaimTemplate bad: the scheduler could never allocate it on "
+        "builtin:dgx-a100-mig-mixed (request 'gpus': selector 0: CEL runtime error: no attribute "
+        "'nvlinkClque'"
+    )
+    assert err[-1] == "cdigen: dra check failed: 4 problem(s)"
 
 
 def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
