@@ -81,11 +81,19 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
 )
 
 
+def _url_type() -> type:
+    from policies.cel.urls import Url
+
+    return Url
+
+
 def type_name(value: Any) -> str:
     """The CEL name of a value's type (``int``, ``quantity``), else its Python class name."""
     for cls, name in _TYPE_NAMES:
         if isinstance(value, cls):
             return name
+    if isinstance(value, _url_type()):
+        return "kubernetes.URL"
     return type(value).__name__
 
 

@@ -14,6 +14,7 @@ import policies.cel.limits as limits
 from policies.cel.errors import OperandTypeError, type_name
 from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
 from policies.cel.semver import Semver, parse_semver
+from policies.cel.urls import URL_FUNCTIONS
 
 
 def _err(message: str) -> CELEvalError:
@@ -602,5 +603,6 @@ FUNCTIONS.update(
         ),
         "isInteger": _cel_is_integer,
         "sign": _cel_sign,
+        **URL_FUNCTIONS,
     }
 )
