@@ -165,7 +165,7 @@ def _explain(args: argparse.Namespace) -> int:
         raise InputError(
             "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
-    refused = _refused_at_create(claims, classes)
+    refused = _refused_at_create(claims, classes) or _unknown_classes(claims, classes)
     if refused:  # as the API server: before any device is looked at
         for line in refused:
             print(line, file=sys.stderr)
@@ -214,6 +214,22 @@ def _refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClas
                 f"{selector.source}: {selector.field}: CEL line {exc.line}, column {exc.column}: "
                 f"{exc} (the API server refuses it at create)"
             )
+    return lines
+
+
+def _unknown_classes(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
+    """A line for each request naming a DeviceClass that is not among ``classes``."""
+    from policies.dra.check import unknown_class_message
+
+    lines = []
+    for claim in claims:
+        for request in claim.requests:
+            for choice in request.alternatives or (request,):
+                if choice.class_name not in classes:
+                    lines.append(
+                        f"{claim.source}: claim {claim.name}: request {choice.name!r}: "
+                        + unknown_class_message(choice.class_name, classes)
+                    )
     return lines
 
 

@@ -347,19 +347,23 @@ def _unknown_class(
             if choice.class_name in classes:
                 continue
             step = f"firstAvailable[{k}]" if request.alternatives else "exactly"
-            hint = did_you_mean(choice.class_name, classes)
-            if not hint:
-                names = sorted(classes)
-                shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-                hint = f" (DeviceClasses: {shown or 'none'}; --class adds more)"
             return Problem(
                 source,
                 f"{base}.devices.requests[{n}].{step}.deviceClassName",
-                f"DeviceClass {choice.class_name!r} does not exist{hint}: the scheduler could "
-                "never allocate the claim",
+                unknown_class_message(choice.class_name, classes),
                 kind="verdict",
             )
     return None
+
+
+def unknown_class_message(name: str, classes: Mapping[str, DeviceClass]) -> str:
+    """The verdict on a request naming DeviceClass ``name``, which is not among ``classes``."""
+    names = sorted(classes)
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return (
+        f"DeviceClass {name!r} does not exist{did_you_mean(name, classes)}: the scheduler could "
+        f"never allocate the claim (DeviceClasses: {shown or 'none'}; --class adds more)"
+    )
 
 
 def _shortfall(fit: FirstFit, claim: Claim) -> str:

@@ -180,7 +180,7 @@ def test_explain_on_a_claim_that_cannot_fit_exits_1(capsys: pytest.CaptureFixtur
     assert "not allocatable" in capsys.readouterr().out
 
 
-def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_explain_without_the_device_class_is_one_line_exit_1(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -199,9 +199,10 @@ def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> 
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 1  # the scheduler, with only the classes given, never would
     assert result.stderr.count("\n") == 1
-    assert "DeviceClass 'gpu.cdigen.dev', which was not given" in result.stderr
+    assert "DeviceClass 'gpu.cdigen.dev' does not exist" in result.stderr
+    assert "(DeviceClasses: graphics-gpu.cdigen.dev; --class adds more)" in result.stderr
 
 
 def _sized_claim(tmp_path: Path, name: str, *memory: str) -> str:
