@@ -19,7 +19,7 @@ from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_err
 from policies.cel.functions import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from policies.cel.parser import parse
-from policies.cel.typecheck import DEVICE, DYN, CelType, check_types
+from policies.cel.typecheck import DEVICE, DYN, TYPE_NAMES, CelType, check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
@@ -153,7 +153,7 @@ _MACROS = {"map", "filter", "all", "exists", "exists_one", "bind"}
 
 def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
     """Reject identifiers that are neither ``variables`` nor bound by a macro (``all(d, ...)``)."""
-    bound = {"cel"}
+    bound = {"cel", *TYPE_NAMES}
     for node in tree.iter_subtrees():
         if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
             args = node.children[2].children if len(node.children) > 2 else []
@@ -168,7 +168,8 @@ def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
             if name not in variables and name not in bound:
                 known = " or ".join(f"'{v}'" for v in sorted(variables))
                 raise CelCompileError(
-                    f"undeclared reference to {name!r} (this field can use {known})",
+                    f"undeclared reference to {name!r} (in container ''); this field can use "
+                    f"{known}",
                     getattr(token, "line", None),
                     getattr(token, "column", None),
                 )

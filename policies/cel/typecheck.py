@@ -313,6 +313,19 @@ _LITERALS = {
     "NULL_LIT": NULL,
 }
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+# The type names an expression may use as values (``type(x) == int``).
+TYPE_NAMES: Mapping[str, CelType] = {
+    "int": INT,
+    "uint": UINT,
+    "double": DOUBLE,
+    "bool": BOOL,
+    "string": STRING,
+    "bytes": BYTES,
+    "list": list_of(DYN),
+    "map": map_of(DYN, DYN),
+    "null_type": NULL,
+    "type": type_of(DYN),
+}
 INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -350,6 +363,8 @@ def _assignable(m: _Mapping, actual: CelType, declared: CelType) -> bool:
             other.name not in {t.name for t in _ORDERED}
             and (other.name not in ("list", "map", "type"))
         )
+    if actual.name == "type" and declared.name == "type":
+        return True  # cel-go: any type value is assignable to another
     if actual.name != declared.name or len(actual.params) != len(declared.params):
         return False
     return all(_assignable(m, a, d) for a, d in zip(actual.params, declared.params, strict=True))
@@ -512,6 +527,8 @@ class _Checker:
     def c_ident(self, node: Any) -> CelType:
         name = str(node.children[0])
         found = self.lookup(name)
+        if found is None and name in TYPE_NAMES:
+            return type_of(TYPE_NAMES[name])
         if found is None:
             raise self.fail(f"undeclared reference to {name!r} (in container '')", node)
         return found

@@ -62,7 +62,7 @@ def cel_url(text: Any) -> Any:
         return _err("no such overload: url applied to a non-string")
     problem = url_problem(str(text))
     if problem is not None:
-        return _err(f"URL parse error during conversion from string: parse \"{text}\": {problem}")
+        return _err(f'URL parse error during conversion from string: parse "{text}": {problem}')
     return Url(str(text))
 
 

@@ -132,6 +132,7 @@ ACCEPTED = [
     (f"{NAME} == 1", False),  # attributes are of unknown type: checked when run
     (f"{NAME}.size() > 3 ? true : false", True),
     ('semver("1.2.3").isLessThan(semver("1.10.0"))', True),
+    (f'type(1) == int && type("a") != int && type({NAME}) == string', True),
 ]
 
 
