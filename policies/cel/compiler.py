@@ -157,8 +157,9 @@ def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
     for node in tree.iter_subtrees():
         if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
             args = node.children[2].children if len(node.children) > 2 else []
-            if args:
-                idents = [t for t in args[0].iter_subtrees() if t.data == "ident"]
+            # the variable, and a second one of a two-variable comprehension (all(k, v, p))
+            for arg in args[: 2 if len(args) > 2 else 1]:
+                idents = [t for t in arg.iter_subtrees() if t.data == "ident"]
                 if idents:
                     bound.add(str(idents[0].children[0]))
     for node in tree.iter_subtrees_topdown():

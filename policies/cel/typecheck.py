@@ -281,13 +281,6 @@ OVERLOADS: dict[str, list[Overload]] = {
 for _name in ("_<=_", "_>_", "_>=_"):
     OVERLOADS[_name] = OVERLOADS["_<_"]
 
-# The functions cdigen checks but does not run: refused as not supported, before any device.
-NOT_RUN = frozenset(
-    {"ip", "isIP", "ip.isCanonical", "cidr", "isCIDR", "family", "containsIP", "containsCIDR"}
-    | {"masked", "prefixLength", "isUnspecified", "isLoopback", "isGlobalUnicast"}
-    | {"isLinkLocalMulticast", "isLinkLocalUnicast"}
-)
-
 _OPERATORS = {
     "relation_lt": ("_<_", "<"),
     "relation_le": ("_<=_", "<="),
@@ -444,11 +437,6 @@ class _Checker:
                     result = found
                 elif result != found and not result.dynamic:
                     result = DYN
-        if result is not None and name in NOT_RUN:
-            raise self.fail(
-                f"{name}() is in Kubernetes' CEL environment, but cdigen does not evaluate it",
-                where,
-            )
         if result is None:
             if member:
                 shown = f"{args[0]}.({', '.join(str(a) for a in args[1:])})"
@@ -658,10 +646,13 @@ class _Checker:
         variable = _macro_variable(args[0])
         assert variable is not None
         if len(args) not in (2, 3) or (len(args) == 3 and name != "map"):
-            raise self.fail(
-                f"{name}() takes a variable and an expression; two-variable comprehensions "
-                "are not supported by cdigen",
-                where,
+            line, column = _where(where)
+            raise CelCompileError(
+                f"{name}() with two variables (Kubernetes' two-variable comprehensions) is not "
+                "evaluated by cdigen",
+                line,
+                column,
+                unsupported=True,
             )
         target = self.check(target_node)
         if target.dynamic:

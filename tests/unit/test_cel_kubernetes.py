@@ -133,6 +133,23 @@ ACCEPTED = [
     (f"{NAME}.size() > 3 ? true : false", True),
     ('semver("1.2.3").isLessThan(semver("1.10.0"))', True),
     (f'type(1) == int && type("a") != int && type({NAME}) == string', True),
+    ('ip("10.0.0.1").family() == 4 && ip("10.0.0.1").isGlobalUnicast()', True),
+    ('!ip("127.0.0.1").isGlobalUnicast() && ip("::1").isLoopback()', True),
+    (
+        'cidr("10.0.0.0/8").containsIP("10.1.2.3") && '
+        '!cidr("10.0.0.0/8").containsIP(ip("11.0.0.1"))',
+        True,
+    ),
+    (
+        'cidr("10.1.2.3/8").masked() == cidr("10.0.0.0/8") && '
+        'cidr("10.1.2.3/8").prefixLength() == 8',
+        True,
+    ),
+    ('isIP("::1") && !isIP("1.2.3") && ip.isCanonical("::1") && !ip.isCanonical("0:0::1")', True),
+    (
+        'string(cidr("10.0.0.0/8")) == "10.0.0.0/8" && cidr("10.1.2.3/8").ip() == ip("10.1.2.3")',
+        True,
+    ),
 ]
 
 
@@ -178,6 +195,22 @@ def test_errors_and_short_circuits_as_cel_go(expression: str, outcome: bool | st
         program.evaluate({"device": _device()})
     assert outcome in str(info.value)
     assert "CELEvalError" not in str(info.value)
+
+
+def test_what_cdigen_cannot_evaluate_is_not_called_a_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two-variable comprehensions: Kubernetes accepts them, cdigen does not evaluate them."""
+    text = 'device.attributes["gpu.cdigen.dev"].all(k, v, k != "")'
+    with pytest.raises(CelCompileError) as info:
+        compile_expression(text)
+    assert info.value.unsupported and "not evaluated by cdigen" in str(info.value)
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_claim(text)))
+    assert main(["dra", "check", "--node", V100, str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "cdigen cannot tell whether the scheduler would allocate the claim" in err
+    assert "refuses" not in err
 
 
 def test_the_hidden_cause_of_issue_38_is_named() -> None:
