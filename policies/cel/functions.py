@@ -12,6 +12,7 @@ from celpy.evaluation import CELEvalError, base_functions
 
 import policies.cel.limits as limits
 from policies.cel.errors import OperandTypeError, type_name
+from policies.cel.named_formats import FORMAT_FUNCTIONS
 from policies.cel.network import NETWORK_FUNCTIONS
 from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
 from policies.cel.semver import Semver, parse_semver
@@ -606,5 +607,6 @@ FUNCTIONS.update(
         "sign": _cel_sign,
         **URL_FUNCTIONS,
         **NETWORK_FUNCTIONS,
+        **FORMAT_FUNCTIONS,
     }
 )

@@ -19,6 +19,8 @@ from celpy.celparser import CELParseError, CELParser
 from lark import Lark, Token, Tree
 from lark.exceptions import LexError, ParseError, UnexpectedCharacters, UnexpectedToken
 
+from policies.cel.named_formats import FORMATS
+
 _OPTIONAL_SELECTION = """
 %extend member: member_dot_opt | member_index_opt
 member_dot_opt: member "." "?" IDENT
@@ -31,6 +33,7 @@ NAMESPACED = {
     "strings": frozenset({"quote"}),
     "sets": frozenset({"contains", "equivalent", "intersects"}),
     "ip": frozenset({"isCanonical"}),
+    "format": frozenset({"named", *FORMATS}),  # Kubernetes' format library
 }
 
 _PARSER: Lark | None = None

@@ -24,6 +24,7 @@ from typing import Any
 from lark import Token, Tree
 
 from policies.cel.errors import CelCompileError
+from policies.cel.named_formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ QUANTITY, SEMVER = _t("kubernetes.Quantity"), _t("kubernetes.Semver")
 URL, IP, CIDR = _t("kubernetes.URL"), _t("net.IP"), _t("net.CIDR")
 A, B = _t("A"), _t("B")
 DEVICE = _t("kubernetes.DRADevice")
+NAMED_FORMAT = _t("kubernetes.NamedFormat")
 
 
 def list_of(elem: CelType) -> CelType:
@@ -273,6 +275,10 @@ OVERLOADS: dict[str, list[Overload]] = {
     "containsCIDR": [_m(BOOL, CIDR, CIDR), _m(BOOL, CIDR, STRING)],
     "masked": [_m(CIDR, CIDR)],
     "prefixLength": [_m(INT, CIDR)],
+    # Kubernetes' format library
+    **{f"format.{name}": [_g(NAMED_FORMAT)] for name in FORMATS},
+    "format.named": [_g(optional_of(NAMED_FORMAT), STRING)],
+    "validate": [_m(optional_of(list_of(STRING)), NAMED_FORMAT, STRING)],
     # cel-go's sets extension
     "sets.contains": [_g(BOOL, list_of(A), list_of(A))],
     "sets.equivalent": [_g(BOOL, list_of(A), list_of(A))],

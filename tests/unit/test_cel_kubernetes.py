@@ -79,6 +79,11 @@ REFUSED = [
     ),
     ('quantity("1Gi").add("1Gi").isInteger()', "'add' applied to 'kubernetes.Quantity.(string)'"),
     ("device.driver", "must evaluate to bool or the unknown type, not string"),
+    (
+        'format.dns1123Label().validate("x")',
+        "must evaluate to bool or the unknown type, not optional_type(list(string))",
+    ),
+    ("format.dns1123Label().validate(1).hasValue()", "'validate' applied to"),
     ("[device.driver].size()", "must evaluate to bool or the unknown type, not int"),
 ]
 
