@@ -210,14 +210,9 @@ def _refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClas
         try:
             compile_expression(selector.expression, DEVICE_VARIABLES)
         except CelCompileError as exc:
-            said = (
-                "cdigen cannot tell what the scheduler would do"
-                if exc.unsupported
-                else "(the API server refuses it at create)"
-            )
             lines.append(
                 f"{selector.source}: {selector.field}: CEL line {exc.line}, column {exc.column}: "
-                f"{exc}{': ' if exc.unsupported else ' '}{said}"
+                f"{exc} (the API server refuses it at create)"
             )
     return lines
 

@@ -15,6 +15,7 @@ from celpy.evaluation import CELEvalError, Evaluator
 from lark import Token, Tree
 
 import policies.cel.limits as limits
+from policies.cel import comprehensions
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
 from policies.cel.functions import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
@@ -94,6 +95,28 @@ class _BoundedEvaluator(Evaluator):
         self.meter.tick()
         return super().visit_children(tree)
 
+    def member_dot_arg(self, tree: Any) -> Any:
+        """Comprehensions as cel-go runs them (:mod:`policies.cel.comprehensions`); other
+        methods as cel-python does."""
+        name = str(tree.children[1])
+        args = list(tree.children[2].children) if len(tree.children) > 2 else []
+        names = comprehensions.variables(name, args) if name in comprehensions.NAMES else None
+        if names is None:
+            return super().member_dot_arg(tree)
+        target = self.visit(tree.children[0])
+        bodies = [self._body(arg) for arg in args[len(names) :]]
+        return comprehensions.run(name, target, names, bodies)
+
+    def _body(self, tree: Any) -> Any:
+        """A comprehension's body: its value (an error as a value) with its variables bound."""
+        nested = self.sub_evaluator(tree)
+
+        def evaluate(scope: dict[str, Any]) -> Any:
+            nested.set_activation(scope)
+            return nested.visit(nested.ast)
+
+        return evaluate
+
     def member_dot_opt(self, tree: Any) -> Any:
         target, name = tree.children
         return select(self.visit(target), celtypes.StringType(name))
@@ -148,7 +171,7 @@ class CelProgram:
         return bool(result)
 
 
-_MACROS = {"map", "filter", "all", "exists", "exists_one", "bind"}
+_MACROS = {*comprehensions.NAMES, "bind"}
 
 
 def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:

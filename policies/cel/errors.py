@@ -23,16 +23,12 @@ MAX_MESSAGE = 200  # characters of a message passed on from cel-python
 
 
 class CelCompileError(Exception):
-    """A CEL expression that does not compile; ``line``/``column`` are 1-based within it.
-    ``unsupported``: Kubernetes would accept it, but cdigen cannot evaluate it."""
+    """A CEL expression that does not compile; ``line``/``column`` are 1-based within it."""
 
-    def __init__(
-        self, message: str, line: int | None, column: int | None, unsupported: bool = False
-    ) -> None:
+    def __init__(self, message: str, line: int | None, column: int | None) -> None:
         super().__init__(message)
         self.line = line
         self.column = column
-        self.unsupported = unsupported
 
 
 class CelEvaluationError(Exception):

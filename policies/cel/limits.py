@@ -112,6 +112,7 @@ def check_depth(tree: Any) -> None:
 
 
 _COMPREHENSIONS = {"map", "filter", "all", "exists", "exists_one"}
+_COMPREHENSIONS |= {"existsOne", "transformList", "transformMap", "transformMapEntry"}
 _STRING_TOKENS = {"STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"}
 
 

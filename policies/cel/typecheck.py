@@ -23,6 +23,7 @@ from typing import Any
 
 from lark import Token, Tree
 
+from policies.cel import comprehensions
 from policies.cel.errors import CelCompileError
 from policies.cel.named_formats import FORMATS
 
@@ -311,7 +312,6 @@ _LITERALS = {
     "BOOL_LIT": BOOL,
     "NULL_LIT": NULL,
 }
-_COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 # The type names an expression may use as values (``type(x) == int``).
 TYPE_NAMES: Mapping[str, CelType] = {
     "int": INT,
@@ -627,8 +627,9 @@ class _Checker:
         target_node, name_token = node.children[0], node.children[1]
         name = str(name_token)
         args = list(node.children[2].children) if len(node.children) > 2 else []
-        if name in _COMPREHENSIONS and args and _macro_variable(args[0]) is not None:
-            return self._comprehension(target_node, name, args, name_token)
+        names = comprehensions.variables(name, args) if name in comprehensions.NAMES else None
+        if names is not None:
+            return self._comprehension(target_node, name, names, args[len(names) :])
         target = self.check(target_node)
         if name == "format" and len(args) == 1 and _list_literal(args[0]) is not None:
             # cel-go exempts format's argument list from the one-type rule for literals
@@ -647,44 +648,50 @@ class _Checker:
         return result
 
     def _comprehension(
-        self, target_node: Any, name: str, args: Sequence[Any], where: Any
+        self, target_node: Any, name: str, names: Sequence[str], bodies: Sequence[Any]
     ) -> CelType:
-        variable = _macro_variable(args[0])
-        assert variable is not None
-        if len(args) not in (2, 3) or (len(args) == 3 and name != "map"):
-            line, column = _where(where)
-            raise CelCompileError(
-                f"{name}() with two variables (Kubernetes' two-variable comprehensions) is not "
-                "evaluated by cdigen",
-                line,
-                column,
-                unsupported=True,
-            )
+        """A comprehension's type: its range gives the variables' types (a list its elements,
+        or its indexes and elements; a map its keys, or its keys and values)."""
         target = self.check(target_node)
         if target.dynamic:
-            elem = DYN
-        elif target.name == "list" or target.name == "map":
-            elem = target.params[0]
+            key, value = DYN, DYN
+        elif target.name == "list":
+            key, value = INT, target.params[0]
+        elif target.name == "map":
+            key, value = target.params
         else:
             raise self.fail(
                 f"expression of type '{target}' cannot be range of a comprehension (must be "
                 "list, map, or dynamic)",
                 target_node,
             )
-        self.scopes.append({variable: elem})
+        if len(names) == 2:
+            scope = {names[0]: key, names[1]: value}
+        else:
+            scope = {names[0]: value if target.name == "list" else key}
+        self.scopes.append(scope)
         try:
-            bodies = [self.check(a) for a in args[1:]]
+            types = [self.check(b) for b in bodies]
         finally:
             self.scopes.pop()
-        if name in ("all", "exists", "exists_one"):
-            self.resolve("_&&_" if name == "all" else "_||_", (BOOL, bodies[0]), False, args[1])
+        if len(types) == 2 or name in ("all", "exists", "exists_one", "existsOne", "filter"):
+            step = "_&&_" if name in ("all", "filter") or len(types) == 2 else "_||_"
+            self.resolve(step, (BOOL, types[0]), False, bodies[0])
+        result = types[-1]
+        if name in ("all", "exists", "exists_one", "existsOne"):
             return BOOL
         if name == "filter":
-            self.resolve("_&&_", (BOOL, bodies[0]), False, args[1])
-            return list_of(elem)
-        if len(bodies) == 2:  # map(x, filter, transform)
-            self.resolve("_&&_", (BOOL, bodies[0]), False, args[1])
-        return list_of(bodies[-1])
+            return list_of(scope[names[0]])
+        if name in ("map", "transformList"):
+            return list_of(result)
+        if name == "transformMap":
+            return map_of(key, result)
+        if not (result.dynamic or result.name == "map"):  # transformMapEntry
+            raise self.fail(
+                f"found no matching overload for 'transformMapEntry' applied to '{result}'",
+                bodies[-1],
+            )
+        return result if result.name == "map" else map_of(DYN, DYN)
 
     def _regex_literal(self, pattern: Any) -> None:
         """cel-go's ValidateRegexLiterals: a literal ``matches`` pattern must compile (RE2)."""
@@ -765,13 +772,6 @@ def _unwrap(node: Any) -> Any:
     ):
         node = node.children[0]
     return node
-
-
-def _macro_variable(node: Any) -> str | None:
-    inner = _unwrap(node)
-    if isinstance(inner, Tree) and inner.data == "ident":
-        return str(inner.children[0])
-    return None
 
 
 def _string_literal(node: Any) -> str | None:

@@ -108,9 +108,6 @@ def check_expression(
     try:
         compile_expression(expression, DEVICE_VARIABLES)
     except CelCompileError as exc:
-        if exc.unsupported:  # not the API server's refusal: cdigen cannot tell the verdict
-            message = f"{exc}: cdigen cannot tell whether the scheduler would allocate the claim"
-            return [Problem(source, field, message, exc.line, exc.column, kind="create")]
         message = f"{exc} (the API server refuses it at create)"
         return [Problem(source, field, message, exc.line, exc.column, kind="create")]
     problems: list[Problem] = []
