@@ -405,6 +405,10 @@ class _Checker:
     def __init__(self, text: str, variables: Mapping[str, CelType]) -> None:
         self.text = text
         self.scopes: list[dict[str, CelType]] = [dict(variables)]
+        # What cel-go's validators find: they run once the type check has passed, and the
+        # API server reports the first by position.
+        self.validation: list[CelCompileError] = []
+        self.in_format = 0  # inside a format() call: literals may mix types
 
     def fail(self, message: str, where: Any) -> CelCompileError:
         line, column = _where(where)
@@ -530,30 +534,43 @@ class _Checker:
     def c_list_lit(self, node: Any) -> CelType:
         elements = node.children[0].children if node.children else []
         elem: CelType | None = None
+        first: CelType | None = None
         for element in elements:
             current = self.check(element)
+            if first is None:
+                first = current
+            else:
+                self._same_type(first, current, element)
             joined = _joined(elem, current)
-            if joined is None:
-                assert elem is not None
-                raise self.fail(f"expected type '{elem}' but found '{current}'", element)
-            elem = joined
+            elem = DYN if joined is None else joined
         return list_of(elem or DYN)
 
     def c_map_lit(self, node: Any) -> CelType:
         items = node.children[0].children if node.children else []
         key: CelType | None = None
         value: CelType | None = None
+        first: tuple[CelType, CelType] | None = None
         for k_node, v_node in zip(items[::2], items[1::2], strict=True):
             k, v = self.check(k_node), self.check(v_node)
             if k.name not in ("int", "uint", "bool", "string", "dyn", "any"):
                 raise self.fail(f"unsupported map key type: {k}", k_node)
+            if first is None:
+                first = (k, v)
+            else:
+                self._same_type(first[0], k, k_node)
+                self._same_type(first[1], v, v_node)
             joined_key, joined_value = _joined(key, k), _joined(value, v)
-            if joined_key is None:
-                raise self.fail(f"expected type '{key}' but found '{k}'", k_node)
-            if joined_value is None:
-                raise self.fail(f"expected type '{value}' but found '{v}'", v_node)
-            key, value = joined_key, joined_value
+            key = DYN if joined_key is None else joined_key
+            value = DYN if joined_value is None else joined_value
         return map_of(key or DYN, value or DYN)
+
+    def _same_type(self, expected: CelType, found: CelType, where: Any) -> None:
+        """cel-go's homogeneous aggregate literal validator: the elements of a list literal
+        (the keys, the values of a map literal) all of one type, except inside format()."""
+        if expected != found and not self.in_format:
+            self.validation.append(
+                self.fail(f"expected type '{expected}' but found '{found}'", where)
+            )
 
     def c_member_object(self, node: Any) -> CelType:
         raise self.fail("message construction is not supported in this environment", node)
@@ -630,15 +647,12 @@ class _Checker:
         names = comprehensions.variables(name, args) if name in comprehensions.NAMES else None
         if names is not None:
             return self._comprehension(target_node, name, names, args[len(names) :])
-        target = self.check(target_node)
-        if name == "format" and len(args) == 1 and _list_literal(args[0]) is not None:
-            # cel-go exempts format's argument list from the one-type rule for literals
-            elements = _list_literal(args[0]) or []
-            for element in elements:
-                self.check(element)
-            types = [list_of(DYN)]
-        else:
+        self.in_format += name == "format"
+        try:
+            target = self.check(target_node)
             types = [self.check(a) for a in args]
+        finally:
+            self.in_format -= name == "format"
         where = _call_position(name_token)
         result = self.resolve(name, [target, *types], True, where, name_token)
         if name == "matches" and args:
@@ -701,7 +715,7 @@ class _Checker:
         from policies.cel.regex import regex_problem
 
         if regex_problem(literal) is not None:
-            raise self.fail("invalid matches argument", pattern)
+            self.validation.append(self.fail("invalid matches argument", pattern))
 
     def _format_literal(self, target_node: Any, args_node: Any) -> None:
         """cel-go's format validator: a literal format string with a literal list of
@@ -712,14 +726,15 @@ class _Checker:
             return
         from policies.cel.formatting import FormatError, check_format
 
-        kinds = []
-        for element in elements:
-            self_type = self.check(element)
-            kinds.append(str(self_type))
+        self.in_format += 1
+        try:
+            kinds = [str(self.check(element)) for element in elements]
+        finally:
+            self.in_format -= 1
         try:
             check_format(text, kinds)
         except FormatError as exc:
-            raise self.fail(str(exc), args_node) from None
+            self.validation.append(self.fail(str(exc), args_node))
 
     def _operator_at(self, left: Any, symbol: str) -> tuple[int | None, int | None]:
         """The line and column of ``symbol`` after the subtree ``left`` (the operator cel-go
@@ -810,7 +825,10 @@ def check_types(
 ) -> CelType:
     """The type of ``tree``; CelCompileError, in cel-go's words, where the API server's check
     refuses it. ``want_bool``: the result must be bool or of unknown type (a selector's)."""
-    result = _Checker(text, variables).check(tree)
+    checker = _Checker(text, variables)
+    result = checker.check(tree)
+    if checker.validation:
+        raise min(checker.validation, key=lambda e: (e.line or 0, e.column or 0))
     if want_bool and not (result == BOOL or result.dynamic):
         raise CelCompileError(f"must evaluate to bool or the unknown type, not {result}", 1, 1)
     return result

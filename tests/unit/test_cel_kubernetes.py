@@ -56,6 +56,11 @@ REFUSED = [
     # more, from cel-go's checker and validators
     ("1 == 1.0", "found no matching overload for '_==_' applied to '(int, double)'"),
     ('[1, "a"].size() == 2', "expected type 'int' but found 'string'"),
+    ("[dyn(1), 2].size() == 2", "expected type 'dyn' but found 'int'"),  # exact, as cel-go
+    (f'{NAME} in [{NAME}, "x"]', "expected type 'any' but found 'string'"),
+    # the type check first; the validators (literals, regex, format) after it
+    ('device.driver.matches("[") && [1, "a"] == 1', "'_==_' applied to '(list(dyn), int)'"),
+    ('[1, "a"].size() == 2 && device.driver.matches("[")', "expected type 'int' but found"),
     ('{"a": 1, "b": "x"}.size() == 2', "expected type 'int' but found 'string'"),
     ("18446744073709551616u > 0u", "invalid uint literal"),
     ('"%d %d".format([1]) == ""', "index 1 out of range"),
@@ -121,6 +126,7 @@ ACCEPTED = [
     (f'{NAME}.matches("(?i)a100-sxm4")', True),
     (f'"%s: %d GiB".format([{NAME}, {MEMORY}.asInteger() / 1073741824]).endsWith("80 GiB")', True),
     ('"%.2f %x %X %o %b %%".format([1.5, 255, 255, 8, 5]) == "1.50 ff FF 10 101 %"', True),
+    ('"%s %s".format([[1, "a"], {"k": true}]) == "[1, a] {k: true}"', True),
     ('strings.quote("a\\"b") == "\\"a\\\\\\"b\\""', True),
     ("[3, 1, 2].max() == 3 && [3, 1, 2].min() == 1 && [1, 2, 3].sum() == 6", True),
     ("[1, 2, 2].isSorted() && ![2, 1].isSorted()", True),
