@@ -344,6 +344,8 @@ def _check(args: argparse.Namespace) -> int:
     problems = [p for p in found if not p.warning]
     if problems:
         raise CheckFailed([str(p) for p in problems], summary="dra check failed")
+    for note in result.notes:
+        print(note)
     said = f"{len(args.files)} file(s) OK against the attributes of {args.driver_name}"
     if result.claims:
         where = " or ".join(args.node or SAMPLE_NODES)

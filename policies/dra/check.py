@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +262,7 @@ class CheckResult:
 
     problems: list[Problem]
     claims: int
+    notes: list[str] = field(default_factory=list)  # claims that fit some nodes, not all
 
 
 def check_files(
@@ -280,18 +281,22 @@ def check_files(
             cls = device_class(doc, source)
             known[cls.name] = cls
     problems: list[Problem] = []
+    notes: list[str] = []
     claims = 0
     for source, doc in docs:
         found = check_document(doc, source, published)
         if nodes and doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
             claims += 1
             verdict = claim_verdict(doc, source, found, known, nodes)
-            if verdict is None:  # allocatable: unpublished names are worth a word, no more
+            if verdict is None or verdict.kind == "note":
+                # allocatable: unpublished names are worth a word, no more
                 found = [replace(p, warning=True) if p.kind == "name" else p for p in found]
+                if verdict is not None:
+                    notes.append(str(verdict))
             elif verdict.kind == "verdict":
                 found.append(verdict)
         problems += found
-    return CheckResult(problems, claims)
+    return CheckResult(problems, claims, notes)
 
 
 def _what(doc: Mapping[str, Any]) -> str:
@@ -305,9 +310,10 @@ def claim_verdict(
     classes: Mapping[str, DeviceClass],
     nodes: Sequence[NodeDevices],
 ) -> Problem | None:
-    """None when the scheduler could allocate the claim of ``doc`` on one of ``nodes`` (a free
-    node), else why it never could: the first refusal at create among ``found``, an unknown
-    DeviceClass, or what the scheduler's first fit says on the first node."""
+    """None when the scheduler could allocate the claim of ``doc`` on each of ``nodes`` (a free
+    node); a note (kind "note") when on some of them, saying where not and why; else why it
+    never could: the first refusal at create among ``found``, an unknown DeviceClass, or what
+    the scheduler's first fit says on the first node."""
     refused = next((p for p in found if p.kind == "create"), None)
     if refused is not None:
         return refused
@@ -319,6 +325,7 @@ def claim_verdict(
     if unknown is not None:
         return unknown
     failures: list[tuple[str, str]] = []
+    fits: list[str] = []
     for node in nodes:
         fit = FirstFit(node.devices, classes)
         try:
@@ -326,9 +333,16 @@ def claim_verdict(
         except InputError as exc:
             failures.append((node.label, str(exc)))
             continue
-        if not allocation.error:
-            return None
-        failures.append((node.label, allocation.error + _shortfall(fit, claim)))
+        if allocation.error:
+            failures.append((node.label, allocation.error + _shortfall(fit, claim)))
+        else:
+            fits.append(node.label)
+    if fits and failures:  # a word on where it does not fit, not a failure
+        misses = "; ".join(f"{label}: {why}" for label, why in failures)
+        note = f"allocatable on {', '.join(fits)}; not on {misses}"
+        return Problem(source, _what(doc), note, kind="note")
+    if fits:
+        return None
     label, why = failures[0]
     message = f"the scheduler could never allocate it on {label}: {why}"
     if len(failures) > 1:

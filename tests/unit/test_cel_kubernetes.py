@@ -343,6 +343,14 @@ def test_dra_check_passes_a_claim_that_fits_one_of_the_sample_nodes(
     path = tmp_path / "claim.yaml"
     path.write_text(yaml.safe_dump(_claim(klass="mig-1g.10gb.gpu.cdigen.dev")))
     assert main(["dra", "check", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        f"{path}: ResourceClaim c: allocatable on builtin:dgx-a100-mig-mixed; not on "
+        "builtin:dgx1-v100: request 'gpu': 0 device(s) match and fit, 1 needed; no device "
+        "matches (on gpu-2: class mig-1g.10gb.gpu.cdigen.dev selector 0 is false); "
+        "builtin:rtx4090: request 'gpu': 0 device(s) match and fit, 1 needed; no device matches "
+        "(on gpu-0: class mig-1g.10gb.gpu.cdigen.dev selector 0 is false)"
+    )
     assert main(["dra", "check", "--node", V100, str(path)]) == 1
     err = capsys.readouterr().err
     assert "could never allocate it on builtin:dgx1-v100" in err
