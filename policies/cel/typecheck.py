@@ -630,7 +630,26 @@ class _Checker:
         if name == "has":
             return self._has(args, node)
         types = [self.check(a) for a in args]
-        return self.resolve(name, types, False, name_token)
+        result = self.resolve(name, types, False, name_token)
+        if name == "matches" and args:  # cel-go checks the first argument's literal
+            self._regex_literal(args[0])
+        if name in ("duration", "timestamp") and args:
+            self._time_literal(name, args[0])
+        return result
+
+    def _time_literal(self, name: str, argument: Any) -> None:
+        """cel-go's ValidateDurationLiterals/ValidateTimestampLiterals: a literal argument of
+        ``duration()``/``timestamp()`` must convert."""
+        literal = _string_literal(argument)
+        if literal is None:
+            return
+        from celpy import celtypes
+
+        convert = celtypes.DurationType if name == "duration" else celtypes.TimestampType
+        try:
+            convert(literal)
+        except Exception:  # cel-python raises several kinds for a bad literal
+            self.validation.append(self.fail(f"invalid {name} argument", argument))
 
     def _has(self, args: Sequence[Any], node: Any) -> CelType:
         selection = _unwrap(args[0]) if len(args) == 1 else None

@@ -69,6 +69,9 @@ REFUSED = [
         "too many arguments supplied to string.format (expected 1, got 2)",
     ),
     ('"%q".format([1]) == ""', 'unrecognized formatting clause "q"'),
+    ('matches("[", device.driver)', "invalid matches argument"),  # its first argument, as cel-go
+    ('duration("1x") > duration("1s")', "invalid duration argument"),
+    ('timestamp("bad") > timestamp("2024-01-01T00:00:00Z")', "invalid timestamp argument"),
     ("device.driver.startsWith(1)", "found no matching overload for 'startsWith' applied to"),
     ("!device.driver", "found no matching overload for '!_' applied to '(string)'"),
     ("[1, 2].all(x, x)", "found no matching overload for '_&&_' applied to '(bool, int)'"),
