@@ -297,7 +297,9 @@ def compile_expression(
     a result that is not a bool), or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
     nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
     if len(text.encode()) > limits.MAX_EXPRESSION_BYTES:
-        raise CelCompileError(f"expression longer than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1)
+        raise CelCompileError(  # the API server's words
+            f"Too long: may not be more than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1
+        )
     nesting = limits.nesting_problem(text)
     if nesting is not None:
         raise nesting
