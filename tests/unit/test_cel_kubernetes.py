@@ -402,3 +402,87 @@ def test_policy_check_refuses_what_the_api_server_refuses(
     path.write_text(POLICY % expression.replace("'", "''"))
     assert main(["policy", "check", str(path)]) == 1
     assert message in capsys.readouterr().err
+
+
+ANY_DEVICE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "any.gpu.cdigen.dev"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.cdigen.dev"'}}]},
+}
+PROFILE = 'device.attributes["gpu.cdigen.dev"].profile == "1g.10gb"'  # whole GPUs lack it
+MIG_NODE = "builtin:dgx-a100-mig-mixed"  # its MIG devices come before its whole GPUs
+
+
+def _request(name: str | None, count: int | None, expression: str) -> dict[str, Any]:
+    """An exactly request's body (``name`` None) or a firstAvailable subrequest."""
+    body: dict[str, Any] = {
+        "deviceClassName": "any.gpu.cdigen.dev",
+        "selectors": [{"cel": {"expression": expression}}],
+    }
+    if count is None:
+        body["allocationMode"] = "All"
+    else:
+        body["count"] = count
+    return body if name is None else {"name": name, **body}
+
+
+@pytest.mark.parametrize(
+    ("requests", "code"),
+    [
+        # ExactCount: the scheduler stops at the devices it needs; the whole GPUs, on which the
+        # selector errs, come after the nine 1g.10gb devices
+        ([{"name": "gpu", "exactly": _request(None, 1, PROFILE)}], 0),
+        ([{"name": "gpu", "exactly": _request(None, 9, PROFILE)}], 0),
+        ([{"name": "gpu", "exactly": _request(None, 10, PROFILE)}], 1),
+        # All: every device is evaluated
+        ([{"name": "gpu", "exactly": _request(None, None, PROFILE)}], 1),
+        # firstAvailable: an "All" subrequest is counted first, whichever choice would fit
+        (
+            [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [_request("one", 1, "true"), _request("all", None, PROFILE)],
+                }
+            ],
+            1,
+        ),
+        # an error met while trying the first choice fails the claim: the next is not tried
+        (
+            [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [_request("ten", 10, PROFILE), _request("one", 1, "true")],
+                }
+            ],
+            1,
+        ),
+        (
+            [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [_request("one", 1, PROFILE), _request("two", 2, "true")],
+                }
+            ],
+            0,
+        ),
+    ],
+    ids=["count-1", "count-9", "count-10", "all", "first-available-all", "first-error", "first"],
+)
+def test_a_cel_error_fails_the_claim_only_on_a_device_the_scheduler_evaluates(
+    requests: list[dict[str, Any]],
+    code: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The scheduler evaluates an ExactCount request's selectors device by device until it has
+    enough (an "All" request's on every device, before anything is picked)."""
+    claim = _claim()
+    claim["spec"]["devices"]["requests"] = requests
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump_all([ANY_DEVICE, claim]))
+    assert main(["dra", "check", "--node", MIG_NODE, str(path)]) == code
+    err = capsys.readouterr().err
+    assert (code == 1) == ("CEL runtime error: no attribute 'profile'" in err), err
+    assert main(["dra", "explain", "--node", MIG_NODE, "--claim", str(path)]) == code
+    capsys.readouterr()
