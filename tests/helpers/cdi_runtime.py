@@ -6,7 +6,9 @@ registry over /etc/cdi and /var/run/cdi (bind-mounted from the test's own folder
 mount namespace), resolves the names and injects their edits. One container run reports what the
 edits made: the environment, the character devices under /dev (major, minor), the mount table
 and the text of the files a test asks for. With ``debug=True`` podman's debug log also gives the
-library's load errors ("refreshing the CDI registry").
+library's load errors ("refreshing the CDI registry"); use it only for a run podman refuses
+before a container starts: with debug logging podman 4.3 waits out conmon's 20 s timeout after
+a container exits.
 
 What podman cannot show: the order of the environment (podman rebuilds it from a map) and the
 exact order of the OCI mounts (podman sorts mounts by depth itself). Debian 12's podman 4.3.1
@@ -45,7 +47,7 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, tuple[int, int]] = field(default_factory=dict)  # /dev path -> major, minor
     mounts: dict[str, list[str]] = field(default_factory=dict)  # destination -> mount options
-    files: dict[str, str] = field(default_factory=dict)  # path asked -> its text, if it exists
+    files: dict[str, str] = field(default_factory=dict)  # path asked -> its text (and "\n")
     load_errors: tuple[str, ...] = ()  # the library's errors loading spec files (debug=True)
 
     def unresolvable(self) -> bool:
@@ -76,8 +78,8 @@ class CdiRuntime:
         script = (
             'echo @ENV; env; echo @NODES; find /dev -type c -exec stat -c "%n %t %T" {} +; '
             "echo @MOUNTS; cat /proc/mounts; "
-            + "".join(f"test -f {p} && echo @FILE {p} && cat {p}; " for p in read)
-            + "echo @END"
+            + "".join(f"test -f {p} && echo && echo @FILE {p} && cat {p}; " for p in read)
+            + "echo; echo @END"  # a file's text may not end in a newline
         )
         run = self.podman.run(script, *names, global_args="--log-level=debug" if debug else "")
         errors = tuple(
@@ -104,6 +106,8 @@ def _parse(out: str, errors: tuple[str, ...]) -> Container:
         if section == "ENV" and "=" in line:
             key, _, value = line.partition("=")
             found.env[key] = value
+        elif not line.strip() and section != "FILE":
+            continue
         elif section == "NODES":
             path, major, minor = line.split()
             found.nodes[path] = (int(major, 16), int(minor, 16))
