@@ -60,6 +60,8 @@ class CdiRuntime:
 
     def __init__(self, work: Path, store: Path) -> None:
         self.podman = Podman(work, store)
+        # through an overlay: the mount points runc makes in one run must not show in the next
+        self.podman.overlay = True
         self.empty = work / "empty"
 
     def run(
