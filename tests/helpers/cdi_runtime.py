@@ -31,6 +31,7 @@ from tests.helpers.podman import Podman, missing_tools
 
 MAX_CDI_VERSION = (0, 5, 0)  # podman 4.3.1's CDI library (Debian 12, as .ci/run installs it)
 UNRESOLVABLE = "unresolvable CDI devices"
+PROBE = "cdigen.invalid/probe=none"  # a name no spec defines: podman refuses it before a container
 _LOAD_ERRORS = re.compile(r'refreshing the CDI registry: (.*?)"$', re.M)
 
 
@@ -94,6 +95,13 @@ class CdiRuntime:
             last = [line for line in run.stderr.splitlines() if line.startswith("Error")]
             return Container(False, (last or [run.stderr.strip()])[-1], load_errors=errors)
         return _parse(run.stdout, errors)
+
+    def load_errors(self, etc_cdi: Path, *, var_run_cdi: Path | None = None) -> tuple[str, ...]:
+        """The library's errors loading the spec files of these folders (load errors and
+        conflicts; ``()`` where every file loads)."""
+        seen = self.run(etc_cdi, [PROBE], var_run_cdi=var_run_cdi, debug=True)
+        assert seen.unresolvable(), seen.error
+        return seen.load_errors
 
 
 def _parse(out: str, errors: tuple[str, ...]) -> Container:
