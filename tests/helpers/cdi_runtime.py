@@ -48,7 +48,7 @@ class Container:
     env: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, tuple[int, int]] = field(default_factory=dict)  # /dev path -> major, minor
     mounts: dict[str, list[str]] = field(default_factory=dict)  # destination -> mount options
-    files: dict[str, str] = field(default_factory=dict)  # path asked -> its text (and "\n")
+    files: dict[str, str] = field(default_factory=dict)  # path asked -> its text, if a file
     load_errors: tuple[str, ...] = ()  # the library's errors loading spec files (debug=True)
 
     def unresolvable(self) -> bool:
@@ -126,6 +126,8 @@ def _parse(out: str, errors: tuple[str, ...]) -> Container:
             found.mounts[parts[1]] = parts[3].split(",")
         elif section == "FILE":
             found.files[current] += line + "\n"
+    for path, text in found.files.items():  # less the newline echoed before the next marker
+        found.files[path] = text[:-1]
     return found
 
 
