@@ -1,7 +1,7 @@
 """`cdigen dra serve` end to end without a cluster: the kubelet's registration handshake and
 prepare calls (tests/dra_kubelet_sim.py), a fake API server on loopback that the official
-kubernetes client talks to (tests/fake_apiserver.py), and the CDI library (cdicheck) on the
-transient specs (podman, which vendors it: tests/helpers/cdi_runtime.py)."""
+kubernetes client talks to (tests/fake_apiserver.py), and the CDI library on the transient
+specs (podman, which vendors it: tests/helpers/cdi_runtime.py)."""
 
 from __future__ import annotations
 
