@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +28,10 @@ from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_clas
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.helpers.cdi_runtime import CdiRuntime, Container, cdi_runtime
 from tests.helpers.dra import DRIVER, NODE_NAME, dra_options
 from tests.helpers.podman import Podman
 from tests.helpers.podman import missing_tools as podman_missing_tools
-from tests.helpers.shared import require_shared_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
@@ -350,11 +349,18 @@ def _share(device: str, memory: str, n: int) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
 def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_does_not(
-    plugin: Plugin, tmp_path: Path
+    plugin: Plugin, tmp_path: Path, podman: CdiRuntime
 ) -> None:
     """--mps-shm-dir: the claim's CDI spec mounts the node's shm directory at /dev/shm, and the
-    CDI library that runtimes use injects it; an exclusive whole GPU gets neither MPS mount."""
+    CDI library that runtimes use (podman's) injects it: the container sees the daemon's segment
+    there and gets the pipe directory in its env; an exclusive whole GPU gets neither MPS
+    mount."""
     pipe, shm = _mps_dirs(tmp_path)
     response = _prepare_limited_and_whole(plugin, pipe, shm)
     assert response.claims["uid-l"].error == "" and response.claims["uid-w"].error == ""
@@ -370,28 +376,23 @@ def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_d
     assert plugin.host is not None
     if not plugin.host.real_nodes:
         pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
-    edits = _inject(plugin, "uid-l")
-    assert {"source": str(shm), "destination": "/dev/shm", "options": shm_options} in [
-        {k: m.get(k) for k in ("source", "destination", "options")} for m in edits["mounts"]
-    ]
-    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["process.env"]
-    assert "/dev/shm" not in [m["destination"] for m in _inject(plugin, "uid-w")["mounts"]]
+    segment = "/dev/shm/cuda.shm.daemon"
+    seen = _run(podman, plugin, "uid-l", tmp_path, segment)
+    assert seen.ok, seen.error
+    assert seen.files[segment] == (shm / "cuda.shm.daemon").read_text()
+    assert set(shm_options[:4]) <= set(seen.mounts["/dev/shm"])
+    assert seen.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    whole = _run(podman, plugin, "uid-w", tmp_path, segment)
+    assert whole.ok and segment not in whole.files, whole.error
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in whole.env
 
 
-def _inject(plugin: Plugin, uid: str) -> dict[str, Any]:
-    """The OCI edits the CDI library makes for the claim's devices (cdicheck inject)."""
-    tool = require_shared_tool("cdicheck")
+def _run(podman: CdiRuntime, plugin: Plugin, uid: str, tmp_path: Path, *read: str) -> Container:
+    """A container given the claim's devices (its spec in /var/run/cdi, as DRA writes them)."""
     names = [f"k8s.{DRIVER}/claim={d['name']}" for d in plugin.spec(uid)["devices"]]
-    result = subprocess.run(
-        [str(tool), "inject", str(plugin.cdi_dir), *names],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    edits: dict[str, Any] = json.JSONDecoder().raw_decode(result.stdout)[0]
-    return edits
+    empty = tmp_path / "etc-cdi"
+    empty.mkdir(exist_ok=True)
+    return podman.run(empty, names, var_run_cdi=plugin.cdi_dir, read=read)
 
 
 def test_a_container_of_a_limited_claim_sees_the_daemons_segment_in_dev_shm(
