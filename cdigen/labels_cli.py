@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import EXIT_OK, InputError
 from cdigen.model import MIG_STRATEGIES
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_RESOURCE = GPU_RESOURCE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

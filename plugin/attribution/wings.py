@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cdigen.catalogue import CatalogueEntry
+from cdigen.constants import MIB
 from cdigen.model import Gpu
-from plugin.attribution.holdings import MIB, Holding
+from plugin.attribution.holdings import Holding
 from plugin.attribution.podresources import ContainerResources
 
 if TYPE_CHECKING:

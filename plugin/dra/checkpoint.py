@@ -58,9 +58,15 @@ def legacy_claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
     return claim_spec_path(spec_dir, driver, uid).with_suffix(".yaml")
 
 
+def claim_vendor(driver: str) -> str:
+    """The CDI vendor of ``driver``'s per-claim specs, ``k8s.<driver>``, as the kubelet's DRA
+    helper names it."""
+    return f"k8s.{driver}"
+
+
 def claim_spec_prefix(driver: str) -> str:
     """What every claim spec's file name starts with: ``k8s.<driver>-claim_``."""
-    return f"k8s.{driver}-{CLAIM_CLASS}_"
+    return f"{claim_vendor(driver)}-{CLAIM_CLASS}_"
 
 
 def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str | None:

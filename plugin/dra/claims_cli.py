@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEFAULT_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, quantity_bytes
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
     explain.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
-        default="mixed",
+        default=DEFAULT_MIG_STRATEGY,
         help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` (default mixed)",
     )
     explain.add_argument("--memory-step", metavar="QUANTITY", help="as `dra serve --memory-step`")

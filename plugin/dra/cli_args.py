@@ -3,12 +3,10 @@ common options. Light imports only: ``--help`` stays cheap."""
 
 from __future__ import annotations
 
-DEFAULT_DRIVER = "gpu.cdigen.dev"  # policies.device_view.DRA_DRIVER; kept here so --help is cheap
+from cdigen.constants import DRA_DRIVER as DEFAULT_DRIVER
 
 
-def dns_subdomain(
-    value: str, flag: str, longest: int = 63, example: str = "gpu.cdigen.dev"
-) -> None:
+def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAULT_DRIVER) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened

@@ -25,8 +25,8 @@ from plugin.dra.slices import (
     TaintDoc,
     device_doc,
     pool_slices,
-    quantity_text,
 )
+from policies.cel.quantity import format_bytes
 from policies.device_view import DeviceView
 
 SEPARATE_COUNTERS_MINOR = 35  # from Kubernetes 1.35 counters live in slices of their own
@@ -52,7 +52,7 @@ def counter_set(placements: Sequence[DeviceView]) -> dict[str, Any]:
     gpu = placements[0].gpu
     made = [v.placement for v in placements if v.placement is not None]
     counters = {
-        MEMORY: {"value": quantity_text(gpu.memory_bytes)},
+        MEMORY: {"value": format_bytes(gpu.memory_bytes)},
         COMPUTE: {"value": str(max(p.profile.compute_slices for p in made))},
     }
     for n in range(max(p.memory_slices.stop for p in made)):
@@ -78,7 +78,7 @@ def consumption(view: DeviceView) -> list[dict[str, Any]]:
     if placement is None:
         return []
     counters = {
-        MEMORY: {"value": quantity_text(placement.profile.memory_bytes)},
+        MEMORY: {"value": format_bytes(placement.profile.memory_bytes)},
         COMPUTE: {"value": str(placement.profile.compute_slices)},
     }
     for n in placement.memory_slices:

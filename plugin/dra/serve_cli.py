@@ -8,9 +8,10 @@ import os
 from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.constants import KUBELET_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.discover.numa import NUMA_FORMS
-from cdigen.model import DRA_MIG_STRATEGIES
+from cdigen.model import DEFAULT_MIG_STRATEGY, DRA_MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.agent.mps import LIMIT_KEYS
 from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, quantity_bytes
@@ -44,7 +45,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     serve.add_argument(
         "--kubelet-dir",
-        default="/var/lib/kubelet",
+        default=KUBELET_DIR,
         metavar="DIR",
         help="the kubelet's root, holding plugins/ and plugins_registry/ "
         "(default /var/lib/kubelet)",
@@ -84,7 +85,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     serve.add_argument(
         "--mig-strategy",
         choices=DRA_MIG_STRATEGIES,
-        default="mixed",
+        default=DEFAULT_MIG_STRATEGY,
         help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
         "whole GPUs only; dynamic: every MIG placement, made at prepare (needs --node nvml; "
         "docs/mig.md) (default mixed)",

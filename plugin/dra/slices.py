@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from policies.cel.quantity import format_bytes
 from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
@@ -20,22 +21,6 @@ MAX_DEVICES_PER_SLICE = 128
 # resource.k8s.io/v1: a slice in which any device has taints or consumes counters holds at most
 # 64 devices (the API server refuses more)
 MAX_DEVICES_WITH_TAINTS = 64
-_BINARY_SUFFIXES = (
-    ("Ei", 1 << 60),
-    ("Pi", 1 << 50),
-    ("Ti", 1 << 40),
-    ("Gi", 1 << 30),
-    ("Mi", 1 << 20),
-    ("Ki", 1 << 10),
-)
-
-
-def quantity_text(count: int) -> str:
-    """``85899345920`` -> ``"80Gi"``: the canonical Kubernetes quantity of a byte count."""
-    for suffix, size in _BINARY_SUFFIXES:
-        if count >= size and count % size == 0:
-            return f"{count // size}{suffix}"
-    return str(count)
 
 
 class TaintDoc(TypedDict):
@@ -59,11 +44,11 @@ class MemoryShares:
         """The ``requestPolicy`` of a GPU with ``total`` bytes of memory."""
         top = total - total % self.step
         return {
-            "default": quantity_text(self.default or self.step),
+            "default": format_bytes(self.default or self.step),
             "validRange": {
-                "min": quantity_text(self.step),
-                "max": quantity_text(top),
-                "step": quantity_text(self.step),
+                "min": format_bytes(self.step),
+                "max": format_bytes(top),
+                "step": format_bytes(self.step),
             },
         }
 
@@ -85,7 +70,7 @@ def device_doc(
     )
     capacity: dict[str, Any] = {}
     for name, v in sorted(view.capacity.items()):
-        entry: dict[str, Any] = {"value": quantity_text(v)}
+        entry: dict[str, Any] = {"value": format_bytes(v)}
         if shared and name == "memory":
             assert shares is not None
             entry["requestPolicy"] = shares.policy(v)

@@ -105,8 +105,10 @@ def _format_fraction(value: Fraction) -> str:
 
 
 def format_bytes(amount: int) -> str:
-    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
-    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
+    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi, 1Ti): the
+    canonical Kubernetes quantity of a byte count. The one formatter of quantities."""
+    for suffix, power in sorted(_BINARY_SUFFIXES.items(), key=lambda s: -s[1]):
+        shift = 10 * power
         if amount >= 1 << shift and amount % (1 << shift) == 0:
             return f"{amount >> shift}{suffix}"
     return str(amount)
