@@ -24,7 +24,7 @@ CHECKPOINT_HINT = (
 )
 
 
-class DeviceDoc(TypedDict):
+class PreparedDeviceDoc(TypedDict):
     """A prepared device in the checkpoint (and, field for field, in the kubelet's answer)."""
 
     requestNames: list[str]
@@ -41,7 +41,7 @@ class ClaimDoc(TypedDict):
 
     namespace: str
     name: str
-    devices: list[DeviceDoc]
+    devices: list[PreparedDeviceDoc]
     shareable: dict[str, bool]
     specPath: str
     migDevices: NotRequired[list[MigDoc]]  # made for the claim (--mig-strategy dynamic)

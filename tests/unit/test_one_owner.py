@@ -239,3 +239,14 @@ def test_a_value_used_not_defined_is_no_copy() -> None:
         'x = catalogue(n, mig_strategy="mixed")\n'
     )
     assert [f.name for f in FACTS if copies(f, [("plugin/new.py", tree)])] == []
+
+
+def test_each_class_name_has_one_meaning(modules: list[tuple[str, ast.Module]]) -> None:
+    """No two product modules define a top-level class of the same name (``ContainerEdits``,
+    ``Mount`` and ``DeviceDoc`` each meant two things: the CDI one keeps the name)."""
+    where: dict[str, list[str]] = {}
+    for path, tree in modules:
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(path)
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
