@@ -3,7 +3,9 @@ common options. Light imports only: ``--help`` stays cheap."""
 
 from __future__ import annotations
 
-from cdigen.constants import DRA_DRIVER as DEFAULT_DRIVER
+from cdigen.constants import DRA_DRIVER
+
+DEFAULT_DRIVER = DRA_DRIVER
 
 
 def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAULT_DRIVER) -> None:

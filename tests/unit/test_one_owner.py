@@ -185,9 +185,11 @@ def copies(fact: Fact, modules: list[tuple[str, ast.Module]]) -> list[str]:
                 if fact.named is not None and (name is None or not fact.named(name)):
                     continue
                 if fact.restates(value):
-                    found.append(f"{path}:{value.lineno}")
+                    found.append(f"{path}:{getattr(value, 'lineno', 0)}")
         if fact.anywhere is not None:
-            found += [f"{path}:{n.lineno}" for n in ast.walk(tree) if fact.anywhere(n)]  # type: ignore[attr-defined]
+            found += [
+                f"{path}:{getattr(n, 'lineno', 0)}" for n in ast.walk(tree) if fact.anywhere(n)
+            ]
     return found
 
 
