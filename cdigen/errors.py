@@ -25,6 +25,17 @@ def first_of(problems: Sequence[str]) -> str:
     return f"{problems[0]}{more}"
 
 
+def close_match(word: str, known: Sequence[str]) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells (case first), or None."""
+    import difflib
+
+    by_case = [k for k in known if k.lower() == word.lower()]
+    if by_case:
+        return by_case[0]
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 class CdigenError(Exception):
     """Base of all errors cdigen reports to users; ``str()`` is the one-line message."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from cdigen.constants import MIB
 from cdigen.families import family_of
-from cdigen.model import MIG_STRATEGIES, Gpu, Node
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES, Gpu, Node
 
 NVIDIA = "nvidia.com/"
 OURS = "cdigen.dev/"
@@ -245,7 +245,10 @@ def nvlink_domain_size(node: Node) -> int:
 
 
 def node_labels(
-    node: Node, *, mig_strategy: str = "none", sharing: LabelSharing = NOT_SHARED
+    node: Node,
+    *,
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY,
+    sharing: LabelSharing = NOT_SHARED,
 ) -> dict[str, str]:
     """Every label for ``node``, full keys, sorted; none for a node without GPUs (as GFD).
 
@@ -267,6 +270,10 @@ def node_labels(
     if mig_strategy != "none":
         nvidia["mig.strategy"] = mig_strategy
         nvidia.update(_single_labels(node) if mig_strategy == "single" else _mixed_labels(node))
+    elif any(g.mig_enabled for g in node.gpus):
+        # GFD leaves it out under none; on a node with MIG enabled that hides why its MIG GPUs
+        # are not advertised, so say it (a selector for single or mixed still does not match)
+        nvidia["mig.strategy"] = "none"
     labels = {NVIDIA + k: v for k, v in nvidia.items()}
     labels.update({OURS + k: v for k, v in _own_labels(node).items()})
     return dict(sorted(labels.items()))

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import EXIT_OK, InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY, MIG_STRATEGIES
+
+if TYPE_CHECKING:
+    from cdigen.model import Node
 
 DEFAULT_RESOURCE = GPU_RESOURCE
 
@@ -33,8 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     labels.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
-        default="none",
-        help="the device plugin's MIG strategy (default: none)",
+        default=DEVICE_PLUGIN_MIG_STRATEGY,
+        help="the plugin's MIG strategy (default: the device plugin's, "
+        f"{DEVICE_PLUGIN_MIG_STRATEGY}; for a node served by dra serve give its "
+        f"--mig-strategy, by default {DRA_MIG_STRATEGY})",
     )
     labels.add_argument(
         "--replicas",
@@ -57,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the -SHARED suffix of gpu.product, as NVIDIA's renamed resources do "
         "(default: nvidia.com/gpu)",
     )
+    from cdigen.memory_shares import add_share_options
+
+    # the DRA plugin's memory shares: its cdigen.dev/dra.* labels (plugin/dra/labels.py)
+    add_share_options(labels.add_argument_group("memory shares of cdigen dra serve"))
     labels.add_argument(
         "--format",
         choices=["text", "json"],
@@ -78,15 +88,50 @@ def run_labels(args: argparse.Namespace) -> int:
             f"--replicas {args.replicas} is out of range",
             hint="give the replicas per GPU of the plugin's sharing config, 1 to 1024",
         )
+    if args.sharing_strategy == "mps" and args.replicas == 1:
+        raise InputError(
+            "--sharing-strategy mps needs --replicas N (N > 1): without replicas the GPUs are "
+            "not shared and the strategy would be ignored",
+            where="--sharing-strategy",
+            hint="give the replicas per GPU of the plugin's MPS config, e.g. --replicas 4",
+        )
     sharing = LabelSharing(
         replicas=args.replicas,
         strategy=args.sharing_strategy if args.replicas > 1 else "none",
         renamed=args.shared_resource != DEFAULT_RESOURCE,
     )
-    labels = node_labels(_load(args), mig_strategy=args.mig_strategy, sharing=sharing)
+    node = _load(args)
+    if args.mig_strategy == "none" and any(g.mig_enabled for g in node.gpus):
+        print(
+            "cdigen: warning: MIG is enabled on some GPUs, which the plugin does not advertise "
+            "under --mig-strategy none (labelled nvidia.com/mig.strategy=none); give the "
+            "plugin's strategy: --mig-strategy single or mixed",
+            file=sys.stderr,
+        )
+    labels = node_labels(node, mig_strategy=args.mig_strategy, sharing=sharing)
+    labels.update(_dra_share_labels(args, node))
     if args.format == "json":
         sys.stdout.write(json.dumps(labels, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(labels_text(labels))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _dra_share_labels(args: argparse.Namespace, node: Node) -> dict[str, str]:
+    """The labels of ``dra serve``'s memory shares (``--memory-step`` and what a claim naming
+    no memory takes), as its feature file has them; none without ``--memory-step``."""
+    from cdigen.catalogue import catalogue
+    from cdigen.labels import OURS
+    from cdigen.memory_shares import check_shares, memory_shares
+
+    shares = memory_shares(args)
+    if shares is None or not node.gpus:
+        return {}
+    whole = {
+        e.dra_name: e.gpu.memory_bytes
+        for e in catalogue(node, mig_strategy=args.mig_strategy)
+        if e.kind == "gpu"
+    }
+    check_shares(shares, whole)
+    return {OURS + k: v for k, v in shares.labels(whole).items()}

@@ -11,7 +11,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from cdigen.errors import SchemaError, first_of, shortened
+from cdigen.errors import SchemaError, close_match, first_of, shortened
 
 _SOURCE_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -140,6 +140,11 @@ def _describe(error: Any) -> str:
             f"at most {error.validator_value:,}"
         )
     if error.validator == "additionalProperties":
+        known = sorted(error.schema.get("properties", {}))
+        unknown = [k for k in error.instance if k not in known] if known else []
+        guess = close_match(str(unknown[0]), known) if unknown else None
+        if guess is not None:
+            return f"unknown field {unknown[0]!r}: did you mean {guess!r}?"
         return f"{error.message} (check the spelling; unknown fields are not allowed)"
     if error.validator == "not" and "description" in error.schema:
         return str(error.schema["description"])  # an if/then rule says it in its own words

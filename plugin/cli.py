@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 from plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
@@ -98,7 +98,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--mig-strategy",
         choices=MIG_STRATEGIES,
         help="none: whole GPUs; single: MIG devices as the GPU resource; mixed: one resource "
-        "per profile, nvidia.com/mig-<profile> (default none)",
+        f"per profile, nvidia.com/mig-<profile> (default {DEVICE_PLUGIN_MIG_STRATEGY}, as "
+        "NVIDIA's device plugin: the others change the resource names pods ask for; dra serve "
+        "defaults to mixed, since claims pick MIG devices by attribute)",
     )
     serve.add_argument(
         "--generate-specs",

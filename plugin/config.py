@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.config_sources import (
     check_choice,
@@ -28,6 +28,7 @@ from plugin.defaults import (
 )
 
 if TYPE_CHECKING:  # plugin.sharing is imported when a config file is read: --help stays fast
+    from plugin.gpu_selector import Claimant, GpuSelector
     from plugin.sharing import Sharing
 
 # Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
@@ -47,6 +48,8 @@ class ResourceConfig:
     # driver capabilities its containers get; those beyond the node-wide ``capabilities`` come
     # as capability devices (``nvidia.com/gpu=capability-graphics``). None: the node-wide ones
     capabilities: tuple[str, ...] | None = None
+    # the GPUs it advertises (whole or in shares); None: every GPU. No GPU has two owners.
+    gpus: GpuSelector | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ class PluginConfig:
     cdi_kind: str = DEFAULT_CDI_KIND
     device_list_strategy: str = DEFAULT_STRATEGY
     policy_dir: Path | None = None
-    mig_strategy: str = "none"
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY
     health: HealthConfig = field(default_factory=HealthConfig)
     log_level: str = "info"
     log_format: str = "text"
@@ -114,6 +117,16 @@ class PluginConfig:
 
         return ordered_capabilities(
             c for r in self.resources for c in self.extra_capabilities(r.name)
+        )
+
+    @property
+    def gpu_claimants(self) -> tuple[Claimant, ...]:
+        """The resources that advertise GPUs, whole or in shares (per-profile MIG entries only
+        choose policies), each with the GPUs it selects: no GPU may have two."""
+        from plugin.gpu_selector import Claimant
+
+        return tuple(
+            Claimant(r.name, r.gpus) for r in self.resources if not is_mig_resource(r.name)
         )
 
     @property
@@ -181,6 +194,12 @@ def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[Resource
     )
 
 
+def validate_config(config: PluginConfig) -> PluginConfig:
+    """``config`` as a whole checked as ``plugin serve`` checks it after merging its sources
+    (choices, resource names, one owner per GPU); InputError on the first problem."""
+    return _validate(config)
+
+
 def _validate(config: PluginConfig) -> PluginConfig:
     check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
     check_choice(config.log_level, LOG_LEVELS, what="log level")
@@ -213,15 +232,31 @@ def _validate(config: PluginConfig) -> PluginConfig:
             where="resources",
             hint="set migStrategy: mixed, or drop the mig- resource",
         )
-    if len(gpu_resources) > 1:
-        # Without sharing every GPU resource would advertise the same GPUs, and the kubelet
-        # would hand each GPU out twice. (Per-profile MIG entries only choose policies.)
+    from plugin.gpu_selector import OVERLAP_HINT, overlap_message, static_overlap
+
+    overlap = static_overlap(config.gpu_claimants)
+    if overlap is not None:
+        first, second, what = overlap
         raise InputError(
-            f"{len(gpu_resources)} GPU resources listed, but without sharing they would all "
-            "advertise the same GPUs",
+            overlap_message(first.name, second.name, what), where="resources", hint=OVERLAP_HINT
+        )
+    if len(gpu_resources) > 1:
+        # even on GPUs of their own: one whole-GPU resource is served (the MIG single strategy
+        # and --resource rename it)
+        raise InputError(
+            f"resources {gpu_resources[0].name} and {gpu_resources[1].name} both advertise "
+            "whole GPUs; one whole-GPU resource is served",
             where="resources",
-            hint="list one whole-GPU resource; add sharing: {replicas: N} or "
+            hint="keep one whole-GPU resource; add sharing: {replicas: N} or "
             "sharing: {memorySliceMiB: M} to the others",
+        )
+    mig_selected = [r.name for r in mig_resources if r.gpus is not None]
+    if mig_selected:
+        raise InputError(
+            f"resource {mig_selected[0]} is a per-profile MIG resource: its devices are the MIG "
+            "devices of that profile, and gpus does not apply",
+            where="resources",
+            hint="leave gpus out of mig- resources",
         )
     shared_mig = [r.name for r in config.resources if r.sharing and is_mig_resource(r.name)]
     if shared_mig:
@@ -258,7 +293,12 @@ def load_config(
     env_overrides = overrides_from_env(with_nvidia_env(os.environ if env is None else env))
     config = _apply(config, env_overrides)
     config = _apply(config, dict(flags or {}))
-    return _validate(config)
+    try:
+        return _validate(config)
+    except InputError as exc:  # the resource list is the file's: name it
+        if path is None or exc.where != "resources":
+            raise
+        raise InputError(exc.message, where=f"{path}: resources", hint=exc.hint) from None
 
 
 def config_from_document(doc: Any, *, where: str) -> PluginConfig:
@@ -273,9 +313,27 @@ def config_from_document(doc: Any, *, where: str) -> PluginConfig:
             where=where,
             hint=convert_hint(where),
         )
+    _check_resource_names(doc, where)
     validate(doc, "plugin-config", where=where)
     try:
         return _apply(PluginConfig(), overrides_from_file(doc))
     except InputError as exc:  # the checks beyond the schema (sharing): name the file too
         at = f"{where}: {exc.where}" if exc.where else where
         raise InputError(exc.message, where=at, hint=exc.hint) from None
+
+
+def _check_resource_names(doc: Any, where: str) -> None:
+    """A resource name the kubelet would refuse, said as for ``--resource`` (before the
+    schema, whose pattern would only quote itself)."""
+    from plugin.registration import resource_name_problem
+
+    resources = doc.get("resources") if isinstance(doc, Mapping) else None
+    for i, resource in enumerate(resources if isinstance(resources, list) else []):
+        name = resource.get("name") if isinstance(resource, Mapping) else None
+        problem = resource_name_problem(name) if isinstance(name, str) else None
+        if problem:
+            raise InputError(
+                problem,
+                where=f"{where}: resources[{i}].name",
+                hint="use DOMAIN/NAME, e.g. nvidia.com/gpu",
+            )

@@ -77,6 +77,7 @@ def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     if "format" in log:
         out["log_format"] = log["format"]
     if "resources" in doc:
+        from plugin.gpu_selector import selector_from_doc
         from plugin.sharing import sharing_from_doc
 
         out["resources"] = [
@@ -88,6 +89,9 @@ def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
                     r["capabilities"], where=f"resources[{i}].capabilities"
                 )
                 if "capabilities" in r
+                else None,
+                "gpus": selector_from_doc(r["gpus"], where=f"resources[{i}].gpus")
+                if "gpus" in r
                 else None,
             }
             for i, r in enumerate(doc["resources"])

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def config_sharing(config: PluginConfig, node: Node) -> LabelSharing:
     """GFD's view of the config's sharing: the first GPU resource that shares whole GPUs.
 
-    Replicas are per GPU; memory slices count as replicas (the fewest any GPU holds). The
+    Replicas are per GPU; memory slices count as replicas (the fewest any of its GPUs holds). The
     strategy is ``mps`` when the shares run under MPS, else ``time-slicing``."""
     from cdigen.shares import slice_count
 
@@ -28,7 +28,8 @@ def config_sharing(config: PluginConfig, node: Node) -> LabelSharing:
             replicas = sharing.replicas
         else:
             assert sharing.memory_slice_mib is not None
-            whole = [g for g in node.gpus if not g.mig_enabled] or list(node.gpus)
+            mine = [g for g in node.gpus if resource.gpus is None or resource.gpus.matches(g)]
+            whole = [g for g in mine if not g.mig_enabled] or mine
             replicas = min((slice_count(g, sharing.memory_slice_mib) for g in whole), default=1)
         strategy = "mps" if sharing.mps_pipe_directory is not None else "time-slicing"
         return LabelSharing(

@@ -133,6 +133,11 @@ def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]
     """The resources ``node`` advertises under ``config`` (InputError when the MIG strategy
     cannot hold), each with the capability devices its config entry asks for; no engines,
     so cheap."""
+    from plugin.gpu_selector import owners
+
+    # one owner per GPU (InputError naming both resources when the node shows two)
+    owner = owners(node.gpus, config.gpu_claimants)
+    claimants = {c.name for c in config.gpu_claimants}
     planned = plan_resources(
         node, config.mig_strategy, gpu_resource=config.gpu_resource, cdi_kind=config.cdi_kind
     )
@@ -145,6 +150,10 @@ def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]
     )
     out = []
     for resource in planned + shared:
+        if resource.mig_profile is None and resource.name in claimants:
+            # whole GPUs and shares: only those of the GPUs this resource owns
+            mine = tuple(d for d in resource.devices if owner.get(d.gpu_uuid) == resource.name)
+            resource = dataclasses.replace(resource, devices=mine)
         names = capability_cdi_names(config.cdi_kind, config.extra_capabilities(resource.name))
         out.append(dataclasses.replace(resource, capability_names=names) if names else resource)
     return tuple(out)

@@ -229,6 +229,18 @@ def _mps_env(
     return tuple(env)
 
 
+def share_env(
+    ids: Sequence[str], node: Node, sharing: Sharing, *, resource: str
+) -> tuple[tuple[str, str], ...]:
+    """The environment (MPS limits) a container gets for the share IDs ``ids``, as
+    :func:`allocate_shares` gives it, without touching the MPS directories: what
+    ``plugin config check`` shows."""
+    advertised = {d.id: d for d in share_devices(node, sharing)}
+    per_gpu = _shares_per_gpu(ids, advertised, sharing, resource)
+    gpus = {advertised[i].gpu_uuid: advertised[i].gpu for i in ids}
+    return _mps_env(tuple(per_gpu), per_gpu, gpus, sharing)
+
+
 def allocate_shares(
     ids: Sequence[str],
     node: Node,

@@ -21,7 +21,7 @@ from typing import Literal
 from cdigen.catalogue import CatalogueEntry, catalogue, whole_entry
 from cdigen.discover.numa import NumaForm, numa_neighbours
 from cdigen.mig_profiles import MigGeometry, MigPlacement
-from cdigen.model import DEFAULT_MIG_STRATEGY, Gpu, MigDevice, Node
+from cdigen.model import DRA_MIG_STRATEGY, Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -184,7 +184,7 @@ def _mig_view(entry: CatalogueEntry, gpu_attributes: Mapping[str, Attribute]) ->
 def device_views(
     node: Node,
     *,
-    mig_strategy: str = DEFAULT_MIG_STRATEGY,
+    mig_strategy: str = DRA_MIG_STRATEGY,
     sysfs_root: str | Path | None = None,
     geometries: Mapping[str, MigGeometry] | None = None,
     taken: Mapping[str, Sequence[range]] | None = None,

@@ -22,7 +22,14 @@ if TYPE_CHECKING:
 
 
 def _ids(text: str, flag: str) -> tuple[str, ...]:
-    ids = tuple(part.strip() for part in text.split(",") if part.strip())
+    parts = [part.strip() for part in text.split(",")]
+    if text.strip() and not all(parts):  # "0,,2" or "0,": a device left out by mistake?
+        raise InputError(
+            f"{text!r} has an empty entry (position {parts.index('') + 1})",
+            where=flag,
+            hint="list device IDs separated by single commas, e.g. 0,1,2",
+        )
+    ids = tuple(p for p in parts if p)
     unique_ids(ids, flag)
     return ids
 

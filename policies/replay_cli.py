@@ -65,7 +65,7 @@ def run_replay(args: argparse.Namespace) -> int:
         report(
             f"{args.requests}: {bad} of {total} request lines could not be answered "
             f"({'listed above' if bad <= MAX_REPORTED_LINES else 'the first 20 listed above'}); "
-            "the others were"
+            f"the other {total - bad} were answered on stdout"
         )
     return EXIT_BAD_INPUT if bad else 0
 

@@ -143,20 +143,28 @@ class HealthBoard:
                     # a device named directly wins over its GPU's entry in the same report
                     if device == key or device not in reasons:
                         expanded[device] = reason
+            # one line per reason (the shares of one GPU have one), not one per device
+            went: dict[str, list[str]] = {}
+            back: dict[str, list[str]] = {}
             for device, reason in expanded.items():
                 held = self._reasons.get(device)
                 if held is None:
                     continue  # not a device we advertise
                 if reason is None:
-                    if held.pop(source, None) is not None:
+                    was = held.pop(source, None)
+                    if was is not None:
                         changed = True
                         if not held:
-                            log.info("device %s is Healthy again", device)
+                            back.setdefault(was, []).append(device)
                 elif held.get(source) != reason:
                     if not held:
-                        log.warning("device %s is Unhealthy: %s", device, reason)
+                        went.setdefault(reason, []).append(device)
                     held[source] = reason
                     changed = True
+            for devices in back.values():
+                log.info("%s Healthy again", _devices_are(devices))
+            for reason, devices in went.items():
+                log.warning("%s Unhealthy: %s", _devices_are(devices), reason)
             publish = changed and self._changed_locked()
         if publish:
             self._publish()
@@ -227,3 +235,10 @@ def with_board_health(node: Node, down: frozenset[str]) -> Node:
         return node
     gpus = tuple(dataclasses.replace(g, healthy=False) if g.uuid in down else g for g in node.gpus)
     return dataclasses.replace(node, gpus=gpus)
+
+
+def _devices_are(devices: Sequence[str]) -> str:
+    """``device X is`` for one device, ``23 devices (X … Y) are`` for several."""
+    if len(devices) == 1:
+        return f"device {devices[0]} is"
+    return f"{len(devices)} devices ({devices[0]} … {devices[-1]}) are"

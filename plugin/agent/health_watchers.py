@@ -186,7 +186,8 @@ class SpecDirWatcher:
             for d, gone in missing.items()
         }
         absent = [(d, gone) for d, gone in missing.items() if gone]
-        names = [n for _, gone in absent for n in gone]
+        # each name once: the shares of a GPU all lack that GPU's one name
+        names = list(dict.fromkeys(n for _, gone in absent for n in gone))
         if absent and tuple(names) != self._said:  # one line for all, not one per GPU or check
             self._said = tuple(names)
             caps = list(dict.fromkeys(c for c in map(capability_of, names) if c))

@@ -65,7 +65,7 @@ def register_plugin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def register_dra(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``dra pods``."""
     from cdigen.discover.cli import add_node_source
-    from cdigen.model import DEFAULT_MIG_STRATEGY, DRA_MIG_STRATEGIES
+    from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
     from plugin.dra.cli_args import DEFAULT_DRIVER
 
     pods = sub.add_parser(
@@ -90,7 +90,7 @@ def register_dra(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     pods.add_argument(
         "--mig-strategy",
         choices=DRA_MIG_STRATEGIES,
-        default=DEFAULT_MIG_STRATEGY,
+        default=DRA_MIG_STRATEGY,
         help="as dra serve's",
     )
     _common(pods)

@@ -8,12 +8,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cdigen.model import DEFAULT_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, quantity_bytes
+from cdigen.discover.cli import add_node_source
+from cdigen.memory_shares import add_share_options, memory_shares
+from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
+from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, shares_problem
 
 if TYPE_CHECKING:
+    from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
     from policies.device_view import DeviceView
     from policies.dra.claim_docs import Claim
@@ -35,7 +38,8 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
         "scheduler's first fit (CEL selectors, matchAttribute, capacity) for the claim, and "
         "show the picks and why every other device lost.",
     )
-    explain.add_argument("--node", required=True, metavar="SRC", help="builtin:NAME or a file")
+    # --node (nvml by default, as every command that reads a node) and its roots
+    add_node_source(explain, driver_root=True)
     explain.add_argument(
         "--claim",
         required=True,
@@ -60,10 +64,13 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
     explain.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
-        default=DEFAULT_MIG_STRATEGY,
-        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` (default mixed)",
+        default=DRA_MIG_STRATEGY,
+        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
+        f"(default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, with no "
+        "resource name per profile, so offering those that exist costs nothing; the device plugin "
+        "defaults to none, which changes no resource name)",
     )
-    explain.add_argument("--memory-step", metavar="QUANTITY", help="as `dra serve --memory-step`")
+    add_share_options(explain.add_argument_group("sharing, as `dra serve` takes it"))
     explain.set_defaults(func=_explain)
 
 
@@ -118,9 +125,9 @@ def _register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from cdigen.discover import load_node
+    from cdigen.discover.cli import _load
     from cdigen.errors import InputError
-    from plugin.dra.slices import MemoryShares, build_slices
+    from plugin.dra.slices import build_slices
     from policies.device_view import device_views
     from policies.dra.claims import FirstFit, NodeState, load_manifests, slice_devices
     from policies.dra.order import ordered_views
@@ -132,13 +139,10 @@ def _explain(args: argparse.Namespace) -> int:
         raise InputError(
             "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
-    node = load_node(args.node)
+    node = _load(args)
     views = ordered_views(device_views(node, mig_strategy=args.mig_strategy), node)
-    shares = (
-        MemoryShares(quantity_bytes(args.memory_step, "--memory-step"))
-        if args.memory_step is not None
-        else None
-    )
+    shares = memory_shares(args)
+    shares_problem(shares, views)
     node_name = node.name or "node"
     slices = build_slices(
         views, driver=args.driver_name, node_name=node_name, generation=1, shares=shares
@@ -150,7 +154,7 @@ def _explain(args: argparse.Namespace) -> int:
         if n:
             print()
         allocation, reasons = fit.explain(claim, state)
-        for line in _explained(claim, allocation, reasons, fit, node, views, node_name):
+        for line in _explained(claim, allocation, reasons, fit, node, views, node_name, shares):
             print(line)
         if allocation.error:
             failed += 1
@@ -177,10 +181,12 @@ def _explained(
     node: Node,
     views: Sequence[DeviceView],
     node_name: str,
+    shares: MemoryShares | None = None,
 ) -> list[str]:
-    """One claim's explanation, with its link score and a note for each capacity request met
-    by a whole device (published without consumable capacity)."""
-    from policies.cel.quantity import format_bytes
+    """One claim's explanation, with its link score, a note for each capacity request met
+    by a whole device (published without consumable capacity), and one for each request that
+    named no memory and took the node's default share."""
+    from cdigen.sizes import quantity_text
     from policies.dra.explanation import render_explanation
     from policies.graph import build_topology
 
@@ -196,8 +202,15 @@ def _explained(
     asked = {r.name: r.capacity for r in claim.requests for r in (r.alternatives or (r,))}
     for pick in allocation.picks:
         capacity = asked.get(pick.request)
+        memory = pick.consumed.get(f"{fit.by_name[pick.device].driver}/memory")
+        if shares is not None and memory is not None and "memory" not in (capacity or {}):
+            lines.append(
+                f"note: request {pick.request!r} names no memory: it takes the default share, "
+                f"{quantity_text(memory)} of {pick.device} ({shares.described()}; dra serve "
+                "--default-share or --shares-per-gpu sets it)"
+            )
         if capacity and not fit.by_name[pick.device].allow_multiple:
-            wanted = ", ".join(f"{k} {format_bytes(v)}" for k, v in capacity.items())
+            wanted = ", ".join(f"{k} {quantity_text(v)}" for k, v in capacity.items())
             lines.append(
                 f"note: request {pick.request!r} asks for capacity ({wanted}), but "
                 f"{pick.device} is published without consumable capacity (dra serve without "
@@ -208,7 +221,7 @@ def _explained(
 
 def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]:
     """What the claims allocated so far leave: every device, whole or its capacity left."""
-    from policies.cel.quantity import format_bytes
+    from cdigen.sizes import quantity_text
 
     lines = [f"after {allocated} allocated claim(s):"]
     width = max(len(d.name) for d in fit.devices)
@@ -218,8 +231,8 @@ def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]
         elif device.allow_multiple and device.capacity:
             held = state.consumed.get(device.name, {})
             left = ", ".join(
-                f"{name.rpartition('/')[2]} {format_bytes(total - held.get(name, 0))} left of "
-                f"{format_bytes(total)}"
+                f"{name.rpartition('/')[2]} {quantity_text(total - held.get(name, 0))} left of "
+                f"{quantity_text(total)}"
                 for name, total in sorted(device.capacity.items())
             )
         else:
@@ -256,4 +269,19 @@ def _why(args: argparse.Namespace) -> int:
     )
     for line in explain_pod(cluster, driver=args.driver_name):
         print(line)
+    for line in _stale_lines(args, cluster):
+        print(line)
     return 0
+
+
+def _stale_lines(args: argparse.Namespace, cluster: Any) -> list[str]:
+    """The nodes that still advertise an extended resource the pod asks for and one of the
+    driver's DeviceClasses serves (plugin.dra.stale), one line each."""
+    from plugin.agent.kubeapi import api_client
+    from plugin.dra.kube import KubeApi
+    from plugin.dra.stale import pod_stale_lines
+
+    api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    return pod_stale_lines(
+        cluster.pod, cluster.classes, cluster.slices, api.read_node, args.driver_name
+    )

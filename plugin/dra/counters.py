@@ -17,16 +17,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cdigen.memory_shares import MemoryShares
 from cdigen.model import Gpu
+from cdigen.sizes import quantity_text
 from plugin.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_WITH_TAINTS,
-    MemoryShares,
     TaintDoc,
     device_doc,
     pool_slices,
 )
-from policies.cel.quantity import format_bytes
 from policies.device_view import DeviceView
 
 SEPARATE_COUNTERS_MINOR = 35  # from Kubernetes 1.35 counters live in slices of their own
@@ -52,7 +52,7 @@ def counter_set(placements: Sequence[DeviceView]) -> dict[str, Any]:
     gpu = placements[0].gpu
     made = [v.placement for v in placements if v.placement is not None]
     counters = {
-        MEMORY: {"value": format_bytes(gpu.memory_bytes)},
+        MEMORY: {"value": quantity_text(gpu.memory_bytes)},
         COMPUTE: {"value": str(max(p.profile.compute_slices for p in made))},
     }
     for n in range(max(p.memory_slices.stop for p in made)):
@@ -78,7 +78,7 @@ def consumption(view: DeviceView) -> list[dict[str, Any]]:
     if placement is None:
         return []
     counters = {
-        MEMORY: {"value": format_bytes(placement.profile.memory_bytes)},
+        MEMORY: {"value": quantity_text(placement.profile.memory_bytes)},
         COMPUTE: {"value": str(placement.profile.compute_slices)},
     }
     for n in placement.memory_slices:

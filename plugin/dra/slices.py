@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from policies.cel.quantity import format_bytes
+from cdigen.memory_shares import MemoryShares
+from cdigen.sizes import quantity_text
 from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
@@ -31,28 +31,6 @@ class TaintDoc(TypedDict):
     effect: str
 
 
-@dataclass(frozen=True)
-class MemoryShares:
-    """Whole GPUs published for consumable capacity (KEP-5075, beta in 1.36): the device allows
-    multiple allocations and its ``memory`` is consumed in ``step`` bytes (``default`` when a
-    request names no memory)."""
-
-    step: int = 1 << 30
-    default: int | None = None  # None: one step
-
-    def policy(self, total: int) -> dict[str, Any]:
-        """The ``requestPolicy`` of a GPU with ``total`` bytes of memory."""
-        top = total - total % self.step
-        return {
-            "default": format_bytes(self.default or self.step),
-            "validRange": {
-                "min": format_bytes(self.step),
-                "max": format_bytes(top),
-                "step": format_bytes(self.step),
-            },
-        }
-
-
 def device_doc(
     view: DeviceView,
     *,
@@ -64,13 +42,11 @@ def device_doc(
     several claims (MIG devices stay exclusive); ``taints`` are its device taints; ``consumes``
     its ``consumesCounters`` (plugin.dra.counters)."""
     shared = (
-        shares is not None
-        and view.mig is None
-        and view.capacity.get("memory", 0) >= (shares.step if shares else 0)
+        shares is not None and view.mig is None and shares.shares(view.capacity.get("memory", 0))
     )
     capacity: dict[str, Any] = {}
     for name, v in sorted(view.capacity.items()):
-        entry: dict[str, Any] = {"value": format_bytes(v)}
+        entry: dict[str, Any] = {"value": quantity_text(v)}
         if shared and name == "memory":
             assert shares is not None
             entry["requestPolicy"] = shares.policy(v)

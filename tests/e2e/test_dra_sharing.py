@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from cdigen.discover import load_node
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import api_client
 from plugin.agent.xid import xid_reason
 from plugin.dra.kube import KubeApi
 from plugin.dra.kubelet_plugin import DraPlugin
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
-from plugin.dra.slices import MemoryShares
 from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
@@ -128,7 +128,7 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
     (device,) = body["spec"]["devices"]
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["requestPolicy"] == {
-        "default": "1Gi",
+        "default": "23Gi",  # a claim naming no memory takes the whole GPU unless told otherwise
         "validRange": {"min": "1Gi", "max": "23Gi", "step": "1Gi"},
     }
 
@@ -639,3 +639,22 @@ def test_an_informational_taint_goes_only_to_a_server_that_knows_effect_none(
             "taints of effect None left out of the ResourceSlices: the API server is 1.34, "
             "and the effect needs Kubernetes 1.35 or newer"
         ]
+
+
+def test_a_claim_holding_every_step_of_its_gpu_is_prepared_as_a_whole_gpu(plugin: Plugin) -> None:
+    """A claim naming no memory takes the whole GPU by default (23Gi of a 4090 in 1Gi steps:
+    not one more step fits beside it): no MPS limit and no MPS mounts, as an exclusive GPU;
+    a 22Gi claim, beside which one step still fits, keeps its limit."""
+    plugin.start(memory_shares=MemoryShares(step=GIB), mps=MpsSettings(pipe_dir="/run/nvidia/mps"))
+    (body,) = plugin.slices()
+    assert body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] == "23Gi"
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [_share("gpu-0", "23Gi", 1)]))
+    plugin.api.add_claim(allocated_claim("most", "uid-m", [_share("gpu-0", "22Gi", 2)]))
+    answer = plugin.kubelet.prepare([("default", "uid-w", "whole"), ("default", "uid-m", "most")])
+    assert answer.claims["uid-w"].error == answer.claims["uid-m"].error == ""
+    whole = plugin.spec("uid-w").get("containerEdits", {})
+    assert not any(e.startswith("CUDA_MPS") for e in whole.get("env", [])), whole
+    assert not any("/run/nvidia/mps" in m["hostPath"] for m in whole.get("mounts", [])), whole
+    assert (
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=22528M" in plugin.spec("uid-m")["containerEdits"]["env"]
+    )

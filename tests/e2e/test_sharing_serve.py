@@ -64,8 +64,10 @@ def relocate(text: str, tmp: Path) -> str:
 
 
 def backticked(after: str) -> str:
-    """The first backticked value in the doc that starts with ``after``."""
-    found = re.search(rf"`({re.escape(after)}[^`]*)`", _doc())
+    """The first backticked value in the doc's "What each pod sees" (the sharing.yaml story)
+    that starts with ``after``."""
+    story = _doc().partition("## What to configure")[2]
+    found = re.search(rf"`({re.escape(after)}[^`]*)`", story)
     assert found is not None, f"docs/sharing.md quotes no `{after}…`"
     return found.group(1)
 
@@ -92,14 +94,11 @@ def test_rtx4090_story_runs_as_the_doc_writes_it(tmp_path: Path) -> None:
     plugin.plugin_dir = plugin_dir
     try:
         kubelet.wait_registered(SLICES, timeout_s=20)
-        kubelet.wait_registered(REPLICAS, timeout_s=5)
         slices = kubelet.wait_devices(SLICES, healthy)
-        replicas = kubelet.wait_devices(REPLICAS, healthy)
         uuid = load_node("builtin:rtx4090").gpus[0].uuid
         assert [d.ID for d in slices] == [f"{uuid}::slice-{k}" for k in range(23)]
-        assert [d.ID for d in replicas] == [f"{uuid}::{k}" for k in range(4)]
         with pytest.raises(KeyError):
-            kubelet.stub("nvidia.com/gpu")  # every GPU resource listed shares the card
+            kubelet.stub("nvidia.com/gpu")  # the card has one owner: the slices
 
         # two notebook pods asking nvidia.com/gpu-memory: 3 each
         free = [d.ID for d in slices]
@@ -129,15 +128,6 @@ def test_rtx4090_story_runs_as_the_doc_writes_it(tmp_path: Path) -> None:
             kubelet.preferred(SLICES, [d.ID for d in slices], 30)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "allocation size 30 but 23 device(s) available" in (refused.value.details() or "")
-
-        # replicas: one is fine, two are refused (failRequestsGreaterThanOne)
-        one = kubelet.allocate(REPLICAS, [[replicas[0].ID]]).container_responses[0]
-        assert [d.name for d in one.cdi_devices] == [cdi_name] and not one.envs
-        assert not one.mounts  # plain time-slicing: no MPS, its own /dev/shm
-        with pytest.raises(grpc.RpcError) as two:
-            kubelet.allocate(REPLICAS, [[replicas[0].ID, replicas[1].ID]])
-        assert two.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "failRequestsGreaterThanOne" in (two.value.details() or "")
     finally:
         assert plugin.stop() == 0
         kubelet.stop()
@@ -183,8 +173,8 @@ def served_eight(
     config = tmp_path / "sharing.yaml"
     config.write_text(
         f"resources:\n"
-        f"  - name: {SLICES}\n    sharing: {{memorySliceMiB: 1024}}\n"
-        f"  - name: {REPLICAS}\n    sharing: {{replicas: 4}}\n"
+        f"  - name: {SLICES}\n    gpus: [0, 1, 2, 3]\n    sharing: {{memorySliceMiB: 1024}}\n"
+        f"  - name: {REPLICAS}\n    gpus: [4, 5, 6, 7]\n    sharing: {{replicas: 4}}\n"
     )
     kubelet = KubeletSimulator(tmp_path / "plugins").start()
     plugin = ServedPlugin(
@@ -221,7 +211,7 @@ def test_five_slices_never_span_gpus_when_one_gpu_has_room(
 ) -> None:
     _, kubelet, _ = served_eight
     per_gpu = by_gpu([d.ID for d in kubelet.wait_devices(SLICES)])
-    assert sorted(len(v) for v in per_gpu.values()) == [23] * 8
+    assert sorted(len(v) for v in per_gpu.values()) == [23] * 4  # GPUs 0-3: the slices' own
     rng = random.Random(7)
     for _ in range(40):
         # every GPU keeps 0-4 free slices, one GPU (or more) keeps 5-23
@@ -264,7 +254,7 @@ def test_two_replicas_spread_to_distinct_gpus(
 ) -> None:
     _, kubelet, _ = served_eight
     replicas = [d.ID for d in kubelet.wait_devices(REPLICAS)]
-    assert len(replicas) == 32
+    assert len(replicas) == 16  # GPUs 4-7, 4 replicas each
     chosen = kubelet.preferred(REPLICAS, replicas, 2)
     assert len({gpu_part(i) for i in chosen}) == 2
     response = kubelet.allocate(REPLICAS, [chosen]).container_responses[0]
@@ -276,24 +266,27 @@ def test_two_replicas_spread_to_distinct_gpus(
 def test_replicas_and_slices_of_an_unhealthy_gpu_all_turn_unhealthy_and_back(
     served_eight: tuple[ServedPlugin, KubeletSimulator, Path], eight: Node
 ) -> None:
+    """GPU 3 (slices) and GPU 4 (replicas) turn unhealthy: every share of each does."""
     _, kubelet, node_file = served_eight
     doc = yaml.safe_load(node_file.read_text())
-    sick_uuid = eight.gpus[3].uuid
+    sick_uuids = {eight.gpus[3].uuid, eight.gpus[4].uuid}
 
-    def only_gpu3_sick(devices: list[pb.Device]) -> bool:
-        return all((d.health == "Unhealthy") == (gpu_part(d.ID) == sick_uuid) for d in devices)
+    def only_those_sick(devices: list[pb.Device]) -> bool:
+        return all((d.health == "Unhealthy") == (gpu_part(d.ID) in sick_uuids) for d in devices)
 
-    doc["gpus"][3]["healthy"] = False
+    for index in (3, 4):
+        doc["gpus"][index]["healthy"] = False
     node_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     started = time.monotonic()
-    sick = kubelet.wait_devices(REPLICAS, only_gpu3_sick, timeout_s=10)
+    sick = kubelet.wait_devices(REPLICAS, only_those_sick, timeout_s=10)
     assert [d.ID for d in sick if d.health == "Unhealthy"] == [
-        f"{sick_uuid}::{k}" for k in range(4)
+        f"{eight.gpus[4].uuid}::{k}" for k in range(4)
     ]
-    sick_slices = kubelet.wait_devices(SLICES, only_gpu3_sick, timeout_s=10)
+    sick_slices = kubelet.wait_devices(SLICES, only_those_sick, timeout_s=10)
     assert sum(d.health == "Unhealthy" for d in sick_slices) == 23
     assert time.monotonic() - started < 10
-    doc["gpus"][3]["healthy"] = True
+    for index in (3, 4):
+        doc["gpus"][index]["healthy"] = True
     node_file.write_text(yaml.safe_dump(doc, sort_keys=False))
     kubelet.wait_devices(REPLICAS, healthy, timeout_s=10)
     kubelet.wait_devices(SLICES, healthy, timeout_s=10)

@@ -247,8 +247,10 @@ def plugin_config(tmp_path: Path, fake: FakeHost, *, generate_specs: bool = True
         f"generateSpecs: {str(generate_specs).lower()}\n"
         "resources:\n"
         f"  - name: {GPU}\n"
+        "    gpus: [0]\n"
         "    capabilities: [compute, utility, graphics]\n"
         f"  - name: {SHARED}\n"
+        "    gpus: [1]\n"
         "    sharing: {replicas: 2}\n"
         "    capabilities: [compute, utility]\n"  # the node-wide ones: nothing extra
     )
@@ -289,11 +291,8 @@ def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
         capability = [d["name"] for d in spec["devices"] if d["name"].startswith("capability")]
         assert capability == ["capability-graphics"]
         assert all(d.health == "Healthy" for d in kubelet.wait_devices(GPU))
-        whole = kubelet.allocate(GPU, [[u0], [u1, u0]])
-        assert names(whole) == [
-            [f"{GPU}={u0}", GRAPHICS],
-            [f"{GPU}={u1}", f"{GPU}={u0}", GRAPHICS],
-        ]
+        whole = kubelet.allocate(GPU, [[u0], [u0]])
+        assert names(whole) == [[f"{GPU}={u0}", GRAPHICS]] * 2
         shared = kubelet.allocate(SHARED, [[f"{u1}::0"]])
         assert names(shared) == [[f"{GPU}={u1}"]]
         # what a runtime makes of the names Allocate returned
@@ -305,29 +304,27 @@ def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
         assert VULKAN_ICD not in {m["destination"] for m in got["mounts"]}
 
 
-def _whole_and_shared(kubelet: Any, uuid: str) -> tuple[Any, Any]:
+def _whole_and_shared(kubelet: Any, uuid: str, other: str) -> tuple[Any, Any]:
     """The container responses to Allocate of the whole GPU ``uuid`` (a resource asking for
-    graphics) and of one of its shared replicas (a resource that does not)."""
+    graphics) and of a shared replica of GPU ``other`` (a resource that does not)."""
     whole = kubelet.allocate(GPU, [[uuid]]).container_responses[0]
-    shared = kubelet.allocate(SHARED, [[f"{uuid}::1"]]).container_responses[0]
+    shared = kubelet.allocate(SHARED, [[f"{other}::1"]]).container_responses[0]
     return whole, shared
 
 
 def test_native_strategy_mounts_the_capability_files_for_that_resource_only(
     tmp_path: Path, fake: FakeHost
 ) -> None:
-    u0 = fake.node.gpus[0].uuid
+    u0, u1 = (g.uuid for g in fake.node.gpus)
     for kubelet in serve(tmp_path, fake, "native"):
-        whole, shared = _whole_and_shared(kubelet, u0)
+        whole, shared = _whole_and_shared(kubelet, u0, u1)
         whole_mounts = {m.container_path: m.host_path for m in whole.mounts}
         assert whole_mounts[VULKAN_ICD] == str(fake.driver_root / VULKAN_ICD.lstrip("/"))
         assert f"{RHEL_DIR}/libEGL_nvidia.so.0" in whole_mounts
         assert VULKAN_ICD not in {m.container_path for m in shared.mounts}
-        # both get the GPU's device node and the common libraries
-        for response in (whole, shared):
-            assert f"/dev/nvidia{fake.node.gpus[0].minor}" in {
-                d.container_path for d in response.devices
-            }
+        # each gets its GPU's device node, and both the common libraries
+        for response, gpu in ((whole, fake.node.gpus[0]), (shared, fake.node.gpus[1])):
+            assert f"/dev/nvidia{gpu.minor}" in {d.container_path for d in response.devices}
             assert f"{LIB_DIR}/libcuda.so.1" in {m.container_path for m in response.mounts}
 
 
@@ -335,15 +332,15 @@ def test_envvar_strategy_tells_the_nvidia_runtime_the_capabilities(
     tmp_path: Path, fake: FakeHost
 ) -> None:
     """No CDI names under envvar: nvidia-container-runtime reads NVIDIA_DRIVER_CAPABILITIES."""
-    u0 = fake.node.gpus[0].uuid
+    u0, u1 = (g.uuid for g in fake.node.gpus)
     for kubelet in serve(tmp_path, fake, "envvar"):
-        whole, shared = _whole_and_shared(kubelet, u0)
+        whole, shared = _whole_and_shared(kubelet, u0, u1)
         assert dict(whole.envs) == {
             "NVIDIA_VISIBLE_DEVICES": u0,
             "NVIDIA_DRIVER_CAPABILITIES": "compute,utility,graphics",
         }
         assert "NVIDIA_DRIVER_CAPABILITIES" not in shared.envs  # the runtime's own default
-        assert shared.envs["NVIDIA_VISIBLE_DEVICES"] == u0
+        assert shared.envs["NVIDIA_VISIBLE_DEVICES"] == u1
 
 
 def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
@@ -354,7 +351,7 @@ def test_a_resource_asking_for_a_capability_the_spec_lacks_is_unhealthy(
     assert run.returncode == 0, run.stderr
     for kubelet in serve(tmp_path, fake, "cdi-cri", generate_specs=False):
         gpus = kubelet.wait_devices(GPU, lambda ds: all(d.health == "Unhealthy" for d in ds))
-        assert len(gpus) == 2
+        assert len(gpus) == 1
         shares = kubelet.wait_devices(SHARED)
         assert shares and all(d.health == "Healthy" for d in shares)
         fix = f"--output-dir {tmp_path / 'cdi'} --capability-devices graphics')"
@@ -372,11 +369,14 @@ def test_config_names_what_each_resource_asks_beyond_the_node_wide_capabilities(
         "capabilities: [compute, utility, video]\n"
         "resources:\n"
         f"  - name: {GPU}\n"
+        "    gpus: [0]\n"
         "    capabilities: [video, graphics, compute]\n"
         f"  - name: {SHARED}\n"
+        "    gpus: [1]\n"
         "    sharing: {replicas: 2}\n"
         "    capabilities: [all]\n"
         "  - name: example.com/plain\n"
+        "    gpus: [2]\n"
         "    sharing: {replicas: 3}\n"
     )
     config = load_config(path, env={})

@@ -449,19 +449,66 @@ def loaded_config(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
     return plugin_config.load_config(path, env={})
 
 
-def test_mps_config_loads_with_a_memory_slice_resource_under_mps(
+def test_mps_config_is_the_first_recipe_gpu_as_mps_replicas(
     mps_objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     from plugin.sharing import advisory_warning
 
     config = loaded_config(mps_objects, tmp_path)
-    (resource,) = config.resources  # no nvidia.com/gpu beside it: that would be the same GPUs
-    assert resource.name == "nvidia.com/gpu-memory"  # the name docs/sharing.md uses
+    (resource,) = config.resources  # nothing beside it: each GPU has one owner
+    assert resource.name == "nvidia.com/gpu"  # unchanged `nvidia.com/gpu: 1` pods share
     sharing = resource.sharing
-    assert (sharing.kind, sharing.memory_slice_mib) == ("slice", 1024)
+    assert (sharing.kind, sharing.replicas) == ("replica", 4)
     assert sharing.mps_pipe_directory == "/run/nvidia/mps"
     assert sharing.mps_shm_directory == "/run/nvidia/mps-shm"
     assert advisory_warning(sharing, resource.name) is None  # the limits are enforced
+
+
+def test_two_unchanged_gpu_pods_share_one_4090_each_with_its_own_mps_limit(
+    mps_objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The component's config served on the seed's RTX 4090 through the kubelet simulator: two
+    pods asking `nvidia.com/gpu: 1` each get one replica, on the same card, and each its own
+    MPS limit (a quarter of 24564 MiB) in Allocate's environment."""
+    import dataclasses
+
+    from cdigen.cli import main
+    from cdigen.discover import load_node
+    from plugin.device_plugin import Plugin
+    from tests.kubelet_sim import KubeletSimulator
+
+    spec_dir = tmp_path / "cdi"
+    assert main(["generate", "--node", "builtin:rtx4090", "--output-dir", str(spec_dir)]) == 0
+    config = dataclasses.replace(
+        loaded_config(mps_objects, tmp_path),
+        plugin_dir=tmp_path / "plugins",
+        spec_dirs=(spec_dir,),
+        policy_dir=KUSTOMIZE_DIR / "base" / "policies",
+        generate_specs=False,
+    )
+    node = load_node("builtin:rtx4090")
+    plugin = Plugin(config, node=node)
+    with KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            kubelet.wait_registered("nvidia.com/gpu")
+            devices = [d.ID for d in kubelet.wait_devices("nvidia.com/gpu")]
+            assert len(devices) == 4  # one 4090, four pods' worth
+            pods = []
+            for _ in range(2):  # each pod: its own Allocate, as the kubelet does per pod
+                free = [d for d in devices if d not in {p[0] for p in pods}]
+                chosen = kubelet.preferred("nvidia.com/gpu", free, 1)
+                response = kubelet.allocate("nvidia.com/gpu", [list(chosen)])
+                pods.append((chosen[0], response.container_responses[0]))
+        finally:
+            plugin.stop()
+    uuid = node.gpus[0].uuid
+    for _, container in pods:
+        assert [d.name for d in container.cdi_devices] == [f"nvidia.com/gpu={uuid}"]
+        assert container.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6141M"
+        assert container.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps"
+    assert pods[0][0] != pods[1][0]  # two replicas of the one card
 
 
 def test_mps_config_is_the_bases_but_for_its_resources(

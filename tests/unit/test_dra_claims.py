@@ -13,7 +13,8 @@ import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from plugin.dra.slices import MemoryShares, build_slices
+from cdigen.memory_shares import MemoryShares
+from plugin.dra.slices import build_slices
 from policies.device_view import attribute_names, device_views, published_attribute_names
 from policies.dra.claims import (
     CapacityPolicy,
@@ -74,8 +75,13 @@ def test_shared_gpu_capacity_is_consumed_claim_by_claim() -> None:
         state.add(picks, fit.by_name)
     assert state.consumed["gpu-0"][f"{DRIVER}/memory"] == 21 * GIB
     assert fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).error
-    # a claim without a memory request takes the default step
-    assert fit.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
+    # a claim without a memory request takes the default: the whole GPU unless the operator
+    # chose a share, so it fits only on a GPU no one else holds
+    _, reasons = fit.explain(_claim(), state)
+    assert reasons == [("gpu-0", "needs memory 23Gi, 3060Mi left")]
+    assert fit.allocate(_claim()).picks[0].consumed == {f"{DRIVER}/memory": 23 * GIB}
+    shared = _fit("builtin:rtx4090", MemoryShares(default=GIB))
+    assert shared.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
 
 
 def test_exclusive_devices_are_not_given_twice_and_selectors_filter() -> None:
@@ -406,7 +412,7 @@ def test_the_4090_story_in_the_docs_is_what_explain_prints(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "dra-sharing.md").read_text()
-    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Mi --claim memory-3gi"
+    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Gi --claim memory-3gi"
     block = docs[docs.index(command) :].split("```", 1)[0]
     argv, _, printed = block.partition("\n")
     monkeypatch.chdir(EXAMPLES)  # the docs run it there

@@ -38,6 +38,8 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]] | None] = {
         ("dra/components/capabilities", "dra/components/mps"),
     ),
     "both-wings-sharing-values.yaml": None,
+    # the seed's story on DRA: shares and a default share, which kustomize sets by a patch
+    "dra-seed-values.yaml": None,
 }
 # What Helm adds that kustomize cannot: the release's labels on every object.
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")

@@ -91,7 +91,9 @@ def test_every_label_of_every_builtin_has_a_documented_name_and_format(
         "cuda.runtime-version.major",
     ):
         assert f"nvidia.com/{required}" in labels
-    assert ("nvidia.com/mig.strategy" in labels) == (strategy != "none")
+    # under none only where MIG is enabled somewhere (GFD: only under single and mixed)
+    mig_enabled = any(g.mig_enabled for g in load_node(f"builtin:{name}").gpus)
+    assert ("nvidia.com/mig.strategy" in labels) == (strategy != "none" or mig_enabled)
     assert list(labels) == sorted(labels)
 
 
@@ -244,6 +246,8 @@ def test_cli_prints_sorted_key_value_lines_and_json(tmp_path: Path) -> None:
         (["--mig-strategy", "all"], "invalid choice: 'all'"),
         (["--node", "builtin:nope"], "no built-in sample called 'nope'"),
         (["--node", "/nonexistent.yaml"], "not found"),
+        # issue 35 m: a strategy without replicas was silently ignored
+        (["--sharing-strategy", "mps"], "--sharing-strategy mps needs --replicas N"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
@@ -386,3 +390,17 @@ def test_the_console_samples_in_docs_labels_md_are_what_cdigen_prints() -> None:
         assert result.returncode == 0, result.stderr
         lines = [ln for ln in result.stdout.splitlines() if not pattern or re.search(pattern, ln)]
         assert shown.splitlines() == lines, command
+
+
+def test_a_mig_node_under_strategy_none_says_so_in_a_label_and_a_warning() -> None:
+    """Issue 35 n: GFD labels mig.strategy under single and mixed; under none it leaves it out,
+    which on a MIG node hid why the MIG GPUs were not advertised."""
+    mig = run("labels", "--node", "builtin:dgx-a100-mig-mixed")
+    assert mig.returncode == 0
+    assert "nvidia.com/mig.strategy=none" in mig.stdout.splitlines()
+    assert "--mig-strategy single or mixed" in mig.stderr
+    assert len(mig.stderr.strip().splitlines()) == 1
+    plain = run("labels", "--node", "builtin:rtx4090")  # no MIG: as GFD, no label, no warning
+    assert "mig.strategy" not in plain.stdout and not plain.stderr
+    single = run("labels", "--node", "builtin:h100-mig-single", "--mig-strategy", "single")
+    assert "nvidia.com/mig.strategy=single" in single.stdout.splitlines()

@@ -124,7 +124,7 @@ FACTS = (
     ),
     Fact(
         "quantity formatting (binary units)",
-        "policies/cel/quantity.py",
+        "cdigen/sizes.py",
         anywhere=lambda n: _holds_two(n, UNITS),
     ),
     Fact(

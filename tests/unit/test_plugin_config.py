@@ -115,7 +115,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 def test_two_resources_would_double_book_the_gpus(tmp_path: Path) -> None:
     path = write(tmp_path, "resources: [{name: example.com/gpu}, {name: example.com/gpu2}]\n")
-    with pytest.raises(InputError, match="same GPUs"):
+    with pytest.raises(InputError, match="would both advertise every GPU"):
         load_config(path, env={})
 
 
@@ -174,8 +174,8 @@ def test_resource_flag_renames_the_whole_gpu_resource_and_keeps_the_others(
     path = write(
         tmp_path,
         "resources:\n"
-        "  - {name: example.com/gpu.shared, sharing: {replicas: 4}}\n"
-        "  - {name: example.com/gpu, policy: single-numa}\n",
+        "  - {name: example.com/gpu.shared, gpus: [1], sharing: {replicas: 4}}\n"
+        "  - {name: example.com/gpu, gpus: [0], policy: single-numa}\n",
     )
     config = load_config(path, env={}, flags={"resource": "example.com/accel"})
     assert [(r.name, r.policy) for r in config.resources] == [

@@ -64,6 +64,7 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     from cdigen.cdi.cache import load_state
     from plugin.config import ResourceConfig
     from plugin.generate_specs import write_specs
+    from plugin.gpu_selector import GpuSelector
     from plugin.layout import plan_layout
     from plugin.sharing import Sharing
     from policies.policy_set import PolicySet
@@ -78,7 +79,10 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
         mig_strategy="mixed",
         spec_dirs=(tmp_path / "cdi",),
         host_root=str(host.base),
-        resources=(ResourceConfig(RESOURCE), ResourceConfig(shared, None, Sharing(2))),
+        resources=(
+            ResourceConfig(RESOURCE, gpus=GpuSelector(indexes=(0,))),
+            ResourceConfig(shared, None, Sharing(2), gpus=GpuSelector(indexes=(2,))),
+        ),
     )
     write_specs(node, config)
     defined = set(load_state([tmp_path / "cdi"]).devices)
@@ -91,10 +95,9 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     migs = [m.uuid for m in node.gpus[1].mig_devices]
     assert kinds == {
         (RESOURCE, gpus[0]): ("gpu", 0),
-        (RESOURCE, gpus[2]): ("gpu", 2),
         ("nvidia.com/mig-1g.10gb", migs[0]): ("mig", 1),
         ("nvidia.com/mig-1g.10gb", migs[1]): ("mig", 1),
-        **{(shared, f"{gpus[p]}::{k}"): ("replica", p) for p in (0, 2) for k in range(2)},
+        **{(shared, f"{gpus[2]}::{k}"): ("replica", 2) for k in range(2)},
     }
     assert set(layout.engines) == {r.name for r in layout.resources}
     assert [name for name, e in layout.engines.items() if e.share is not None] == [shared]

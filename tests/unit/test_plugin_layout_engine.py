@@ -12,6 +12,7 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from plugin.agent.health import with_board_health
 from plugin.config import PluginConfig, ResourceConfig
+from plugin.gpu_selector import GpuSelector
 from plugin.layout import (
     AllocatorCache,
     gpus_down,
@@ -96,15 +97,17 @@ def test_replicas_spread_and_memory_slices_pack() -> None:
     memory slices go to one GPU, whatever the policy, and the slice resource keeps the
     ``default`` policy."""
     config = _config(
-        ResourceConfig(SHARED, None, Sharing(replicas=2)),
-        ResourceConfig(SLICED, None, Sharing(memory_slice_mib=4096)),
+        ResourceConfig(SHARED, None, Sharing(replicas=2), gpus=GpuSelector((0, 1, 2, 3))),
+        ResourceConfig(
+            SLICED, None, Sharing(memory_slice_mib=4096), gpus=GpuSelector((4, 5, 6, 7))
+        ),
     )
     layout = plan_layout(_node(), config, PolicySet())
     assert layout.policy_names() == {SHARED: "spread", SLICED: "default"}
     replicas = [d.id for d in layout.resource(SHARED).devices]
     two = layout.engine(SHARED).prefer(tuple(replicas), (), 2)
     assert len({i.split("::")[0] for i in two.devices}) == 2
-    slices = [d.id for d in layout.resource(SLICED).devices if d.gpu_position in (0, 3)]
+    slices = [d.id for d in layout.resource(SLICED).devices if d.gpu_position in (4, 7)]
     packed = layout.engine(SLICED).prefer(tuple(slices), (), 2)
     assert len({i.split("::")[0] for i in packed.devices}) == 1
 
@@ -124,7 +127,10 @@ def test_mig_resources_pack_and_whole_gpus_stay_off_when_only_shares_are_listed(
 
 
 def test_a_resource_the_layout_lacks_is_a_key_error() -> None:
-    config = _config(ResourceConfig(GPU), ResourceConfig(SHARED, None, Sharing(replicas=2)))
+    config = _config(
+        ResourceConfig(GPU, gpus=GpuSelector((0,))),
+        ResourceConfig(SHARED, None, Sharing(replicas=2), gpus=GpuSelector((1,))),
+    )
     layout = plan_layout(_node(), config, PolicySet())
     assert layout.resource(SHARED).name == SHARED and layout.resource(GPU).name == GPU
     with pytest.raises(KeyError):
@@ -133,7 +139,8 @@ def test_a_resource_the_layout_lacks_is_a_key_error() -> None:
 
 def test_resources_of_one_policy_share_one_engine() -> None:
     config = _config(
-        ResourceConfig(GPU), ResourceConfig(SLICED, None, Sharing(memory_slice_mib=4096))
+        ResourceConfig(GPU, gpus=GpuSelector((0, 1, 2, 3))),
+        ResourceConfig(SLICED, None, Sharing(memory_slice_mib=4096), gpus=GpuSelector((4, 5))),
     )
     layout = plan_layout(_node(), config, PolicySet())
     assert layout.engine(GPU).allocator is layout.engine(SLICED).allocator

@@ -19,21 +19,26 @@ from cdigen.errors import InputError
 from cdigen.model import Node
 from plugin.config import PluginConfig, ResourceConfig, load_config
 from plugin.device_plugin import Plugin
+from plugin.gpu_selector import GpuSelector
 from plugin.sharing import ShareRefused, Sharing, allocate_shares
 from tests.kubelet_sim import KubeletSimulator
 
 SLICES = "nvidia.com/gpu-memory"
 REPLICAS = "nvidia.com/gpu.shared"
 RTX = "builtin:rtx4090"
+EIGHT = "builtin:pcie-8x4090"  # a GPU for each resource of SHARING_YAML
 SHM = "/dev/shm"
 
 SHARING_YAML = f"""\
 resources:
   - name: nvidia.com/gpu
+    gpus: [0]
   - name: {REPLICAS}
+    gpus: [1]
     policy: pack
     sharing: {{replicas: 4, failRequestsGreaterThanOne: true}}
   - name: {SLICES}
+    gpus: [2]
     sharing:
       memorySliceMiB: 1024
       mps: {{pipeDirectory: /run/nvidia/mps, shmDirectory: /run/nvidia/mps-shm}}
@@ -49,11 +54,18 @@ def config_file(tmp_path: Path, text: str) -> Path:
 # --- config -----------------------------------------------------------------------------------
 
 
-def test_whole_gpus_replicas_and_slices_may_be_served_together(tmp_path: Path) -> None:
+def test_whole_gpus_replicas_and_slices_may_be_served_together_on_gpus_of_their_own(
+    tmp_path: Path,
+) -> None:
     config = load_config(config_file(tmp_path, SHARING_YAML), env={})
     assert config.resources == (
-        ResourceConfig("nvidia.com/gpu"),
-        ResourceConfig(REPLICAS, "pack", Sharing(replicas=4, fail_requests_greater_than_one=True)),
+        ResourceConfig("nvidia.com/gpu", gpus=GpuSelector((0,))),
+        ResourceConfig(
+            REPLICAS,
+            "pack",
+            Sharing(replicas=4, fail_requests_greater_than_one=True),
+            gpus=GpuSelector((1,)),
+        ),
         ResourceConfig(
             SLICES,
             None,
@@ -62,6 +74,7 @@ def test_whole_gpus_replicas_and_slices_may_be_served_together(tmp_path: Path) -
                 mps_pipe_directory="/run/nvidia/mps",
                 mps_shm_directory="/run/nvidia/mps-shm",
             ),
+            gpus=GpuSelector((2,)),
         ),
     )
     assert config.gpu_resource == "nvidia.com/gpu" and config.advertises_whole_gpus
@@ -80,7 +93,7 @@ def test_resource_flag_keeps_a_single_resource_sharing(tmp_path: Path) -> None:
     [
         (
             "resources:\n  - name: a.com/gpu\n  - name: b.com/gpu\n",
-            "without sharing they would all advertise the same GPUs",
+            "resources a.com/gpu and b.com/gpu would both advertise every GPU",
         ),
         (
             "resources:\n  - {name: a.com/x, sharing: {replicas: 2}}\n"
@@ -152,9 +165,12 @@ def test_sharing_only_configs_do_not_advertise_whole_gpus_as_well() -> None:
     uuid = node.gpus[0].uuid
     shared = ResourceConfig(REPLICAS, sharing=Sharing(replicas=2))
     assert plan(node, shared) == {REPLICAS: [f"{uuid}::0", f"{uuid}::1"]}
-    assert plan(node, ResourceConfig(), shared) == {
-        "nvidia.com/gpu": [uuid],
-        REPLICAS: [f"{uuid}::0", f"{uuid}::1"],
+    eight = load_node(EIGHT)
+    first, second = (g.uuid for g in eight.gpus[:2])
+    whole = ResourceConfig(gpus=GpuSelector((0,)))
+    assert plan(eight, whole, dataclasses.replace(shared, gpus=GpuSelector((1,)))) == {
+        "nvidia.com/gpu": [first],
+        REPLICAS: [f"{second}::0", f"{second}::1"],
     }
 
 
@@ -172,7 +188,7 @@ def test_mig_enabled_gpus_are_not_shared() -> None:
 @pytest.fixture(scope="module")
 def spec_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cdi")
-    assert main(["generate", "--node", RTX, "--output-dir", str(out)]) == 0
+    assert main(["generate", "--node", EIGHT, "--output-dir", str(out)]) == 0
     return out
 
 
@@ -186,7 +202,7 @@ def serve(tmp_path: Path, spec_dir: Path, strategy: str) -> Iterator[KubeletSimu
             "device_list_strategy": strategy,
         },
     )
-    plugin = Plugin(config, node=load_node(RTX))
+    plugin = Plugin(config, node=load_node(EIGHT))
     with KubeletSimulator(config.plugin_dir) as kubelet:
         plugin.start()
         try:
@@ -206,8 +222,8 @@ def ids(kubelet: KubeletSimulator, resource: str) -> list[str]:
     return [d.ID for d in kubelet.wait_devices(resource)]
 
 
-def test_pods_on_each_resource_get_the_same_card(cdi_cri: KubeletSimulator) -> None:
-    uuid = load_node(RTX).gpus[0].uuid
+def test_pods_on_each_resource_get_the_card_of_that_resource(cdi_cri: KubeletSimulator) -> None:
+    uuids = [g.uuid for g in load_node(EIGHT).gpus]
     whole = cdi_cri.allocate("nvidia.com/gpu", [ids(cdi_cri, "nvidia.com/gpu")])
     replica = cdi_cri.allocate(REPLICAS, [ids(cdi_cri, REPLICAS)[:1]])
     sliced = cdi_cri.allocate(SLICES, [ids(cdi_cri, SLICES)[:4], ids(cdi_cri, SLICES)[4:5]])
@@ -216,7 +232,7 @@ def test_pods_on_each_resource_get_the_same_card(cdi_cri: KubeletSimulator) -> N
         for r in (whole, replica, sliced)
         for c in r.container_responses
     ]
-    assert names == [[f"nvidia.com/gpu={uuid}"]] * 4
+    assert names == [[f"nvidia.com/gpu={uuids[p]}"] for p in (0, 1, 2, 2)]
     limits = [c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for c in sliced.container_responses]
     assert limits == ["0=4096M", "0=1024M"]
     assert not whole.container_responses[0].envs and not whole.container_responses[0].mounts
@@ -244,7 +260,7 @@ def test_a_whole_gpu_id_is_not_a_share(cdi_cri: KubeletSimulator) -> None:
 
 @pytest.mark.parametrize("strategy", ["envvar", "native", "cdi-annotations"])
 def test_shares_under_other_strategies(tmp_path: Path, spec_dir: Path, strategy: str) -> None:
-    uuid = load_node(RTX).gpus[0].uuid
+    uuid = load_node(EIGHT).gpus[2].uuid  # SLICES' GPU
     for kubelet in serve(tmp_path, spec_dir, strategy):
         response = kubelet.allocate(SLICES, [ids(kubelet, SLICES)[:3]]).container_responses[0]
         assert response.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
@@ -254,7 +270,7 @@ def test_shares_under_other_strategies(tmp_path: Path, spec_dir: Path, strategy:
         if strategy == "envvar":
             assert response.envs["NVIDIA_VISIBLE_DEVICES"] == uuid  # the GPU, not the slices
         elif strategy == "native":
-            assert [d.container_path for d in response.devices] == ["/dev/nvidia0"]
+            assert [d.container_path for d in response.devices] == ["/dev/nvidia2"]
         else:
             assert list(response.annotations.values()) == [f"nvidia.com/gpu={uuid}"]
 
@@ -288,3 +304,39 @@ def test_the_shm_directory_is_checked_like_the_pipe_directory(tmp_path: Path) ->
     shm.write_text("")
     with pytest.raises(ShareRefused, match="is not a directory"):
         mounts()
+
+
+def test_an_empty_spec_dir_is_one_error_and_one_warning_per_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 35 e: the 23 slices of a 4090 lack one CDI name, said once; they turn Unhealthy
+    in one line, not 23."""
+    import logging
+
+    (tmp_path / "cdi").mkdir()
+    path = config_file(
+        tmp_path, f"resources:\n  - {{name: {SLICES}, sharing: {{memorySliceMiB: 1024}}}}\n"
+    )
+    config = load_config(
+        path,
+        env={},
+        flags={"plugin_dir": tmp_path / "plugins", "spec_dirs": [str(tmp_path / "cdi")]},
+    )
+    node = load_node(RTX)
+    plugin = Plugin(config, node=node)
+    with caplog.at_level(logging.INFO), KubeletSimulator(config.plugin_dir) as kubelet:
+        plugin.start()
+        try:
+            kubelet.wait_registered(SLICES)
+            kubelet.wait_devices(SLICES, lambda ds: all(d.health == "Unhealthy" for d in ds))
+        finally:
+            plugin.stop()
+    name = f"nvidia.com/gpu={node.gpus[0].uuid}"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].count(name) == 1, errors
+    assert "23 device(s) advertised Unhealthy" in errors[0]
+    unhealthy = [r.getMessage() for r in caplog.records if "Unhealthy:" in r.getMessage()]
+    assert unhealthy == [
+        f"23 devices ({node.gpus[0].uuid}::slice-0 … {node.gpus[0].uuid}::slice-22) are "
+        f"Unhealthy: CDI name {name} missing from the spec dirs"
+    ]

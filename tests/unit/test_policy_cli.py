@@ -98,6 +98,9 @@ def test_explain_lists_selector_failures(
         (["--available", "0,1", "--size", "1", "--must", "4"], "not among the available"),
         (["--available", "0,17", "--size", "1"], "unknown device IDs 17"),
         (["--available", "0,0", "--size", "1"], "lists a device twice"),
+        # issue 35 m: an empty entry is a device left out, not nothing
+        (["--available", "0,,2", "--size", "1"], "'0,,2' has an empty entry (position 2)"),
+        (["--available", "0,1", "--size", "1", "--must", "0,"], "--must: '0,' has an empty"),
         (["--available", "0,1", "--size", "-1"], "--size must be at least 1, got -1"),
         (["--available", "0,1", "--size", "0"], "--size must be at least 1, got 0"),
         (
@@ -183,7 +186,7 @@ def test_replay_reports_every_bad_line_and_answers_the_others(
         f"cdigen: error: {requests}:4: request for 5 devices but only 1 are available; ask for "
         "at most as many devices as are available",
         f"cdigen: error: {requests}: 2 of 5 request lines could not be answered (listed "
-        "above); the others were",
+        "above); the other 3 were answered on stdout",
     ]
 
 
