@@ -15,12 +15,18 @@ from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, shares_problem
 
+# The nodes `dra check` fits claims on when no --node is given: whole GPUs, MIG devices,
+# NVLink and PCIe machines; a claim passes when it fits one of them.
+SAMPLE_NODES = ("builtin:dgx-a100-mig-mixed", "builtin:dgx1-v100", "builtin:rtx4090")
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
     from policies.device_view import DeviceView
-    from policies.dra.claim_docs import Claim
-    from policies.dra.claims import Allocation, FirstFit, NodeState
+    from policies.dra.claim_docs import Claim, DeviceClass
+    from policies.dra.claims import Allocation, FirstFit, NodeState, SliceDevice
 
 
 def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,10 +83,17 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
 def _register_check(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = dra_sub.add_parser(
         "check",
-        help="catch misspelt attributes and capacities in claims and DeviceClasses",
-        description="Check the CEL selectors, constraints and capacity requests of "
-        "ResourceClaims, ResourceClaimTemplates and DeviceClasses against the attributes "
-        "and capacities this driver publishes. Exit 1 when a check fails, 2 for bad input.",
+        help="would the scheduler ever allocate these claims on this driver's devices?",
+        description="Check ResourceClaims, ResourceClaimTemplates and DeviceClasses as the API "
+        "server and the scheduler take them: CEL selectors compiled as the API server does "
+        "(refused at create: exit 1), then each claim allocated by the scheduler's first fit "
+        "on the devices `dra serve` would publish for each --node. Exit 1 exactly when a claim "
+        "could never be allocated on any of them (refused at create, unknown DeviceClass, a "
+        "CEL error on a device, no device matching, capacity above every device, more devices "
+        "than the node has), with one line saying which; 0 when each could; 2 for bad input. "
+        "Names the driver does not publish are reported too: an error when the claim fails, "
+        "a warning when it does not.",
+        epilog="example: cdigen dra check --node builtin:dgx1-v100 claim.yaml",
     )
     check.add_argument(
         "files",
@@ -89,10 +102,35 @@ def _register_check(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="YAML files of ResourceClaims, ResourceClaimTemplates and DeviceClasses",
     )
     check.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="SRC",
+        help="builtin:NAME or a node file whose devices the claims must fit; repeatable "
+        f"(default: {', '.join(SAMPLE_NODES)}: a claim passes when it fits one of them)",
+    )
+    check.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="DeviceClass manifest(s); repeatable (default: the classes deploy/dra installs; "
+        "classes in FILE count too)",
+    )
+    check.add_argument(
         "--driver-name",
         default=DEFAULT_DRIVER,
         help=f"the driver whose attributes the selectors may name (default {DEFAULT_DRIVER})",
     )
+    check.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        default=DRA_MIG_STRATEGY,
+        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
+        f"(default {DRA_MIG_STRATEGY})",
+    )
+    add_share_options(check.add_argument_group("sharing, as `dra serve` takes it"))
     check.set_defaults(func=_check)
 
 
@@ -127,10 +165,7 @@ def _register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _explain(args: argparse.Namespace) -> int:
     from cdigen.discover.cli import _load
     from cdigen.errors import InputError
-    from plugin.dra.slices import build_slices
-    from policies.device_view import device_views
-    from policies.dra.claims import FirstFit, NodeState, load_manifests, slice_devices
-    from policies.dra.order import ordered_views
+    from policies.dra.claims import FirstFit, NodeState, load_manifests
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in _shipped_classes()]
@@ -139,15 +174,16 @@ def _explain(args: argparse.Namespace) -> int:
         raise InputError(
             "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
+    refused = _refused_at_create(claims, classes) or _unknown_classes(claims, classes)
+    if refused:  # as the API server: before any device is looked at
+        for line in refused:
+            print(line, file=sys.stderr)
+        return 1
     node = _load(args)
-    views = ordered_views(device_views(node, mig_strategy=args.mig_strategy), node)
     shares = memory_shares(args)
-    shares_problem(shares, views)
+    views, devices = _node_devices(node, args.driver_name, args.mig_strategy, shares)
     node_name = node.name or "node"
-    slices = build_slices(
-        views, driver=args.driver_name, node_name=node_name, generation=1, shares=shares
-    )
-    fit = FirstFit(slice_devices(slices), classes)
+    fit = FirstFit(devices, classes)
     state = NodeState()
     failed = 0
     for n, claim in enumerate(claims):
@@ -165,6 +201,64 @@ def _explain(args: argparse.Namespace) -> int:
         for line in _capacity_left(fit, state, len(claims) - failed):
             print(line)
     return 1 if failed else 0
+
+
+def _refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
+    """What the API server refuses when the claims and classes are created, one line each, in
+    its words: every selector compiled as it compiles them."""
+    from policies.cel import CelCompileError, compile_expression
+    from policies.dra.claims import DEVICE_VARIABLES
+
+    selectors = [s for c in classes.values() for s in c.selectors]
+    for claim in claims:
+        for request in claim.requests:
+            for choice in request.alternatives or (request,):
+                selectors += choice.selectors
+    lines = []
+    for selector in selectors:
+        try:
+            compile_expression(selector.expression, DEVICE_VARIABLES)
+        except CelCompileError as exc:
+            lines.append(
+                f"{selector.source}: {selector.field}: CEL line {exc.line}, column {exc.column}: "
+                f"{exc} (the API server refuses it at create)"
+            )
+    return lines
+
+
+def _unknown_classes(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
+    """A line for each request naming a DeviceClass that is not among ``classes``."""
+    from policies.dra.check import unknown_class_message
+
+    lines = []
+    for claim in claims:
+        for request in claim.requests:
+            for choice in request.alternatives or (request,):
+                if choice.class_name not in classes:
+                    lines.append(
+                        f"{claim.source}: claim {claim.name}: request {choice.name!r}: "
+                        + unknown_class_message(choice.class_name, classes)
+                    )
+    return lines
+
+
+def _node_devices(
+    node: Node, driver: str, mig_strategy: str, shares: MemoryShares | None
+) -> tuple[list[DeviceView], list[SliceDevice]]:
+    """The node's device views and the devices of the ResourceSlices `dra serve` would publish
+    for it with these shares (a default share the API server would refuse is refused here too,
+    naming its flag)."""
+    from plugin.dra.slices import build_slices
+    from policies.device_view import device_views
+    from policies.dra.claims import slice_devices
+    from policies.dra.order import ordered_views
+
+    views = ordered_views(device_views(node, mig_strategy=mig_strategy), node)
+    shares_problem(shares, views)
+    slices = build_slices(
+        views, driver=driver, node_name=node.name or "node", generation=1, shares=shares
+    )
+    return views, list(slice_devices(slices))
 
 
 def _shipped_classes() -> list[Path]:
@@ -243,16 +337,36 @@ def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]
 
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import CheckFailed
-    from policies.dra.check import Published, check_files
+    from policies.dra.check import NodeDevices, Published, check_files
+    from policies.dra.claims import load_manifests
 
     dns_subdomain(args.driver_name, "--driver-name")
-    found = check_files(args.files, Published.of(args.driver_name))
+    class_files = args.classes or [str(p) for p in _shipped_classes()]
+    classes = load_manifests(class_files)[1] if class_files else {}
+    from cdigen.discover import load_node
+
+    shares = memory_shares(args)
+    nodes = [
+        NodeDevices(
+            source,
+            tuple(_node_devices(load_node(source), args.driver_name, args.mig_strategy, shares)[1]),
+        )
+        for source in (args.node or SAMPLE_NODES)
+    ]
+    result = check_files(args.files, Published.of(args.driver_name), nodes, classes)
+    found = result.problems
     for warning in (p for p in found if p.warning):
         print(f"cdigen: warning: {warning}", file=sys.stderr)
     problems = [p for p in found if not p.warning]
     if problems:
         raise CheckFailed([str(p) for p in problems], summary="dra check failed")
-    print(f"{len(args.files)} file(s) OK against the attributes of {args.driver_name}")
+    for note in result.notes:
+        print(note)
+    said = f"{len(args.files)} file(s) OK against the attributes of {args.driver_name}"
+    if result.claims:
+        where = " or ".join(args.node or SAMPLE_NODES)
+        said += f"; {result.claims} claim(s), each could be allocated on {where}"
+    print(said)
     return 0
 
 

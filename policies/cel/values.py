@@ -64,6 +64,7 @@ def view_value(view: DeviceView, driver_domains: Sequence[str] = (DRIVER, DRA_DR
     return celtypes.MapType(
         {
             celtypes.StringType("driver"): celtypes.StringType(driver_domains[0]),
+            celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(False),
             celtypes.StringType("attributes"): _domains(attributes, driver_domains),
             celtypes.StringType("capacity"): _domains(capacity, driver_domains),
         }

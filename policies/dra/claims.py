@@ -77,6 +77,17 @@ DEVICE_VARIABLES = frozenset({"device"})
 CEL_ERROR = ": CEL runtime error: "
 
 
+class _CelFailure(Exception):
+    """A selector erred on a device the search evaluated: the whole claim fails."""
+
+
+def _cel_failure_message(request: Request, device: SliceDevice, reason: str) -> str:
+    return (
+        f"request {request.name!r}: {reason} (on device {device.name}; a CEL error on a device "
+        "the scheduler evaluates fails the whole claim, as in Kubernetes)"
+    )
+
+
 @dataclass(frozen=True)
 class Pick:
     """One allocated device: the request, the device and the capacity it consumes."""
@@ -192,15 +203,12 @@ class FirstFit:
 
     def cel_failure(self, request: Request) -> str:
         """The error that fails the whole claim when a selector of ``request`` errs on any device
-        (as the scheduler does: ``selector #0: CEL runtime error: ...``, the pod stays Pending),
-        or ""."""
+        (as the scheduler does for an ``All`` request, which it evaluates on every device:
+        ``selector #0: CEL runtime error: ...``, the pod stays Pending), or ""."""
         for device in self.devices:
             reason = self.mismatch(request, device)
             if CEL_ERROR in reason:
-                return (
-                    f"request {request.name!r}: {reason} (on device {device.name}; a CEL error "
-                    "on any device fails the whole claim, as in Kubernetes)"
-                )
+                return _cel_failure_message(request, device, reason)
         return ""
 
     def consumption(
@@ -273,12 +281,20 @@ class FirstFit:
         When nothing fits, the first combination and why it failed."""
         state = state or NodeState()
         choices = [r.alternatives or (r,) for r in claim.requests]
+        # The scheduler first counts the devices of every "All" request and subrequest, each
+        # device evaluated: an error there fails the claim whichever choice would fit.
+        for choice in (c for alternatives in choices for c in alternatives):
+            failed = self.cel_failure(choice) if choice.mode == "All" else ""
+            if failed:
+                return replace(claim, requests=tuple(c[0] for c in choices)), Allocation(
+                    error=failed
+                )
         first: tuple[Claim, Allocation] | None = None
         for combination in product(*choices):
             variant = replace(claim, requests=tuple(combination))
             allocation = self._allocate_exact(variant, state)
-            if not allocation.error:
-                return variant, allocation
+            if not allocation.error or CEL_ERROR in allocation.error:
+                return variant, allocation  # an error fails the claim: no other choice is tried
             first = first or (variant, allocation)
         assert first is not None  # a claim with no request has one (empty) combination
         variant, allocation = first
@@ -291,10 +307,10 @@ class FirstFit:
         """:meth:`allocate` for a claim whose requests are all ``exactly``."""
         slots: list[Request] = []
         for request in claim.requests:
-            failed = self.cel_failure(request)
-            if failed:
-                return Allocation(error=failed)
             if request.mode == "All":
+                failed = self.cel_failure(request)
+                if failed:
+                    return Allocation(error=failed)
                 matching = [d for d in self.devices if not self.mismatch(request, d)]
                 if not matching:
                     return Allocation(error=f"request {request.name!r}: no device matches")
@@ -302,8 +318,11 @@ class FirstFit:
             else:
                 slots += [request] * request.count
         picks: list[Pick] = []
-        if self._search(claim, slots, 0, state, picks):
-            return Allocation(tuple(picks))
+        try:
+            if self._search(claim, slots, 0, state, picks):
+                return Allocation(tuple(picks))
+        except _CelFailure as exc:
+            return Allocation(error=str(exc))
         return Allocation(error=self._failure(claim, state))
 
     def _search(
@@ -323,7 +342,10 @@ class FirstFit:
             last = picks[-1].device
             start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1
         for device in self.devices[start:]:
-            if self.mismatch(request, device):
+            mismatch = self.mismatch(request, device)
+            if CEL_ERROR in mismatch:  # the scheduler stops at the first device that errs
+                raise _CelFailure(_cel_failure_message(request, device, mismatch))
+            if mismatch:
                 continue
             consumed, why = self.consumption(request, device, state, picks)
             if why or self.constraint_violation(claim, request, device, picks):

@@ -116,6 +116,9 @@ class SliceDevice:
         return celtypes.MapType(
             {
                 celtypes.StringType("driver"): celtypes.StringType(self.driver),
+                celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
+                    self.allow_multiple
+                ),
                 celtypes.StringType("attributes"): DomainMap(
                     {celtypes.StringType(d): celtypes.MapType(v) for d, v in attrs.items()}
                 ),

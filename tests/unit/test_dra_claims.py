@@ -186,7 +186,7 @@ def test_explain_on_a_claim_that_cannot_fit_exits_1(capsys: pytest.CaptureFixtur
     assert "not allocatable" in capsys.readouterr().out
 
 
-def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_explain_without_the_device_class_is_one_line_exit_1(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -205,9 +205,10 @@ def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> 
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 1  # the scheduler, with only the classes given, never would
     assert result.stderr.count("\n") == 1
-    assert "DeviceClass 'gpu.cdigen.dev', which was not given" in result.stderr
+    assert "DeviceClass 'gpu.cdigen.dev' does not exist" in result.stderr
+    assert "(DeviceClasses: graphics-gpu.cdigen.dev; --class adds more)" in result.stderr
 
 
 def _sized_claim(tmp_path: Path, name: str, *memory: str) -> str:
@@ -314,7 +315,12 @@ def test_check_names_file_field_and_cel_position_of_a_misspelt_attribute(
     )
     assert "capacity.requests.memroy: no capacity 'memroy' (did you mean 'memory'?)" in err[1]
     assert "constraints[0].matchAttribute: no attribute 'resource.kubernetes.io/numaNod'" in err[2]
-    assert err[-1] == "cdigen: dra check failed: 3 problem(s)"
+    assert err[3].startswith(
+        f"{path}: ResourceClaimTemplate bad: the scheduler could never allocate it on "
+        "builtin:dgx-a100-mig-mixed (request 'gpus': selector 0: CEL runtime error: no attribute "
+        "'nvlinkClque'"
+    )
+    assert err[-1] == "cdigen: dra check failed: 4 problem(s)"
 
 
 def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
