@@ -6,13 +6,14 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import EXIT_OK, InputError
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY, MIG_STRATEGIES
 
 if TYPE_CHECKING:
     from cdigen.model import Node
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_RESOURCE = GPU_RESOURCE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

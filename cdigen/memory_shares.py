@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.sizes import parse_bytes, quantity_text
 
 MAX_SHARES_PER_GPU = 1024  # as many as the device plugin's replicas (cdigen.shares.MAX_REPLICAS)
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from plugin.defaults import (
     DEFAULT_PLUGIN_DIR,
     DEFAULT_RESOURCE,
     DEFAULT_SPEC_DIRS,
+    DEFAULT_STRATEGY,
     STRATEGIES,
 )
 
@@ -68,7 +69,7 @@ class PluginConfig:
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     spec_dirs: tuple[Path, ...] = tuple(Path(d) for d in DEFAULT_SPEC_DIRS)
     cdi_kind: str = DEFAULT_CDI_KIND
-    device_list_strategy: str = "cdi-cri"
+    device_list_strategy: str = DEFAULT_STRATEGY
     policy_dir: Path | None = None
     mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY
     health: HealthConfig = field(default_factory=HealthConfig)

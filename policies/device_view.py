@@ -25,9 +25,6 @@ from cdigen.model import DRA_MIG_STRATEGY, Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
-# The DRA driver's default name (plugin.dra.options.DEFAULT_DRIVER): its plain attribute names
-# live in this domain; CEL policies also read them under NVIDIA's ``gpu.nvidia.com``.
-DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 

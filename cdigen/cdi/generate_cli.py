@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR
 from cdigen.cdi.specdir import STATIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_OK, InputError
@@ -72,8 +73,12 @@ def _add_output_options(gen: argparse.ArgumentParser) -> None:
 
 def _add_spec_options(gen: argparse.ArgumentParser) -> None:
     """What the spec holds: its kind, device names, hooks, capabilities and version."""
-    gen.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default: nvidia.com)")
-    gen.add_argument("--class", dest="cls", default="gpu", help="CDI class (default: gpu)")
+    gen.add_argument(
+        "--vendor", default=DEFAULT_VENDOR, help=f"CDI vendor (default: {DEFAULT_VENDOR})"
+    )
+    gen.add_argument(
+        "--class", dest="cls", default=DEFAULT_CLASS, help=f"CDI class (default: {DEFAULT_CLASS})"
+    )
     gen.add_argument(
         "--device-name-strategy",
         default="index,uuid",

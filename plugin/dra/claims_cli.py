@@ -280,7 +280,7 @@ def _explained(
     """One claim's explanation, with its link score, a note for each capacity request met
     by a whole device (published without consumable capacity), and one for each request that
     named no memory and took the node's default share."""
-    from policies.cel.quantity import format_bytes
+    from cdigen.sizes import quantity_text
     from policies.dra.explanation import render_explanation
     from policies.graph import build_topology
 
@@ -300,11 +300,11 @@ def _explained(
         if shares is not None and memory is not None and "memory" not in (capacity or {}):
             lines.append(
                 f"note: request {pick.request!r} names no memory: it takes the default share, "
-                f"{format_bytes(memory)} of {pick.device} ({shares.described()}; dra serve "
+                f"{quantity_text(memory)} of {pick.device} ({shares.described()}; dra serve "
                 "--default-share or --shares-per-gpu sets it)"
             )
         if capacity and not fit.by_name[pick.device].allow_multiple:
-            wanted = ", ".join(f"{k} {format_bytes(v)}" for k, v in capacity.items())
+            wanted = ", ".join(f"{k} {quantity_text(v)}" for k, v in capacity.items())
             lines.append(
                 f"note: request {pick.request!r} asks for capacity ({wanted}), but "
                 f"{pick.device} is published without consumable capacity (dra serve without "
@@ -315,7 +315,7 @@ def _explained(
 
 def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]:
     """What the claims allocated so far leave: every device, whole or its capacity left."""
-    from policies.cel.quantity import format_bytes
+    from cdigen.sizes import quantity_text
 
     lines = [f"after {allocated} allocated claim(s):"]
     width = max(len(d.name) for d in fit.devices)
@@ -325,8 +325,8 @@ def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]
         elif device.allow_multiple and device.capacity:
             held = state.consumed.get(device.name, {})
             left = ", ".join(
-                f"{name.rpartition('/')[2]} {format_bytes(total - held.get(name, 0))} left of "
-                f"{format_bytes(total)}"
+                f"{name.rpartition('/')[2]} {quantity_text(total - held.get(name, 0))} left of "
+                f"{quantity_text(total)}"
                 for name, total in sorted(device.capacity.items())
             )
         else:

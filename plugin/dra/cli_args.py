@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from cdigen.constants import DRA_DRIVER
+
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
     from policies.device_view import DeviceView
 
-DEFAULT_DRIVER = "gpu.cdigen.dev"  # policies.device_view.DRA_DRIVER; kept here so --help is cheap
+DEFAULT_DRIVER = DRA_DRIVER
 
 
-def dns_subdomain(
-    value: str, flag: str, longest: int = 63, example: str = "gpu.cdigen.dev"
-) -> None:
+def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAULT_DRIVER) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from cdigen.cdi.driveredits import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
+from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.model import Gpu
 from plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
@@ -19,7 +20,6 @@ from policies.device_view import DeviceView
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
 # devices, no set-uid programs, nothing to execute.
 SHM_MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

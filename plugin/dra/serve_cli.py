@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.constants import KUBELET_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.discover.numa import NUMA_FORMS
 from cdigen.memory_shares import add_share_options, memory_shares
@@ -45,7 +46,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     serve.add_argument(
         "--kubelet-dir",
-        default="/var/lib/kubelet",
+        default=KUBELET_DIR,
         metavar="DIR",
         help="the kubelet's root, holding plugins/ and plugins_registry/ "
         "(default /var/lib/kubelet)",

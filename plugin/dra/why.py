@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
+from cdigen.sizes import quantity_text
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
-from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import refuse_unchecked
 from policies.dra.claims import (
     Claim,
@@ -240,7 +240,7 @@ def _requests(claim: Claim) -> list[str]:
     for request in claim.requests:
         for r in request.alternatives or (request,):
             count = "all devices" if r.mode == "All" else f"{r.count} device(s)"
-            capacity = "".join(f", {k} {format_bytes(v)}" for k, v in r.capacity.items())
+            capacity = "".join(f", {k} {quantity_text(v)}" for k, v in r.capacity.items())
             lines.append(f"  request {r.name}: class {r.class_name}, {count}{capacity}")
             for n, selector in enumerate(r.selectors):
                 text = " ".join(selector.expression.split())

@@ -9,10 +9,11 @@ from typing import Any
 
 from celpy import celtypes
 
+from cdigen.constants import DRA_DRIVER
 from cdigen.model import Gpu, Node
 from policies.cel.quantity import Quantity
 from policies.cel.semver import Semver, parse_semver
-from policies.device_view import DRA_DRIVER, STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
+from policies.device_view import STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_DOMAIN = STANDARD_DOMAIN

@@ -22,8 +22,8 @@ from itertools import product
 from typing import Any
 
 from cdigen.errors import InputError
+from cdigen.sizes import quantity_text
 from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
-from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import (
     Claim,
     Constraint,
@@ -224,7 +224,7 @@ class FirstFit:
                     total = device.capacity.get(qualify(name, device.driver))
                     if total is None or amount > total:
                         return {}, (
-                            f"needs {name} {format_bytes(amount)}, has {format_bytes(total or 0)}"
+                            f"needs {name} {quantity_text(amount)}, has {quantity_text(total or 0)}"
                         )
             return {}, ""
         if held_here:
@@ -240,7 +240,7 @@ class FirstFit:
             amount = wanted
             left = total - state.consumed.get(device.name, {}).get(name, 0)
             if amount > left:
-                return {}, f"needs {short} {format_bytes(amount)}, {format_bytes(left)} left"
+                return {}, f"needs {short} {quantity_text(amount)}, {quantity_text(left)} left"
             consumed[name] = amount
         for name in requested:
             if name not in device.capacity:

@@ -13,7 +13,7 @@ import pytest
 
 from plugin.agent.health import SOURCE_NODE
 from plugin.kubelet_requests import RequestRecorder
-from plugin.native_edits import ContainerEdits, DeviceNodeEdit, MountEdit
+from plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
 from plugin.servicer import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
@@ -131,9 +131,9 @@ def test_allocate_other_strategies(tmp_path: Path, strategy: str) -> None:
 def test_allocate_native_translates_edits(tmp_path: Path) -> None:
     asked: list[list[str]] = []
 
-    def edits(names: object) -> ContainerEdits:
+    def edits(names: object) -> AllocateEdits:
         asked.append(list(names))  # type: ignore[call-overload]
-        return ContainerEdits(
+        return AllocateEdits(
             env=("NVIDIA_VISIBLE_DEVICES=void", "A=1=2"),
             device_nodes=(DeviceNodeEdit("/dev/nvidia0", "/dev/nvidia0", "rw"),),
             mounts=(MountEdit("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", True),),
@@ -153,7 +153,7 @@ def test_allocate_native_translates_edits(tmp_path: Path) -> None:
 
 
 def test_native_missing_name_is_failed_precondition(tmp_path: Path) -> None:
-    def edits(names: object) -> ContainerEdits:
+    def edits(names: object) -> AllocateEdits:
         raise KeyError("CDI device nvidia.com/gpu=X is not defined in /nowhere")
 
     with Harness(tmp_path, strategy="native", edits=edits) as h:
