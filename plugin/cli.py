@@ -155,9 +155,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from plugin import config_cli
 
     config_cli.register(plugin_sub)
-    from plugin.attribution.cli import register_plugin
+    from plugin import pods_cli
 
-    register_plugin(plugin_sub)
+    pods_cli.register(plugin_sub)
     plugin.set_defaults(func=lambda args: _usage(plugin))
 
 

@@ -93,7 +93,7 @@ class Plugin:
         self.board = HealthBoard((d.id for d in self.devices), self.layout.parents())
         self.board.set_reasons(SOURCE_NODE, node_reasons(self.node))
         if self.metrics is not None:  # who holds which GPU, on /metrics (docs/attribution.md)
-            from plugin.attribution.collector import attach_plugin
+            from plugin.attribution import attach_plugin
 
             attach_plugin(self)
         self.servers: list[ResourceServer] = []

@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from plugin.api import podresources_v1_pb2 as pb
-from plugin.api import podresources_v1_pb2_grpc as pb_grpc
+from plugin.agent.api import podresources_v1_pb2 as pb
+from plugin.agent.api import podresources_v1_pb2_grpc as pb_grpc
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 Run from anywhere; each proto is compiled with the repository root as the include path, so the
 generated ``*_pb2_grpc.py`` files import ``from plugin.api import deviceplugin_pb2`` (or
-``plugin.dra.api``) and work once installed. ``OUT`` (default: the repository root) receives the
-``*_pb2*`` files beside each proto.
+``plugin.dra.api``, ``plugin.agent.api``) and work once installed. ``OUT`` (default: the
+repository root) receives the ``*_pb2*`` files beside each proto.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ PROTOS = (
     "plugin/dra/api/dra_v1beta1.proto",
     "plugin/dra/api/pluginregistration_v1.proto",
     "plugin/dra/api/dra_health_v1alpha1.proto",
-    "plugin/api/podresources_v1.proto",
+    "plugin/agent/api/podresources_v1.proto",
 )
 PROTO = PROTOS[0]
 REPO_ROOT = Path(__file__).resolve().parents[2]

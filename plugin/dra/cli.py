@@ -1,6 +1,7 @@
 """The ``cdigen dra`` command: ``serve`` runs the kubelet DRA plugin (:mod:`plugin.dra.serve_cli`);
 ``explain`` and ``check`` are offline claim tools, ``why`` asks a live cluster
-(:mod:`plugin.dra.claims_cli`). Registering imports nothing heavy."""
+(:mod:`plugin.dra.claims_cli`); ``pods`` asks the kubelet who holds which GPU
+(:mod:`plugin.dra.pods_cli`). Registering imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -21,13 +22,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "transient CDI specs.",
     )
     dra_sub = dra.add_subparsers(dest="dra_command", metavar="SUBCOMMAND")
-    from plugin.dra import claims_cli, serve_cli
+    from plugin.dra import claims_cli, pods_cli, serve_cli
 
     serve_cli.register(dra_sub)
     claims_cli.register(dra_sub)
-    from plugin.attribution.cli import register_dra
-
-    register_dra(dra_sub)
+    pods_cli.register(dra_sub)
     dra.set_defaults(func=lambda args: _usage(dra))
 
 

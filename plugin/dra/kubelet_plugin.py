@@ -135,7 +135,7 @@ class DraPlugin:
             health=lambda: self.board.snapshot()[1],
             registered=lambda: self.registration.registered,
         )
-        from plugin.attribution.collector import attach_dra
+        from plugin.dra.attribution import attach_dra
 
         attach_dra(self)  # who holds which GPU, on /metrics (docs/attribution.md)
         self._stop = threading.Event()

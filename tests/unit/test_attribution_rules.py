@@ -10,11 +10,11 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.errors import InputError
+from plugin.agent.attribution import XidCounter
+from plugin.agent.holdings import printable
+from plugin.agent.podresources import ContainerClaim, ContainerResources
 from plugin.agent.xid import xid_reason
-from plugin.attribution.collector import XidCounter
-from plugin.attribution.holdings import printable
-from plugin.attribution.podresources import ContainerClaim, ContainerResources
-from plugin.attribution.wings import plugin_holdings
+from plugin.attribution import plugin_holdings
 from plugin.dra.checkpoint import load_checkpoint
 from plugin.resources import shared_resource
 from plugin.sharing import Sharing, allocate_shares
@@ -108,7 +108,7 @@ def test_the_checkpoint_refuses_a_consumed_capacity_that_is_not_quantities(
 
 def test_mig_devices_on_both_wings_are_given_their_own_memory() -> None:
     from cdigen.catalogue import catalogue
-    from plugin.attribution.wings import dra_holdings
+    from plugin.dra.attribution import dra_holdings
     from plugin.resources import plan_resources
 
     node = load_node("builtin:dgx-a100-mig-mixed")
@@ -179,7 +179,7 @@ def test_the_dashboard_is_one_grafana_can_import() -> None:
         for m in re.findall(r"\b(cdigen_[a-z0-9_]+)", t["expr"])
     }
     exported = set()
-    for module in ("plugin/metrics.py", "plugin/dra/metrics.py", "plugin/attribution/collector.py"):
+    for module in ("plugin/metrics.py", "plugin/dra/metrics.py", "plugin/agent/attribution.py"):
         text = (path.parents[2] / module).read_text()
         exported |= set(re.findall(r'"(cdigen_[a-z0-9_]+)"', text))
     suffixes = ("_total", "_bucket")

@@ -43,9 +43,10 @@ def test_wheel_ships_builtin_nodes_and_policies(wheel: zipfile.ZipFile) -> None:
 
 def test_wheel_ships_the_proto_and_its_stubs(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    for path in (REPO / "plugin" / "api").glob("*"):
-        if path.suffix in {".proto", ".py"}:
-            assert f"plugin/api/{path.name}" in names
+    for folder in ("plugin/api", "plugin/agent/api", "plugin/dra/api"):
+        for path in (REPO / folder).glob("*"):
+            if path.suffix in {".proto", ".py"}:
+                assert f"{folder}/{path.name}" in names
 
 
 def test_every_part_registers_its_commands() -> None:

@@ -1,4 +1,11 @@
-"""Attribution as Prometheus series, read at scrape time into a plugin's own registry.
+"""Per-pod attribution, the part both wings share: which pod and container hold which GPU,
+share, MIG device or claim, with which memory limit, as Prometheus series read at scrape time into
+a plugin's own registry.
+
+The kubelet's PodResources API (:mod:`plugin.agent.podresources`) says which device IDs (device
+plugin) and which ResourceClaims (DRA) each container got; each wing (a :class:`Wing`:
+:mod:`plugin.attribution` for the device plugin, :mod:`plugin.dra.attribution` for DRA) maps them
+to GPUs through what it advertised or prepared, into :class:`~plugin.agent.holdings.Holding` rows.
 
 Per container (labels ``namespace``, ``pod``, ``container``, ``gpu_uuid``, plus ``kind`` and
 ``source``): ``cdigen_pod_gpu_devices`` (devices or shares held) and
@@ -17,23 +24,67 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from plugin.attribution.holdings import Holding, printable
-from plugin.attribution.podresources import PodResourcesError, list_resources, socket_path
-from plugin.attribution.wings import DraWing, PluginWing, Wing
+from plugin.agent.holdings import Holding, printable
+from plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
 
 if TYPE_CHECKING:
+    from cdigen.catalogue import CatalogueEntry
+    from cdigen.model import Gpu
     from plugin.agent.health import HealthBoard
-    from plugin.device_plugin import Plugin
-    from plugin.dra.kubelet_plugin import DraPlugin
 
 log = logging.getLogger("cdigen.plugin.attribution")
 
 # Prometheus' default scrape timeout is 10 s; the kubelet answers List in milliseconds.
 SCRAPE_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One device a wing offers on a GPU: a share, a MIG device, a whole GPU or a DRA device."""
+
+    resource: str  # the extended resource, or the DRA driver
+    device: str  # its device ID (device plugin) or name (DRA)
+    gpu_uuid: str
+
+
+class Wing(Protocol):
+    """What the attribution collector asks of a wing; each call reads the wing's state now."""
+
+    @property
+    def name(self) -> str:
+        """``plugin`` or ``dra``."""
+        ...
+
+    def gpus(self) -> Sequence[Gpu]:
+        """The physical GPUs the wing serves."""
+        ...
+
+    def slots(self) -> Sequence[Slot]:
+        """Every device the wing offers now, with its GPU."""
+        ...
+
+    def holdings(self, containers: Iterable[ContainerResources]) -> list[Holding]:
+        """What each container holds of the wing's devices."""
+        ...
+
+    def used(self, holdings: Sequence[Holding]) -> set[tuple[str, str]]:
+        """The ``(resource, device)`` slots in use."""
+        ...
+
+
+def entry_memory(entry: CatalogueEntry) -> int:
+    """The memory of a catalogue device in bytes: its MIG device's (made or to be made at
+    prepare), else its GPU's."""
+    if entry.mig is not None:
+        return entry.mig.memory_bytes
+    if entry.placement is not None:
+        return entry.placement.profile.memory_bytes
+    return entry.gpu.memory_bytes
 
 
 class XidCounter:
@@ -230,38 +281,4 @@ def _allocated(holdings: Sequence[Holding]) -> dict[str, int]:
     return out
 
 
-def attach_plugin(plugin: Plugin) -> AttributionCollector | None:
-    """Register attribution into the device plugin's metrics (None when it serves none); the
-    kubelet's socket is beside the plugin dir (``/var/lib/kubelet/pod-resources``)."""
-    if plugin.metrics is None:
-        return None
-    wing = PluginWing(lambda: plugin.layout.resources)
-    collector = AttributionCollector(
-        wing, socket_path(plugin.config.plugin_dir.parent), board=plugin.board
-    )
-    plugin.metrics.registry.register(collector)
-    return collector
-
-
-def attach_dra(plugin: DraPlugin) -> AttributionCollector:
-    """Register attribution into the DRA plugin's metrics."""
-    wing = DraWing(
-        plugin.options.driver,
-        lambda: {v.name: v.entry for v in plugin.views},
-        plugin.preparer.prepared,
-    )
-    collector = AttributionCollector(
-        wing, socket_path(plugin.options.kubelet_dir), board=plugin.board
-    )
-    plugin.metrics.registry.register(collector)
-    return collector
-
-
-__all__ = [
-    "AttributionCollector",
-    "DraWing",
-    "PluginWing",
-    "XidCounter",
-    "attach_dra",
-    "attach_plugin",
-]
+__all__ = ["AttributionCollector", "Slot", "Wing", "XidCounter", "entry_memory"]

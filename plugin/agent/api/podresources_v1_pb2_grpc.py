@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from plugin.api import podresources_v1_pb2 as plugin_dot_api_dot_podresources__v1__pb2
+from plugin.agent.api import podresources_v1_pb2 as plugin_dot_agent_dot_api_dot_podresources__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in plugin/api/podresources_v1_pb2_grpc.py depends on'
+        + ' but the generated code in plugin/agent/api/podresources_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class PodResourcesListerStub:
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/v1.PodResourcesLister/Get',
-                request_serializer=plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-                response_deserializer=plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+                request_serializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -68,13 +68,13 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
-                    response_serializer=plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
+                    request_deserializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -103,8 +103,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/List',
-            plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-            plugin_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+            plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+            plugin_dot_agent_dot_api_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -130,8 +130,8 @@ class PodResourcesLister:
             request,
             target,
             '/v1.PodResourcesLister/Get',
-            plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-            plugin_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+            plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+            plugin_dot_agent_dot_api_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
