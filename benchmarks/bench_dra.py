@@ -314,7 +314,8 @@ def model_checked_api(api_client: Any) -> Any:
 def bench_slices(calls: int) -> bool:
     from cdigen.discover import load_node
     from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi, SlicePublisher
+    from plugin.dra.kube import KubeApi
+    from plugin.dra.slice_publisher import SlicePublisher
     from policies.device_view import device_views
     from policies.dra.order import ordered_views
     from tests.fake_apiserver import FakeApiServer

@@ -38,11 +38,11 @@ from plugin.dra.grpc_services import (
     registration_service,
     socket_paths,
 )
-from plugin.dra.kube import SliceApi, SlicePublisher
 from plugin.dra.labels import dra_labels
 from plugin.dra.metrics import DraMetrics
 from plugin.dra.options import DraOptions
 from plugin.dra.prepare import Preparer
+from plugin.dra.slice_publisher import SliceApi, SlicePublisher
 from plugin.dra.slices import TaintDoc
 from plugin.dra.status import StatusApi, StatusWriter
 from plugin.dra.taints import xid_taints

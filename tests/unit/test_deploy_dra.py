@@ -385,7 +385,8 @@ def test_the_role_allows_every_call_the_plugin_makes(
     the fake API server; every request it logged must be allowed by the ClusterRole."""
     from cdigen.discover import load_node
     from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi, SlicePublisher
+    from plugin.dra.kube import KubeApi
+    from plugin.dra.slice_publisher import SlicePublisher
     from policies.device_view import device_views
     from tests.fake_apiserver import allocated_claim
 

@@ -15,7 +15,8 @@ from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY
 from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi, SlicePublisher
+from plugin.dra.kube import KubeApi
+from plugin.dra.slice_publisher import SlicePublisher
 from plugin.dra.slices import build_slices
 from policies.device_view import device_views
 from tests.fake_apiserver import FakeApiServer

@@ -14,7 +14,8 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi, SlicePublisher
+from plugin.dra.kube import KubeApi
+from plugin.dra.slice_publisher import SlicePublisher
 from plugin.dra.stale import removal_command, served_resources, stale_resources
 from policies.device_view import device_views
 from tests.fake_apiserver import FakeApiServer

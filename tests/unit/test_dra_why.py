@@ -14,7 +14,8 @@ from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi, SlicePublisher
+from plugin.dra.kube import KubeApi
+from plugin.dra.slice_publisher import SlicePublisher
 from policies.device_view import device_views
 from policies.dra.order import ordered_views
 from tests.fake_apiserver import FakeApiServer
