@@ -35,27 +35,30 @@ ENV_VARS = {
 }
 
 
+# Config-file keys taken as they are, and the override each sets.
+_PLAIN_KEYS = {
+    "node": "node",
+    "pluginDir": "plugin_dir",
+    "cdiKind": "cdi_kind",
+    "deviceListStrategy": "device_list_strategy",
+    "policyDir": "policy_dir",
+    "migStrategy": "mig_strategy",
+    "metricsAddress": "metrics_address",
+    "generateSpecs": "generate_specs",
+    "driverRoot": "driver_root",
+    "devRoot": "dev_root",
+    "hostRoot": "host_root",
+    "rescanIntervalSeconds": "rescan_interval_s",
+    "sysfsRoot": "sysfs_root",
+    "procRoot": "proc_root",
+}
+
+
 def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The overrides a validated config document asks for (keys as in :data:`ENV_VARS`;
     ``resources``: each resource's :class:`~plugin.config.ResourceConfig` fields)."""
     out: dict[str, Any] = {}
-    simple = {
-        "node": "node",
-        "pluginDir": "plugin_dir",
-        "cdiKind": "cdi_kind",
-        "deviceListStrategy": "device_list_strategy",
-        "policyDir": "policy_dir",
-        "migStrategy": "mig_strategy",
-        "metricsAddress": "metrics_address",
-        "generateSpecs": "generate_specs",
-        "driverRoot": "driver_root",
-        "devRoot": "dev_root",
-        "hostRoot": "host_root",
-        "rescanIntervalSeconds": "rescan_interval_s",
-        "sysfsRoot": "sysfs_root",
-        "procRoot": "proc_root",
-    }
-    for key, name in simple.items():
+    for key, name in _PLAIN_KEYS.items():
         if key in doc:
             out[name] = doc[key]
     if "capabilities" in doc:
@@ -190,7 +193,7 @@ CHOICES = {
 
 def with_nvidia_env(env: Mapping[str, str]) -> Mapping[str, str]:
     """``env`` with NVIDIA's variable names read as ours, each use logged as deprecated."""
-    from plugin.nvidia_config import NVIDIA_ENV_VARS, nvidia_env
+    from plugin.nvidia_env import NVIDIA_ENV_VARS, nvidia_env
 
     if not any(env.get(name) for name in NVIDIA_ENV_VARS):
         return env
