@@ -1,8 +1,8 @@
-"""NVIDIA's device-plugin config (``version: v1``) and environment names, read into ours.
+"""NVIDIA's device-plugin config (``version: v1``) read into ours.
 
 ``cdigen plugin config convert`` turns one of their config files into a cdigen plugin config
-and says, per key, what has no equivalent here. :func:`nvidia_env` maps the environment
-variables their DaemonSets set onto the ``CDIGEN_*`` ones where they mean the same.
+and says, per key, what has no equivalent here; their format and its strict reader are
+:mod:`plugin.nvidia_format`'s, their environment variables :mod:`plugin.nvidia_env`'s.
 Pure functions over parsed documents: no gRPC, no files.
 """
 
@@ -14,69 +14,28 @@ from typing import Any
 
 from cdigen.errors import InputError, close_match
 from cdigen.model import MIG_STRATEGIES
-from plugin.defaults import STRATEGIES
+from plugin.nvidia_format import (
+    FLAG_KEYS,
+    FLAGS_AS_OURS,
+    LIST_STRATEGIES,
+    MPS_PIPE_DIRECTORY,
+    MPS_SHM_DIRECTORY,
+    NVML_DISCOVERY,
+    PATTERN_KEYS,
+    PLUGIN_FLAGS_AS_OURS,
+    PLUGIN_KEYS,
+    REPLICATED_KEYS,
+    REPLICATED_RESOURCE_KEYS,
+    RESOURCE_KEYS,
+    SHARING_KEYS,
+    THEIR_LIST_STRATEGIES,
+    TOP_KEYS,
+    Reader,
+    shown,
+)
 
 NVIDIA_DOMAIN = "nvidia.com"
 SHARED_SUFFIX = ".shared"  # what renameByDefault appends
-# What cdigen's MPS component (deploy/kubernetes/components/mps) runs the daemon with.
-MPS_PIPE_DIRECTORY = "/run/nvidia/mps"
-MPS_SHM_DIRECTORY = "/run/nvidia/mps-shm"
-
-# Their list strategies that mean the same here; volume-mounts has no equivalent.
-# ours less native, which NVIDIA's plugin has not
-_LIST_STRATEGIES = tuple(s for s in STRATEGIES if s != "native")
-_THEIR_LIST_STRATEGIES = (*_LIST_STRATEGIES, "volume-mounts")
-
-# The keys of their v1 format, per level (k8s-device-plugin api/config/v1).
-_TOP_KEYS = ("version", "flags", "resources", "sharing", "imex")
-_FLAG_KEYS = (
-    "migStrategy",
-    "failOnInitError",
-    "mpsRoot",
-    "nvidiaDriverRoot",
-    "nvidiaDevRoot",
-    "gdsEnabled",
-    "mofedEnabled",
-    "useNodeFeatureAPI",
-    "deviceDiscoveryStrategy",
-    "plugin",
-    "gfd",
-)
-_PLUGIN_KEYS = (
-    "passDeviceSpecs",
-    "deviceListStrategy",
-    "deviceIDStrategy",
-    "cdiAnnotationPrefix",
-    "nvidiaCTKPath",
-    "containerDriverRoot",
-)
-_SHARING_KEYS = ("timeSlicing", "mps")
-_REPLICATED_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
-_REPLICATED_RESOURCE_KEYS = ("name", "rename", "devices", "replicas")
-_RESOURCE_KEYS = ("gpus", "mig")
-_PATTERN_KEYS = ("pattern", "name")
-
-# Settings whose value cdigen cannot honour: (their value that means what cdigen does anyway,
-# what cdigen does instead). A value other than the first is refused unless dropped by request.
-_FLAGS_AS_OURS: dict[str, tuple[object, str]] = {
-    "failOnInitError": (True, "cdigen exits with a one-line error when it cannot start"),
-    "gdsEnabled": (False, "no GDS injection; add the GDS devices to the CDI spec yourself"),
-    "mofedEnabled": (False, "no MOFED injection"),
-    "useNodeFeatureAPI": (False, "node labels come from `cdigen labels` (a feature file)"),
-    "mpsRoot": (
-        MPS_PIPE_DIRECTORY,
-        f"cdigen's MPS directories are {MPS_PIPE_DIRECTORY} and {MPS_SHM_DIRECTORY}",
-    ),
-    "deviceDiscoveryStrategy": ("auto", "cdigen discovers through NVML (or a node file)"),
-}
-_PLUGIN_FLAGS_AS_OURS: dict[str, tuple[object, str]] = {
-    "passDeviceSpecs": (False, "device nodes reach the container through the CDI spec"),
-    "deviceIDStrategy": ("uuid", "the kubelet gets GPU UUIDs"),
-    "cdiAnnotationPrefix": ("cdi.k8s.io/", "cdigen uses the CDI default prefix cdi.k8s.io/"),
-    "nvidiaCTKPath": (None, "cdigen writes its own CDI specs and needs no hook binary"),
-    "containerDriverRoot": (None, "use hostRoot/driverRoot: see docs/install.md"),
-}
-_NVML_DISCOVERY = ("auto", "nvml")
 
 
 def convert_hint(path: str) -> str:
@@ -92,63 +51,6 @@ class Converted:
     document: dict[str, Any]
     notes: tuple[str, ...]
     dropped: tuple[str, ...] = ()
-
-
-class _Reader:
-    """Their document read strictly: unknown keys and wrong types are refused at once (exit 2);
-    settings cdigen cannot express are collected, refused at the end unless dropping them was
-    asked for."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.unsupported: list[str] = []
-        self.notes: list[str] = []
-
-    def error(self, message: str, path: str, hint: str | None = None) -> InputError:
-        return InputError(message, where=f"{self.where}: {path}", hint=hint)
-
-    def mapping(self, value: object, path: str, known: Sequence[str]) -> Mapping[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise self.error(f"expected a mapping, got {_shown(value)}", path)
-        for key in value:
-            if key not in known:
-                guess = close_match(str(key), known)
-                hint = f"did you mean {guess!r}?" if guess else f"known: {', '.join(known)}"
-                raise self.error(f"unknown key {str(key)!r}", _join(path, str(key)), hint)
-        return value
-
-    def boolean(self, value: object, path: str) -> bool:
-        if not isinstance(value, bool):
-            quoted = " (a string: write it without quotes)" if isinstance(value, str) else ""
-            raise self.error(f"expected true or false, got {_shown(value)}{quoted}", path)
-        return value
-
-    def string(self, value: object, path: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.error(f"expected a string, got {_shown(value)}", path)
-        return value
-
-    def entries(self, value: object, path: str, known: Sequence[str]) -> list[Mapping[str, Any]]:
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self.error(f"expected a list, got {_shown(value)}", path)
-        return [self.mapping(e, f"{path}[{i}]", known) for i, e in enumerate(value)]
-
-    def cannot(self, path: str, why: str) -> None:
-        self.unsupported.append(f"{path} ({why})")
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _shown(value: object) -> str:
-    from cdigen.schemas import describe_value
-
-    return describe_value(value)
 
 
 def is_nvidia_config(doc: object) -> bool:
@@ -169,17 +71,17 @@ def convert(doc: Mapping[str, Any], *, where: str, drop_unsupported: bool = Fals
     an unknown key (with a did-you-mean), a value of the wrong type, a value theirs would refuse
     too, and, unless ``drop_unsupported``, a setting cdigen cannot express (the first named,
     with how many more)."""
-    read = _Reader(where)
-    doc = read.mapping(doc, "", _TOP_KEYS)
+    read = Reader(where)
+    doc = read.mapping(doc, "", TOP_KEYS)
     version = doc.get("version", "v1")
     if version != "v1":
         raise read.error(
             f"unknown NVIDIA config version {version!r}", "version", "only version: v1 is known"
         )
     out: dict[str, Any] = {"apiVersion": "cdigen/v1alpha1", "kind": "PluginConfig"}
-    out.update(_flags(read, read.mapping(doc.get("flags"), "flags", _FLAG_KEYS)))
-    resources = _resources(read, read.mapping(doc.get("resources"), "resources", _RESOURCE_KEYS))
-    sharing = read.mapping(doc.get("sharing"), "sharing", _SHARING_KEYS)
+    out.update(_flags(read, read.mapping(doc.get("flags"), "flags", FLAG_KEYS)))
+    resources = _resources(read, read.mapping(doc.get("resources"), "resources", RESOURCE_KEYS))
+    sharing = read.mapping(doc.get("sharing"), "sharing", SHARING_KEYS)
     shared = _sharing(read, sharing, out)
     if doc.get("imex"):
         read.cannot("imex", "no IMEX channels")
@@ -198,7 +100,7 @@ def convert(doc: Mapping[str, Any], *, where: str, drop_unsupported: bool = Fals
     return Converted(out, tuple(read.notes), tuple(read.unsupported))
 
 
-def _flags(read: _Reader, flags: Mapping[str, Any]) -> dict[str, Any]:
+def _flags(read: Reader, flags: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     strategy = flags.get("migStrategy")
     if strategy is not None:
@@ -213,12 +115,12 @@ def _flags(read: _Reader, flags: Mapping[str, Any]) -> dict[str, Any]:
         out["driverRoot"] = read.string(flags["nvidiaDriverRoot"], "flags.nvidiaDriverRoot")
     if flags.get("nvidiaDevRoot") is not None:
         out["devRoot"] = read.string(flags["nvidiaDevRoot"], "flags.nvidiaDevRoot")
-    plugin = read.mapping(flags.get("plugin"), "flags.plugin", _PLUGIN_KEYS)
+    plugin = read.mapping(flags.get("plugin"), "flags.plugin", PLUGIN_KEYS)
     listed = plugin.get("deviceListStrategy")
     if listed is not None:
         out.update(_list_strategy(read, listed))
-    _as_ours(read, plugin, "flags.plugin", _PLUGIN_FLAGS_AS_OURS)
-    _as_ours(read, flags, "flags", _FLAGS_AS_OURS)
+    _as_ours(read, plugin, "flags.plugin", PLUGIN_FLAGS_AS_OURS)
+    _as_ours(read, flags, "flags", FLAGS_AS_OURS)
     if flags.get("failOnInitError") is True:
         read.notes.append(
             "flags.failOnInitError: no equivalent (cdigen exits with a one-line error when it "
@@ -235,7 +137,7 @@ def _flags(read: _Reader, flags: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _as_ours(
-    read: _Reader, block: Mapping[str, Any], path: str, table: Mapping[str, tuple[object, str]]
+    read: Reader, block: Mapping[str, Any], path: str, table: Mapping[str, tuple[object, str]]
 ) -> None:
     """Each setting of ``table`` in ``block``: type-checked, and collected as one cdigen cannot
     express unless its value is the one that means what cdigen does anyway."""
@@ -245,13 +147,13 @@ def _as_ours(
         value = block[key]
         at = f"{path}.{key}"
         value = read.boolean(value, at) if isinstance(same, bool) else read.string(value, at)
-        if key == "deviceDiscoveryStrategy" and value in _NVML_DISCOVERY:
+        if key == "deviceDiscoveryStrategy" and value in NVML_DISCOVERY:
             continue
         if value != same:
-            read.cannot(f"{at}: {_shown(value)}", why)
+            read.cannot(f"{at}: {shown(value)}", why)
 
 
-def _list_strategy(read: _Reader, listed: object) -> dict[str, Any]:
+def _list_strategy(read: Reader, listed: object) -> dict[str, Any]:
     """Their deviceListStrategy (a name or a list of names) as ours: one strategy, CDI first."""
     path = "flags.plugin.deviceListStrategy"
     if isinstance(listed, str):
@@ -260,18 +162,18 @@ def _list_strategy(read: _Reader, listed: object) -> dict[str, Any]:
         names = list(listed)
     else:
         raise read.error(
-            f"expected a strategy name or a list of names, got {_shown(listed)}",
+            f"expected a strategy name or a list of names, got {shown(listed)}",
             path,
-            f"e.g. cdi-cri; their names: {', '.join(_THEIR_LIST_STRATEGIES)}",
+            f"e.g. cdi-cri; their names: {', '.join(THEIR_LIST_STRATEGIES)}",
         )
     for name in names:
-        if name not in _THEIR_LIST_STRATEGIES:
-            guess = close_match(name, _THEIR_LIST_STRATEGIES)
+        if name not in THEIR_LIST_STRATEGIES:
+            guess = close_match(name, THEIR_LIST_STRATEGIES)
             hint = f"did you mean {guess!r}?" if guess else None
             raise read.error(f"unknown device list strategy {name!r}", path, hint)
-    usable = sorted((n for n in names if n in _LIST_STRATEGIES), key=_LIST_STRATEGIES.index)
+    usable = sorted((n for n in names if n in LIST_STRATEGIES), key=LIST_STRATEGIES.index)
     if not usable:  # the devices would reach the container some other way than asked
-        read.cannot(f"{path}: {', '.join(names)}", f"use one of {', '.join(_LIST_STRATEGIES)}")
+        read.cannot(f"{path}: {', '.join(names)}", f"use one of {', '.join(LIST_STRATEGIES)}")
         return {}
     dropped = [n for n in names if n != usable[0]]
     if dropped:  # the container still gets its devices, by the one strategy kept
@@ -293,8 +195,8 @@ def qualified(name: object, *, where: str) -> str:
     return name if "/" in name else f"{NVIDIA_DOMAIN}/{name}"
 
 
-def _resources(read: _Reader, resources: Mapping[str, Any]) -> list[dict[str, Any]]:
-    gpus = read.entries(resources.get("gpus"), "resources.gpus", _PATTERN_KEYS)
+def _resources(read: Reader, resources: Mapping[str, Any]) -> list[dict[str, Any]]:
+    gpus = read.entries(resources.get("gpus"), "resources.gpus", PATTERN_KEYS)
     out: list[dict[str, Any]] = []
     for i, entry in enumerate(gpus):
         at = f"resources.gpus[{i}]"
@@ -304,7 +206,7 @@ def _resources(read: _Reader, resources: Mapping[str, Any]) -> list[dict[str, An
             read.cannot(at, f"cdigen serves one whole-GPU resource; {name} would be a second")
             continue
         out.append({"name": name, **({"gpus": [pattern]} if pattern != "*" else {})})
-    for i, entry in enumerate(read.entries(resources.get("mig"), "resources.mig", _PATTERN_KEYS)):
+    for i, entry in enumerate(read.entries(resources.get("mig"), "resources.mig", PATTERN_KEYS)):
         at = f"resources.mig[{i}]"
         name = qualified(entry.get("name"), where=f"{read.where}: {at}.name")
         pattern = read.string(entry.get("pattern"), f"{at}.pattern")
@@ -313,57 +215,27 @@ def _resources(read: _Reader, resources: Mapping[str, Any]) -> list[dict[str, An
     return out
 
 
-def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) -> dict[str, Any]:
+def _sharing(read: Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) -> dict[str, Any]:
     """The shared resources, and the names of the whole-GPU resources they replace."""
     result: dict[str, Any] = {"resources": [], "bases": set()}
-    blocks = {
-        kind: read.mapping(sharing.get(kind), f"sharing.{kind}", _REPLICATED_KEYS)
-        for kind in _SHARING_KEYS
-    }
-    used = [k for k in _SHARING_KEYS if blocks[k].get("resources")]
-    if len(used) > 1:
-        raise read.error(
-            "both sharing.timeSlicing and sharing.mps list resources",
-            "sharing",
-            "NVIDIA's plugin takes one sharing strategy; keep one",
-        )
-    if not used:
+    chosen = _sharing_block(read, sharing, out)
+    if chosen is None:
         return result
-    kind = used[0]
-    block = blocks[kind]
-    if kind == "mps" and out.get("migStrategy") == "mixed":
-        raise read.error(
-            "sharing.mps with migStrategy mixed",
-            "sharing.mps",
-            "NVIDIA's plugin refuses it too: use migStrategy none or single with MPS",
-        )
+    kind, block = chosen
     rename = read.boolean(block.get("renameByDefault", False), f"sharing.{kind}.renameByDefault")
     fail = read.boolean(
         block.get("failRequestsGreaterThanOne", False), f"sharing.{kind}.failRequestsGreaterThanOne"
     )
     entries = read.entries(
-        block.get("resources"), f"sharing.{kind}.resources", _REPLICATED_RESOURCE_KEYS
+        block.get("resources"), f"sharing.{kind}.resources", REPLICATED_RESOURCE_KEYS
     )
     first_at: dict[str, str] = {}
     shared_by: dict[str, list[tuple[int, list[int | str] | None]]] = {}  # base: (entry, devices)
     for i, entry in enumerate(entries):
-        at = f"sharing.{kind}.resources[{i}]"
-        base = qualified(entry.get("name"), where=f"{read.where}: {at}.name")
-        replicas = entry.get("replicas")
-        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
-            raise read.error(
-                f"replicas must be a positive integer, got {_shown(replicas)}", f"{at}.replicas"
-            )
-        rename_to = entry.get("rename")
-        name = (
-            qualified(read.string(rename_to, f"{at}.rename"), where=f"{read.where}: {at}.rename")
-            if rename_to is not None
-            else base + (SHARED_SUFFIX if rename else "")
-        )
-        if base.partition("/")[2].startswith("mig-"):
-            read.cannot(at, f"cdigen does not share MIG devices ({base})")
+        read_entry = _shared_entry(read, f"sharing.{kind}.resources[{i}]", entry, rename)
+        if read_entry is None:
             continue
-        gpus = _devices(read, entry.get("devices", "all"), f"{at}.devices")
+        base, name, replicas, gpus = read_entry
         if name in first_at:
             raise read.error(
                 f"{first_at[name]} and resources[{i}] both give resource {name}",
@@ -390,15 +262,7 @@ def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) 
             resource["gpus"] = gpus
         result["resources"].append({**resource, "sharing": shares})
         result["bases"].add(base)
-    for base, listed in shared_by.items():
-        if all(gpus is not None for _, gpus in listed):  # some GPUs of the base stay whole
-            chosen = [g for _, gpus in listed for g in gpus or ()]
-            entries_at = ", ".join(f"resources[{i}]" for i, _ in listed)
-            read.cannot(
-                f"sharing.{kind}.{entries_at} devices: the GPUs outside {_shown(chosen)}",
-                f"their plugin keeps them whole under {base}; add {{name: {base}, gpus: [...]}} "
-                "naming them after converting",
-            )
+    _note_gpus_kept_whole(read, kind, shared_by)
     if kind == "mps" and result["resources"]:
         read.notes.append(
             "sharing.mps: needs an MPS control daemon using "
@@ -407,7 +271,74 @@ def _sharing(read: _Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]) 
     return result
 
 
-def _devices(read: _Reader, devices: object, path: str) -> list[int | str] | None:
+def _sharing_block(
+    read: Reader, sharing: Mapping[str, Any], out: Mapping[str, Any]
+) -> tuple[str, Mapping[str, Any]] | None:
+    """The one sharing strategy that lists resources (``timeSlicing`` or ``mps``) and its
+    block; None when neither does."""
+    blocks = {
+        kind: read.mapping(sharing.get(kind), f"sharing.{kind}", REPLICATED_KEYS)
+        for kind in SHARING_KEYS
+    }
+    used = [k for k in SHARING_KEYS if blocks[k].get("resources")]
+    if len(used) > 1:
+        raise read.error(
+            "both sharing.timeSlicing and sharing.mps list resources",
+            "sharing",
+            "NVIDIA's plugin takes one sharing strategy; keep one",
+        )
+    if not used:
+        return None
+    if used[0] == "mps" and out.get("migStrategy") == "mixed":
+        raise read.error(
+            "sharing.mps with migStrategy mixed",
+            "sharing.mps",
+            "NVIDIA's plugin refuses it too: use migStrategy none or single with MPS",
+        )
+    return used[0], blocks[used[0]]
+
+
+def _shared_entry(
+    read: Reader, at: str, entry: Mapping[str, Any], rename: bool
+) -> tuple[str, str, int, list[int | str] | None] | None:
+    """One entry of their shared resources: the resource it shares, the name it gives, its
+    replicas and GPUs (None: every GPU); None for a MIG resource (collected as one cdigen
+    cannot express)."""
+    base = qualified(entry.get("name"), where=f"{read.where}: {at}.name")
+    replicas = entry.get("replicas")
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise read.error(
+            f"replicas must be a positive integer, got {shown(replicas)}", f"{at}.replicas"
+        )
+    rename_to = entry.get("rename")
+    name = (
+        qualified(read.string(rename_to, f"{at}.rename"), where=f"{read.where}: {at}.rename")
+        if rename_to is not None
+        else base + (SHARED_SUFFIX if rename else "")
+    )
+    if base.partition("/")[2].startswith("mig-"):
+        read.cannot(at, f"cdigen does not share MIG devices ({base})")
+        return None
+    return base, name, replicas, _devices(read, entry.get("devices", "all"), f"{at}.devices")
+
+
+def _note_gpus_kept_whole(
+    read: Reader, kind: str, shared_by: Mapping[str, list[tuple[int, list[int | str] | None]]]
+) -> None:
+    """Collect, per shared resource whose entries all name GPUs, the GPUs left out: their
+    plugin keeps them whole under the resource's name, which ours cannot say unasked."""
+    for base, listed in shared_by.items():
+        if all(gpus is not None for _, gpus in listed):  # some GPUs of the base stay whole
+            chosen = [g for _, gpus in listed for g in gpus or ()]
+            entries_at = ", ".join(f"resources[{i}]" for i, _ in listed)
+            read.cannot(
+                f"sharing.{kind}.{entries_at} devices: the GPUs outside {shown(chosen)}",
+                f"their plugin keeps them whole under {base}; add {{name: {base}, gpus: [...]}} "
+                "naming them after converting",
+            )
+
+
+def _devices(read: Reader, devices: object, path: str) -> list[int | str] | None:
     """Their ``devices`` (``all``, a count, or a list of GPU indexes and UUIDs) as our ``gpus``
     list (None: every GPU)."""
     if devices == "all":
@@ -428,50 +359,11 @@ def _devices(read: _Reader, devices: object, path: str) -> list[int | str] | Non
                     f"{item!r} is a MIG device", path, "cdigen does not share MIG devices"
                 )
             else:
-                raise read.error(f"{_shown(item)} is not a GPU index or UUID", path)
+                raise read.error(f"{shown(item)} is not a GPU index or UUID", path)
         return out
     raise read.error(
-        f"expected all, a count or a list of GPU indexes and UUIDs, got {_shown(devices)}", path
+        f"expected all, a count or a list of GPU indexes and UUIDs, got {shown(devices)}", path
     )
-
-
-# Their environment variables that mean the same as ours.
-NVIDIA_ENV_VARS = {
-    "MIG_STRATEGY": "CDIGEN_MIG_STRATEGY",
-    "DEVICE_LIST_STRATEGY": "CDIGEN_DEVICE_LIST_STRATEGY",
-    "NVIDIA_DRIVER_ROOT": "CDIGEN_DRIVER_ROOT",
-    "NVIDIA_DEV_ROOT": "CDIGEN_DEV_ROOT",
-}
-
-
-def nvidia_env(env: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The ``CDIGEN_*`` variables NVIDIA's names in ``env`` stand for, where ours are unset,
-    and one deprecation line per name used."""
-    mapped: dict[str, str] = {}
-    lines: list[str] = []
-    for theirs, ours in NVIDIA_ENV_VARS.items():
-        value = env.get(theirs)
-        if not value:
-            continue
-        if theirs == "DEVICE_LIST_STRATEGY":
-            value = _env_list_strategy(value)
-            if value is None:
-                lines.append(
-                    f"{theirs}={env[theirs]} has no equivalent here (use {ours}: "
-                    f"{', '.join(_LIST_STRATEGIES)}); ignored"
-                )
-                continue
-        if env.get(ours):
-            lines.append(f"{theirs} is NVIDIA's name; {ours} is set too and wins")
-            continue
-        mapped[ours] = value
-        lines.append(f"{theirs} is NVIDIA's name for {ours}; read it as that (deprecated)")
-    return mapped, tuple(lines)
-
-
-def _env_list_strategy(value: str) -> str | None:
-    usable = [n for n in value.split(",") if n.strip() in _LIST_STRATEGIES]
-    return usable[0].strip() if usable else None
 
 
 def describe(notes: Sequence[str], dropped: Sequence[str] = ()) -> str:

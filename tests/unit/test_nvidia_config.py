@@ -13,7 +13,7 @@ import yaml
 
 from cdigen.cli import main
 from plugin.config import load_config
-from plugin.nvidia_config import nvidia_env
+from plugin.nvidia_env import nvidia_env
 from tests.helpers.nvidia_configs import MIG_MIXED, MPS, RENAMED, RESOURCES, TIME_SLICING
 
 # (NVIDIA's config, our resources, our top-level settings, a note that must be there)
