@@ -205,6 +205,18 @@ def _validate(config: PluginConfig) -> PluginConfig:
     check_choice(config.log_level, LOG_LEVELS, what="log level")
     check_choice(config.log_format, LOG_FORMATS, what="log format")
     check_choice(config.mig_strategy, MIG_STRATEGIES, what="MIG strategy")
+    _check_served_names(config)
+    _check_resource_kinds(config)
+    from cdigen.cdi.names import kind_problem
+
+    problem = kind_problem(config.cdi_kind)
+    if problem:
+        raise InputError(problem, where="CDI kind")
+    return config
+
+
+def _check_served_names(config: PluginConfig) -> None:
+    """Each resource name one the kubelet takes, and no name twice."""
     from plugin.registration import resource_name_problem
 
     for resource in config.resources:
@@ -221,6 +233,12 @@ def _validate(config: PluginConfig) -> PluginConfig:
             where="resources",
             hint="give each resource its own name (each is served on its own socket)",
         )
+
+
+def _check_resource_kinds(config: PluginConfig) -> None:
+    """Whole-GPU, shared and per-profile MIG resources that fit together: one whole-GPU
+    resource, MIG ones only under the mixed strategy and never shared or given gpus, no GPU
+    claimed twice."""
     gpu_resources = [
         r for r in config.resources if not is_mig_resource(r.name) and r.sharing is None
     ]
@@ -265,12 +283,6 @@ def _validate(config: PluginConfig) -> PluginConfig:
             where="resources",
             hint="give the sharing resource a name such as nvidia.com/gpu.shared",
         )
-    from cdigen.cdi.names import kind_problem
-
-    problem = kind_problem(config.cdi_kind)
-    if problem:
-        raise InputError(problem, where="CDI kind")
-    return config
 
 
 def load_config(
