@@ -139,12 +139,7 @@ class DraPlugin:
 
         attach_dra(self)  # who holds which GPU, on /metrics (docs/attribution.md)
         self._stop = threading.Event()
-        # the device status of prepared claims (KEP-4817), where the claim reader can write it
-        self.status: StatusWriter | None = None
-        if isinstance(claims, StatusApi):
-            self.status = StatusWriter(
-                claims, driver=options.driver, pool=options.node_name, device_data=self._device_data
-            )
+        self.status = self._status_writer(claims)
         self._dra_server, self._reg_server = self._servers()
         self._xid: XidHealth | None = None
         self._taint_lock = threading.Lock()
@@ -152,6 +147,16 @@ class DraPlugin:
         self._published = False
         self.features = FeatureFile(options.features_file)  # node labels for NFD
         self.board.subscribe(self._on_health)
+
+    def _status_writer(self, claims: ClaimReader) -> StatusWriter | None:
+        """The writer of prepared claims' device status (KEP-4817), where the claim reader can
+        write it."""
+        if not isinstance(claims, StatusApi):
+            return None
+        options = self.options
+        return StatusWriter(
+            claims, driver=options.driver, pool=options.node_name, device_data=self._device_data
+        )
 
     def _servers(self) -> tuple[UnixServer, UnixServer]:
         """The DRA socket's server (claims, health stream) and the registration socket's."""
