@@ -26,7 +26,7 @@ from typing import Any
 from policies.cel import limits
 from policies.cel.compiler import ALLOCATION_FACTS, CelProgram, compile_expression
 from policies.cel.errors import CelCompileError, CelEvaluationError, OperandTypeError
-from policies.cel.functions import FUNCTIONS
+from policies.cel.library import FUNCTIONS
 from policies.cel.quantity import Quantity, parse_quantity
 from policies.cel.semver import Semver, parse_semver
 from policies.cel.values import (

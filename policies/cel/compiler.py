@@ -17,7 +17,7 @@ from lark import Token, Tree
 import policies.cel.limits as limits
 from policies.cel import comprehensions
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
-from policies.cel.functions import FUNCTIONS
+from policies.cel.library import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from policies.cel.parser import parse
 from policies.cel.typecheck import DEVICE, DYN, TYPE_NAMES, CelType, check_types
