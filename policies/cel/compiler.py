@@ -16,11 +16,12 @@ from lark import Token, Tree
 
 import policies.cel.limits as limits
 from policies.cel import comprehensions
+from policies.cel.cel_types import DEVICE, DYN, TYPE_NAMES, CelType
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
 from policies.cel.library import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from policies.cel.parser import parse
-from policies.cel.typecheck import DEVICE, DYN, TYPE_NAMES, CelType, check_types
+from policies.cel.typecheck import check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
