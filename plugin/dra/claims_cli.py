@@ -20,12 +20,10 @@ from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, shar
 SAMPLE_NODES = ("builtin:dgx-a100-mig-mixed", "builtin:dgx1-v100", "builtin:rtx4090")
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
-
     from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
     from policies.device_view import DeviceView
-    from policies.dra.claim_docs import Claim, DeviceClass
+    from policies.dra.claim_docs import Claim
     from policies.dra.claims import Allocation, FirstFit, NodeState, SliceDevice
 
 
@@ -174,7 +172,9 @@ def _explain(args: argparse.Namespace) -> int:
         raise InputError(
             "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
-    refused = _refused_at_create(claims, classes) or _unknown_classes(claims, classes)
+    from policies.dra.explanation import refused_at_create, unknown_classes
+
+    refused = refused_at_create(claims, classes) or unknown_classes(claims, classes)
     if refused:  # as the API server: before any device is looked at
         for line in refused:
             print(line, file=sys.stderr)
@@ -201,45 +201,6 @@ def _explain(args: argparse.Namespace) -> int:
         for line in _capacity_left(fit, state, len(claims) - failed):
             print(line)
     return 1 if failed else 0
-
-
-def _refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
-    """What the API server refuses when the claims and classes are created, one line each, in
-    its words: every selector compiled as it compiles them."""
-    from policies.cel import CelCompileError, compile_expression
-    from policies.dra.claims import DEVICE_VARIABLES
-
-    selectors = [s for c in classes.values() for s in c.selectors]
-    for claim in claims:
-        for request in claim.requests:
-            for choice in request.alternatives or (request,):
-                selectors += choice.selectors
-    lines = []
-    for selector in selectors:
-        try:
-            compile_expression(selector.expression, DEVICE_VARIABLES)
-        except CelCompileError as exc:
-            lines.append(
-                f"{selector.source}: {selector.field}: CEL line {exc.line}, column {exc.column}: "
-                f"{exc} (the API server refuses it at create)"
-            )
-    return lines
-
-
-def _unknown_classes(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
-    """A line for each request naming a DeviceClass that is not among ``classes``."""
-    from policies.dra.check import unknown_class_message
-
-    lines = []
-    for claim in claims:
-        for request in claim.requests:
-            for choice in request.alternatives or (request,):
-                if choice.class_name not in classes:
-                    lines.append(
-                        f"{claim.source}: claim {claim.name}: request {choice.name!r}: "
-                        + unknown_class_message(choice.class_name, classes)
-                    )
-    return lines
 
 
 def _node_devices(
