@@ -164,9 +164,14 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _shipped_classes() -> list[Path]:
-    """The DeviceClasses ``kubectl apply -k deploy/dra`` installs, where this checkout has them."""
-    path = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "deviceclasses.yaml"
-    return [path] if path.is_file() else []
+    """The DeviceClasses ``kubectl apply -k deploy/dra`` installs, shipped as package data."""
+    from cdigen.package_data import shipped_file
+
+    return [
+        shipped_file(
+            "cdigen.dra_files", "deviceclasses.yaml", checkout="deploy/dra/deviceclasses.yaml"
+        )
+    ]
 
 
 def _explained(

@@ -584,8 +584,13 @@ def test_dockerfile_copies_every_package_pyproject_builds() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     setuptools = pyproject["tool"]["setuptools"]
     package_dirs = setuptools.get("package-dir", {})
+    # A package mapped from elsewhere (deploy/dra) needs only its package data copied; the
+    # others, their top folder.
     needed = {
-        package_dirs.get(p, p.replace(".", "/")).split("/")[0] for p in setuptools["packages"]
+        f"{package_dirs[p]}/{name}" if p in package_dirs and "*" not in name else top
+        for p in setuptools["packages"]
+        for top in [package_dirs.get(p, p.replace(".", "/")).split("/")[0]]
+        for name in setuptools["package-data"].get(p, ["*"])
     }
     copied = {
         rest.split()[0].rstrip("/")
