@@ -17,7 +17,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     for path in written:
         committed = REPO_ROOT / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{committed} is stale: run 'python -m plugin.api.generate' and commit the result"
+            f"{committed} is stale: run 'python -m plugin.api.generate' and commit it"
         )
 
 
