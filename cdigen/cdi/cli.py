@@ -65,42 +65,12 @@ def _register_list(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
+    """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any
+    (2 if a file is not YAML or JSON at all)."""
     from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
-    from cdigen.cdi.specdir import spec_files as spec_paths
-    from cdigen.cdi.validate import document_problems, read_spec_document, refuse_dangling_link
-    from cdigen.fileio import read_text
+    from cdigen.cdi.validate import document_problems, read_spec_document
 
-    files: list[str] = []
-    if not args.files:
-        for d in DEFAULT_SPEC_DIRS:
-            files += map(str, spec_paths(d))
-        if not files:
-            dirs = ", ".join(map(str, DEFAULT_SPEC_DIRS))
-            raise InputError(
-                f"no CDI spec files (*.yaml, *.json) in {dirs}",
-                hint="write one with 'cdigen generate', or name the files or dirs to check",
-            )
-    notes: list[str] = []
-    for arg in args.files:
-        if Path(arg).is_dir():
-            in_dir = spec_paths(arg)
-            if not in_dir:
-                notes.append(f"no CDI spec files (*.yaml, *.json) in {arg}")
-            files += map(str, in_dir)
-        elif not Path(arg).exists() and any(c in arg for c in "*?["):
-            notes.append(f"no files match {arg}")
-        else:
-            refuse_dangling_link(arg)  # one that cannot be read is bad input: exit 2
-            read_text(arg, what="CDI spec")
-            files.append(arg)
-    if not files:  # one line that says why, not a note per argument and then an error
-        raise InputError(
-            "; ".join(notes) or "no CDI spec files to check",
-            hint="name CDI spec files, or directories that hold *.yaml or *.json specs",
-        )
-    for note in notes:
-        print(f"cdigen: note: {note}", file=sys.stderr)
+    files = _validate_files(args.files)
     spec_dirs = [d for d in args.files if Path(d).is_dir()] if args.files else DEFAULT_SPEC_DIRS
     clashes = _conflicts(spec_dirs)
     problems: list[str] = []
@@ -126,6 +96,47 @@ def run_validate(args: argparse.Namespace) -> int:
             exit_code=EXIT_BAD_INPUT if unparsed else EXIT_CHECK_FAILED,
         )
     return EXIT_OK
+
+
+def _validate_files(args: Sequence[str]) -> list[str]:
+    """The spec files ``validate`` checks: those named, those in the directories named, or
+    those of the runtimes' spec dirs; a note on stderr for a directory or pattern with none."""
+    from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
+    from cdigen.cdi.specdir import spec_files as spec_paths
+    from cdigen.cdi.validate import refuse_dangling_link
+    from cdigen.fileio import read_text
+
+    files: list[str] = []
+    if not args:
+        for d in DEFAULT_SPEC_DIRS:
+            files += map(str, spec_paths(d))
+        if not files:
+            dirs = ", ".join(map(str, DEFAULT_SPEC_DIRS))
+            raise InputError(
+                f"no CDI spec files (*.yaml, *.json) in {dirs}",
+                hint="write one with 'cdigen generate', or name the files or dirs to check",
+            )
+    notes: list[str] = []
+    for arg in args:
+        if Path(arg).is_dir():
+            in_dir = spec_paths(arg)
+            if not in_dir:
+                notes.append(f"no CDI spec files (*.yaml, *.json) in {arg}")
+            files += map(str, in_dir)
+        elif not Path(arg).exists() and any(c in arg for c in "*?["):
+            notes.append(f"no files match {arg}")
+        else:
+            refuse_dangling_link(arg)  # one that cannot be read is bad input: exit 2
+            read_text(arg, what="CDI spec")
+            files.append(arg)
+    if not files:  # one line that says why, not a note per argument and then an error
+        raise InputError(
+            "; ".join(notes) or "no CDI spec files to check",
+            hint="name CDI spec files, or directories that hold *.yaml or *.json specs",
+        )
+    for note in notes:
+        print(f"cdigen: note: {note}", file=sys.stderr)
+    return files
 
 
 def _conflicts(dirs: Sequence[str | Path]) -> dict[tuple[Path, ...], list[str]]:
