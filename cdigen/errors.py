@@ -80,8 +80,12 @@ class CheckFailed(CdigenError):
 
     exit_code = EXIT_CHECK_FAILED
 
-    def __init__(self, problems: list[str], *, summary: str = "check failed") -> None:
+    def __init__(
+        self, problems: list[str], *, summary: str = "check failed", exit_code: int | None = None
+    ) -> None:
         self.problems = problems
+        if exit_code is not None:  # 2 when one of the problems is input that cannot be read
+            self.exit_code = exit_code
         super().__init__(f"{summary}: {len(problems)} problem(s)")
 
 

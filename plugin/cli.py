@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from plugin.agent.logs import LOG_FORMATS, setup_logging
 from plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "register with <plugin-dir>/kubelet.sock. Settings: flag > CDIGEN_* environment > "
             "--config file > default."
         ),
+        epilog="examples: cdigen plugin serve (NVML, the kubelet's /var/lib/kubelet/device-"
+        "plugins); cdigen plugin serve --node builtin:rtx4090 --config sharing.yaml "
+        "--spec-dir /tmp/cdi --plugin-dir /tmp/dp (docs/sharing.md)",
     )
     add_node_source(serve, defaults=False)
     serve.add_argument("--config", metavar="FILE", help="plugin config file (YAML)")
@@ -127,12 +130,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="how often node file, spec dirs and NVML are checked (default 0.5)",
     )
-    serve.add_argument(
-        "--log-level",
-        dest="plugin_log_level",
-        choices=LOG_LEVELS,
-        help="log verbosity (default info)",
-    )
     serve.add_argument("--log-format", choices=LOG_FORMATS, help="log line format (default text)")
     serve.add_argument(
         "--metrics-address",
@@ -183,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         "cdi_kind": args.cdi_kind,
         "device_list_strategy": args.device_list_strategy,
         "health_poll_interval": args.health_poll_interval,
-        "log_level": args.plugin_log_level,
+        "log_level": args.log_level,  # cdigen's --log-level; None: the config's, else info
         "log_format": args.log_format,
         "metrics_address": args.metrics_address,
         "mig_strategy": args.mig_strategy,
