@@ -19,6 +19,24 @@ def shortened(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal or in a log line: every control character (C0, DEL,
+    C1: ``\\n``, ``\\x1b`` and the like) and every backslash written as a Python escape, so a name
+    read from outside (an API object, a file) can neither forge a line nor drive the terminal,
+    and an escape in the output always means the name held one. Printable text is unchanged."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
 def first_of(problems: Sequence[str]) -> str:
     """The first of ``problems`` and how many follow: ``gpus[0].uuid: ... (and 2 more)``."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
