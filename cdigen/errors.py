@@ -66,8 +66,34 @@ class InputError(CdigenError):
     """Bad input from the user: a missing or malformed file, a bad flag value."""
 
 
-class SchemaError(InputError):
-    """A document failed its JSON Schema; ``where`` names the file and the field path."""
+class ContentError(InputError):
+    """Bad input whose message quotes the input itself (a value, a key): fine for the user who
+    gave it on the command line, never for a log line, where :meth:`redacted` stands in: the
+    file, the field and the hint, nothing of the content."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        hint: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.field = field
+        super().__init__(message, where=where, hint=hint)
+
+    def redacted(self) -> str:
+        """The error as one line without the quoted content."""
+        at = ": ".join(part for part in (self.where, self.field) if part)
+        text = f"{at}: not valid (the log never quotes an input's content)"
+        if self.hint:
+            text = f"{text}; {self.hint}"
+        return printable(" ".join(text.split()))
+
+
+class SchemaError(ContentError):
+    """A document failed its JSON Schema; ``where`` names the file, ``field`` the first bad
+    field's path."""
 
 
 class DiscoveryError(CdigenError):
