@@ -342,8 +342,9 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         return ["no node publishes ResourceSlices: is a DRA driver running?"]
     held_by_pool = _held_by_pool(cluster.claims, skipped)
     said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
+    programs: dict[str, Any] = {}  # each selector compiled once for every node
     for node, devices in sorted(nodes.items()):
-        fit = FirstFit(devices, classes)
+        fit = FirstFit(devices, classes, programs=programs)
         pools = {(d.driver, d.pool) for d in devices}
         holders = [h for pool in sorted(pools) for h in held_by_pool.get(pool, ())]
         state, held = _held(fit, holders)
