@@ -15,19 +15,22 @@ from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, printable, shortened
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
+from plugin.dra.api_objects import (
+    SHAPE_ERRORS,
+    described,
+    name_of,
+    obj,
+    objs,
+    seq,
+)
+from plugin.dra.why_nodes import classes_of, held_by_pool, held_on, node_devices
 from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import refuse_unchecked
 from policies.dra.claims import (
     Claim,
-    DeviceClass,
     FirstFit,
     NodeState,
-    Pick,
-    SliceDevice,
     claim_from_doc,
-    device_class,
-    qualify,
-    slice_devices,
 )
 
 SCREEN_LINES = 25
@@ -38,69 +41,6 @@ class WhyFailed(CdigenError):
     """The pod or the cluster's objects could not be read."""
 
     exit_code = EXIT_CHECK_FAILED
-
-
-class Malformed(Exception):
-    """A field of an API object that does not have the shape the API gives it; the message
-    names the field (never more than a short, escaped quote of its value)."""
-
-
-# What the objects' readers may raise on a shape they do not expect: the simulator's readers
-# (policies.dra) check what a manifest on disk may hold, not every shape a hostile API object may.
-_SHAPE_ERRORS = (Malformed, CdigenError, AttributeError, TypeError, ValueError, KeyError)
-
-
-def _what(exc: BaseException) -> str:
-    if isinstance(exc, CdigenError):
-        return exc.message if exc.where is None else f"{exc.where}: {exc.message}"
-    if isinstance(exc, Malformed):
-        return str(exc)
-    return f"malformed ({type(exc).__name__}: {shortened(str(exc), 60)})"
-
-
-def _kind(value: Any) -> str:
-    kinds = {"str": "a string", "int": "a number", "float": "a number", "bool": "a boolean"}
-    return kinds.get(type(value).__name__, "a list" if isinstance(value, list) else "an object")
-
-
-def _obj(value: Any, field: str) -> Mapping[str, Any]:
-    """``value`` as an object (None: empty), or :class:`Malformed` naming ``field``."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise Malformed(f"{field} is {_kind(value)}, not an object")
-    return value
-
-
-def _list(value: Any, field: str) -> Sequence[Any]:
-    """``value`` as a list (None: empty), or :class:`Malformed` naming ``field``."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise Malformed(f"{field} is {_kind(value)}, not a list")
-    return value
-
-
-def _objs(value: Any, field: str) -> list[Mapping[str, Any]]:
-    """``value`` as a list of objects, or :class:`Malformed` naming the first bad entry."""
-    items = _list(value, field)
-    for n, item in enumerate(items):
-        _obj(item, f"{field}[{n}]")
-    return [i for i in items if i is not None]
-
-
-def _int(value: Any, field: str) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Malformed(f"{field} is {_kind(value)}, not an integer")
-    return value
-
-
-def _name(doc: Mapping[str, Any]) -> tuple[str, str]:
-    meta = doc.get("metadata")
-    meta = meta if isinstance(meta, Mapping) else {}
-    return str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
 @dataclass(frozen=True)
@@ -151,7 +91,7 @@ def read_cluster(
     pod_doc = get(core.read_namespaced_pod, f"pod {namespace}/{pod}", pod, namespace)
     claims = {}
     for claim in items(resource.list_resource_claim_for_all_namespaces, "resourceclaims"):
-        claims[_name(claim)] = claim
+        claims[name_of(claim)] = claim
     return Cluster(
         pod=pod_doc,
         claims=claims,
@@ -174,14 +114,14 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
     """The pod's claims: ``resourceClaimName`` as it is, a template's claim by the name the
     resourceclaim controller put in ``status.resourceClaimStatuses``; :class:`Malformed`
     naming the field when one is not the shape the API gives."""
-    status = _obj(pod.get("status"), "status")
+    status = obj(pod.get("status"), "status")
     made = {
         str(s.get("name")): s.get("resourceClaimName")
-        for s in _objs(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
+        for s in objs(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
     }
     out = []
-    spec = _obj(pod.get("spec"), "spec")
-    for entry in _objs(spec.get("resourceClaims"), "spec.resourceClaims"):
+    spec = obj(pod.get("spec"), "spec")
+    for entry in objs(spec.get("resourceClaims"), "spec.resourceClaims"):
         name = str(entry.get("name", ""))
         if entry.get("resourceClaimName"):
             out.append(PodClaim(name, "claim", str(entry["resourceClaimName"])))
@@ -200,51 +140,31 @@ def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
     the API is printed escaped; a malformed object of the pod's own is :class:`WhyFailed`
     naming it, any other is skipped and named in the last line."""
     pod = cluster.pod
-    namespace, name = _name(pod)
+    namespace, name = name_of(pod)
     namespace = namespace or "default"
     try:
-        phase = str(_obj(pod.get("status"), "status").get("phase") or "Pending")
+        phase = str(obj(pod.get("status"), "status").get("phase") or "Pending")
         head = _pod_line(pod, namespace, phase)
         entries = pod_claims(pod)
-    except _SHAPE_ERRORS as exc:
-        raise WhyFailed(printable(_what(exc)), where=printable(f"pod {namespace}/{name}")) from None
+    except SHAPE_ERRORS as exc:
+        raise WhyFailed(
+            printable(described(exc)), where=printable(f"pod {namespace}/{name}")
+        ) from None
     lines = [head]
     if not entries:
         return [
             printable(lines[0]),
             "  it has no ResourceClaims (spec.resourceClaims): nothing for DRA to explain",
         ]
-    pending: list[tuple[PodClaim, Claim]] = []
+    pending: list[Claim] = []
     for entry in entries:
-        label = f"claim {entry.claim or entry.name} ({entry.origin})"
-        doc = cluster.claims.get((namespace, entry.claim)) if entry.claim else None
-        if doc is None:
-            lines.append(
-                f"{label}: not created yet; the resourceclaim controller makes it from the template"
-                if entry.claim is None
-                else f"{label}: no such ResourceClaim in {namespace}"
-            )
-            continue
-        source = f"resourceclaim {namespace}/{entry.claim}"
-        try:
-            status = _obj(doc.get("status"), "status")
-            allocation = _obj(status.get("allocation"), "status.allocation")
-            devices = _obj(allocation.get("devices"), "status.allocation.devices")
-            results = devices.get("results")
-            if isinstance(results, list):
-                lines += _allocated(label, doc, results, driver)
-                continue
-            claim_doc = {**doc, "kind": "ResourceClaim"}  # list items carry no kind
-            refuse_unchecked(claim_doc, source)
-            claim = claim_from_doc(claim_doc, source)
-        except _SHAPE_ERRORS as exc:
-            raise WhyFailed(printable(_what(exc)), where=printable(source)) from None
-        lines.append(f"{label}: not allocated")
-        lines += _requests(claim)
-        pending.append((entry, claim))
+        claim_lines, claim = _claim_lines(entry, cluster, namespace, driver)
+        lines += claim_lines
+        if claim is not None:
+            pending.append(claim)
     skipped: list[str] = []
     if pending:
-        lines += _why_pending([c for _, c in pending], cluster, skipped)
+        lines += _why_pending(pending, cluster, skipped)
     elif phase == "Pending":
         lines.append("every claim is allocated: the pod waits on something else (its events)")
     room = SCREEN_LINES - (1 if skipped else 0)
@@ -258,12 +178,41 @@ def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
     return [printable(line) for line in lines]
 
 
+def _claim_lines(
+    entry: PodClaim, cluster: Cluster, namespace: str, driver: str
+) -> tuple[list[str], Claim | None]:
+    """One claim of the pod: its lines, and the claim when it waits for an allocation;
+    :class:`WhyFailed` naming it when it is malformed."""
+    label = f"claim {entry.claim or entry.name} ({entry.origin})"
+    doc = cluster.claims.get((namespace, entry.claim)) if entry.claim else None
+    if doc is None:
+        return [
+            f"{label}: not created yet; the resourceclaim controller makes it from the template"
+            if entry.claim is None
+            else f"{label}: no such ResourceClaim in {namespace}"
+        ], None
+    source = f"resourceclaim {namespace}/{entry.claim}"
+    try:
+        status = obj(doc.get("status"), "status")
+        allocation = obj(status.get("allocation"), "status.allocation")
+        devices = obj(allocation.get("devices"), "status.allocation.devices")
+        results = devices.get("results")
+        if isinstance(results, list):
+            return _allocated(label, doc, results, driver), None
+        claim_doc = {**doc, "kind": "ResourceClaim"}  # list items carry no kind
+        refuse_unchecked(claim_doc, source)
+        claim = claim_from_doc(claim_doc, source)
+    except SHAPE_ERRORS as exc:
+        raise WhyFailed(printable(described(exc)), where=printable(source)) from None
+    return [f"{label}: not allocated", *_requests(claim)], claim
+
+
 def _pod_line(pod: Mapping[str, Any], namespace: str, phase: str) -> str:
     """``pod NS/NAME: PHASE [on NODE][, not scheduled (REASON: the scheduler's verdict)]``."""
-    node = _obj(pod.get("spec"), "spec").get("nodeName")
-    name = _name(pod)[1]
+    node = obj(pod.get("spec"), "spec").get("nodeName")
+    name = name_of(pod)[1]
     head = f"pod {namespace}/{name}: {phase}" + (f" on {node}" if node else "")
-    conditions = _objs(_obj(pod.get("status"), "status").get("conditions"), "status.conditions")
+    conditions = objs(obj(pod.get("status"), "status").get("conditions"), "status.conditions")
     unscheduled = next(
         (c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"),
         None,
@@ -283,19 +232,19 @@ def _allocated(
     from plugin.dra.claim_spec import claim_device_name, claim_kind
     from plugin.dra.claims import AllocatedDevice
 
-    allocation = _obj(_obj(doc.get("status"), "status").get("allocation"), "status.allocation")
-    selector = _obj(allocation.get("nodeSelector"), "status.allocation.nodeSelector")
+    allocation = obj(obj(doc.get("status"), "status").get("allocation"), "status.allocation")
+    selector = obj(allocation.get("nodeSelector"), "status.allocation.nodeSelector")
     nodes = []
     field = "status.allocation.nodeSelector.nodeSelectorTerms"
-    for t, term in enumerate(_objs(selector.get("nodeSelectorTerms"), field)):
-        for match in _objs(term.get("matchFields"), f"{field}[{t}].matchFields"):
+    for t, term in enumerate(objs(selector.get("nodeSelectorTerms"), field)):
+        for match in objs(term.get("matchFields"), f"{field}[{t}].matchFields"):
             if match.get("key") == "metadata.name":
-                nodes += [str(v) for v in _list(match.get("values"), f"{field}[{t}].values")]
-    uid = str(_obj(doc.get("metadata"), "metadata").get("uid", ""))
+                nodes += [str(v) for v in seq(match.get("values"), f"{field}[{t}].values")]
+    uid = str(obj(doc.get("metadata"), "metadata").get("uid", ""))
     lines = [f"{label}: allocated" + (f" on {', '.join(nodes)}" if nodes else "")]
-    for n, result in enumerate(_objs(results, "status.allocation.devices.results")):
+    for n, result in enumerate(objs(results, "status.allocation.devices.results")):
         device = str(result.get("device", ""))
-        capacity = _obj(
+        capacity = obj(
             result.get("consumedCapacity"),
             f"status.allocation.devices.results[{n}].consumedCapacity",
         )
@@ -328,7 +277,7 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
     """The simulator's verdict for ``claims`` on each node, after what the allocated claims
     hold there: picks where they would fit, else why and each device's reason. Malformed
     objects of others are left out and named in ``skipped``."""
-    classes = {c.name: c for c in _classes(cluster.classes, skipped)}
+    classes = {c.name: c for c in classes_of(cluster.classes, skipped)}
     for claim in claims:
         for request in claim.requests:
             for r in request.alternatives or (request,):
@@ -337,17 +286,17 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
                         f"request {r.name!r} names DeviceClass {r.class_name!r}, which does not "
                         "exist: the scheduler cannot allocate it anywhere"
                     ]
-    nodes = _node_devices(cluster.slices, skipped)
+    nodes = node_devices(cluster.slices, skipped)
     if not nodes:
         return ["no node publishes ResourceSlices: is a DRA driver running?"]
-    held_by_pool = _held_by_pool(cluster.claims, skipped)
+    by_pool = held_by_pool(cluster.claims, skipped)
     said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
     programs: dict[str, Any] = {}  # each selector compiled once for every node
     for node, devices in sorted(nodes.items()):
         fit = FirstFit(devices, classes, programs=programs)
         pools = {(d.driver, d.pool) for d in devices}
-        holders = [h for pool in sorted(pools) for h in held_by_pool.get(pool, ())]
-        state, held = _held(fit, holders)
+        holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
+        state, held = held_on(fit, holders)
         others = f", after {held} allocated claim(s) there" if held else ""
         story = [f"{len(devices)} device(s){others}"]
         for claim in claims:
@@ -401,105 +350,3 @@ def _grouped(reasons: Iterable[tuple[str, str]]) -> list[str]:
     if len(groups) > _GROUPS_PER_NODE:
         lines.append(f"    ... {len(groups) - _GROUPS_PER_NODE} other reason(s)")
     return lines
-
-
-def _classes(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[DeviceClass]:
-    out = []
-    for doc in docs:
-        source = f"deviceclass {_name(doc)[1]}"
-        try:
-            refuse_unchecked({"kind": "DeviceClass", **doc}, source)
-            _obj(doc.get("spec"), "spec")
-            out.append(device_class(doc, source))
-        except _SHAPE_ERRORS as exc:
-            skipped.append(f"{source} ({_what(exc)})")
-    return out
-
-
-def _node_devices(
-    slices: Iterable[Mapping[str, Any]], skipped: list[str]
-) -> dict[str, list[SliceDevice]]:
-    """Each node's devices, from the newest generation of each (driver, pool) published for
-    it (the scheduler ignores older generations); malformed slices are left out."""
-    read: list[tuple[str, tuple[str, str], int, Mapping[str, Any]]] = []
-    newest: dict[tuple[str, str], int] = {}
-    for body in slices:
-        try:
-            spec = _obj(body.get("spec"), "spec")
-            pool = _obj(spec.get("pool"), "spec.pool")
-            generation = _int(pool.get("generation"), "spec.pool.generation")
-            _objs(spec.get("devices"), "spec.devices")
-        except Malformed as exc:
-            skipped.append(f"resourceslice {_name(body)[1]} ({exc})")
-            continue
-        key = (str(spec.get("driver")), str(pool.get("name")))
-        newest[key] = max(newest.get(key, 0), generation)
-        if spec.get("nodeName"):
-            read.append((str(spec["nodeName"]), key, generation, body))
-    by_node: dict[str, list[Mapping[str, Any]]] = {}
-    for node, key, generation, body in read:
-        if generation == newest[key]:
-            by_node.setdefault(node, []).append(body)
-    out = {}
-    for node, bodies in by_node.items():
-        try:
-            out[node] = slice_devices(bodies)
-        except _SHAPE_ERRORS as exc:
-            skipped.append(f"the resourceslices of node {node} ({_what(exc)})")
-    return out
-
-
-# An allocated claim's results in one (driver, pool): the claim's name, the (driver, pool) and
-# (request, device, consumed capacity by qualified name) for each result there.
-Held = tuple[str, tuple[str, str], list[tuple[str, str, dict[str, int]]]]
-
-
-def _held_by_pool(
-    claims: Mapping[tuple[str, str], Mapping[str, Any]], skipped: list[str]
-) -> dict[tuple[str, str], list[Held]]:
-    """What each allocated claim holds, by (driver, pool), read once for every node; a
-    malformed claim is left out and named in ``skipped``."""
-    from policies.dra.slice_devices import quantity
-
-    out: dict[tuple[str, str], list[Held]] = {}
-    for (namespace, name), doc in claims.items():
-        try:
-            status = _obj(doc.get("status"), "status")
-            allocation = _obj(status.get("allocation"), "status.allocation")
-            devices = _obj(allocation.get("devices"), "status.allocation.devices")
-            mine: dict[tuple[str, str], list[tuple[str, str, dict[str, int]]]] = {}
-            field = "status.allocation.devices.results"
-            for n, result in enumerate(_objs(devices.get("results"), field)):
-                driver = str(result.get("driver"))
-                at = f"{field}[{n}].consumedCapacity"
-                consumed = {
-                    qualify(str(k), driver): quantity(v, f"{at}.{k}")
-                    for k, v in _obj(result.get("consumedCapacity"), at).items()
-                }
-                key = (driver, str(result.get("pool")))
-                entry = (str(result.get("request", "")), str(result.get("device")), consumed)
-                mine.setdefault(key, []).append(entry)
-        except _SHAPE_ERRORS as exc:
-            skipped.append(f"resourceclaim {namespace}/{name} ({_what(exc)})")
-            continue
-        for key, picks in mine.items():
-            out.setdefault(key, []).append((f"{namespace}/{name}", key, picks))
-    return out
-
-
-def _held(fit: FirstFit, holders: Iterable[Held]) -> tuple[NodeState, int]:
-    """What the allocated claims ``holders`` hold of ``fit``'s devices, and how many claims
-    hold some."""
-    state = NodeState()
-    held = 0
-    for _, (driver, pool), results in holders:
-        picks = []
-        for request, name, consumed in results:
-            device = fit.by_name.get(name)
-            if device is None or (device.driver, device.pool) != (driver, pool):
-                continue
-            picks.append(Pick(request, device.name, consumed))
-        if picks:
-            held += 1
-            state.add(picks, fit.by_name)
-    return state, held
