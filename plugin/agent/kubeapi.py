@@ -150,14 +150,16 @@ class _DeadlinePoolManager:
         except Exception:
             if deadline.fired:
                 raise DeadlineExceeded(
-                    f"API server gave no whole answer within {seconds:g} s"
+                    f"API server unreachable: timed out: no whole answer within {seconds:g} s"
                 ) from None
             raise
         finally:
             timer.cancel()
             _calls.deadline = None
         if deadline.fired:  # a body cut short by the shutdown: not an answer
-            raise DeadlineExceeded(f"API server gave no whole answer within {seconds:g} s")
+            raise DeadlineExceeded(
+                f"API server unreachable: timed out: no whole answer within {seconds:g} s"
+            )
         return response
 
 
