@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Any
 
-from cdigen.errors import InputError
+from cdigen.errors import InputError, printable
 
 __all__ = [
     "DEFAULT_API_TIMEOUT_S",
@@ -58,7 +58,7 @@ def api_error(exc: BaseException) -> str:
             detail = detail.split(">: ", 1)[1]
         detail = re.sub(r"\(read timeout=[\d.]+\)", "(no answer in time)", detail)
         text = f"API server unreachable: {type(cause).__name__}: {detail}"
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))  # the server's message may quote a hostile name
     return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
 
 

@@ -98,3 +98,18 @@ def test_node_labels_give_up_at_the_timeout_and_keep_the_config(tmp_path: Path) 
         assert time.monotonic() - started < 3
     finally:
         server.stop()
+
+
+def test_an_api_error_quoting_a_hostile_name_is_escaped() -> None:
+    """The API server's Status message quotes the name asked for: escaped in our one line."""
+    from kubernetes.client.exceptions import ApiException
+
+    from plugin.agent.kubeapi import api_error
+
+    exc = ApiException(status=404, reason="Not Found")
+    exc.body = json.dumps(
+        {"kind": "Status", "reason": "NotFound", "message": 'pods "x\x1b[2J\x07" not found'}
+    )
+    line = api_error(exc)
+    assert "\x1b" not in line and "\x07" not in line
+    assert 'pods "x\\x1b[2J\\x07" not found' in line
