@@ -256,7 +256,10 @@ def test_dra_serve_under_umask_000_creates_no_writable_directory(tmp_path: Path)
     finally:
         os.umask(old)
     try:
-        _wait_for(log, "cdigen DRA plugin ready")
+        deadline = time.monotonic() + 60
+        while "cdigen DRA plugin ready" not in log.read_text():
+            assert dra.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
         modes = {}
         for root, dirs, _ in os.walk(kubelet):  # a bind dir may come and go meanwhile
             for path in [root, *(os.path.join(root, d) for d in dirs)]:
