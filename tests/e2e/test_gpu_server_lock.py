@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,7 +247,9 @@ def test_a_lock_on_a_read_only_filesystem_refuses_to_serve(tmp_path: Path) -> No
 
 
 def test_dra_serve_under_umask_000_creates_no_writable_directory(tmp_path: Path) -> None:
-    kubelet = tmp_path / "kubelet"  # not there yet: dra serve creates it and what is under it
+    # not there yet: dra serve creates it and what is under it (a short path: a unix socket's
+    # path holds 107 bytes, which pytest's tmp_path may exceed)
+    kubelet = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp")) / "kubelet"
     api = FakeApiServer().start()
     log = tmp_path / "dra.log"
     old = os.umask(0)
@@ -272,3 +275,4 @@ def test_dra_serve_under_umask_000_creates_no_writable_directory(tmp_path: Path)
         dra.terminate()
         assert dra.wait(10) == 0
         api.stop()
+        shutil.rmtree(kubelet.parent, ignore_errors=True)
