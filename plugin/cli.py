@@ -238,6 +238,7 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     from pathlib import Path
 
     from cdigen.errors import InputError
+    from plugin.agent.config_file import read_config_file
     from plugin.agent.kubeapi import api_client
     from plugin.agent.sockets import make_plugin_dir
     from plugin.config import load_config
@@ -262,12 +263,13 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
         )
     configs = NamedConfigs.open(Path(args.config_dir), args.default_config, args.config_label)
 
-    def load(path: Path) -> PluginConfig:
-        return load_config(path, flags=flags)
+    def load(path: Path, content: bytes) -> PluginConfig:
+        return load_config(path, flags=flags, content=content)
 
     default_path = configs.path(configs.default)
     assert default_path is not None
-    first = load(default_path)  # a bad default is one line and exit 2, before anything starts
+    # a bad default is one line and exit 2, before anything starts
+    first = load(default_path, read_config_file(configs.directory, default_path))
     labels = NodeLabels(api_client(args.kubeconfig), args.node_name)
     make_plugin_dir(first.plugin_dir)
     with gpu_server_lock(first.plugin_dir):
@@ -279,7 +281,7 @@ def _serve_switching(
     first: PluginConfig,
     configs: NamedConfigs,
     labels: NodeLabels,
-    load: Callable[[Path], PluginConfig],
+    load: Callable[[Path, bytes], PluginConfig],
 ) -> int:
     """Serve the named configs (the lock taken)."""
     from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
