@@ -153,8 +153,11 @@ def _describe(error: Any) -> str:
 
 def schema_errors(document: Any, name: str) -> list[str]:
     """Every violation of schema ``name`` as ``path: why``, in document order."""
-    errors = sorted(_validator(name).iter_errors(document), key=lambda e: list(map(str, e.path)))
-    return [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in errors]
+    return [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in _errors(document, name)]
+
+
+def _errors(document: Any, name: str) -> list[Any]:
+    return sorted(_validator(name).iter_errors(document), key=lambda e: list(map(str, e.path)))
 
 
 _ANNOTATIONS = frozenset(
@@ -341,7 +344,9 @@ def validate(document: Any, name: str, *, where: str) -> None:
     """
     if quick_valid(document, load_schema(name)):
         return
-    problems = schema_errors(document, name)
-    if problems:
+    errors = _errors(document, name)
+    if errors:
+        problems = [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in errors]
         hint = f"see schemas/{name}.schema.json"
-        raise SchemaError(first_of(problems), where=where, hint=hint)
+        field = field_path(errors[0].absolute_path)
+        raise SchemaError(first_of(problems), where=where, hint=hint, field=field)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdigen.errors import InputError
+from cdigen.errors import ContentError, InputError
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.config_sources import (
@@ -290,16 +290,25 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    content: bytes | None = None,
 ) -> PluginConfig:
     """Merge defaults, the config file, ``CDIGEN_*`` variables and flags, in rising precedence.
 
     NVIDIA's environment names stand in for ours where they mean the same (one deprecation
     warning each); NVIDIA's config format is refused with the command that converts it.
+    ``content``: the file's bytes, already read (plugin.agent.config_file), named by ``path``.
     """
-    from cdigen.fileio import read_document
+    from cdigen.fileio import parse_document, read_document
 
     config = PluginConfig()
-    if path is not None:
+    if path is not None and content is not None:
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start})", where=str(path)) from None
+        doc = parse_document(text, where=str(path))
+        config = config_from_document({} if doc is None else doc, where=str(path))
+    elif path is not None:
         doc = read_document(path, what="plugin config file")
         config = config_from_document({} if doc is None else doc, where=str(path))
     env_overrides = overrides_from_env(with_nvidia_env(os.environ if env is None else env))
@@ -331,7 +340,7 @@ def config_from_document(doc: Any, *, where: str) -> PluginConfig:
         return _apply(PluginConfig(), overrides_from_file(doc))
     except InputError as exc:  # the checks beyond the schema (sharing): name the file too
         at = f"{where}: {exc.where}" if exc.where else where
-        raise InputError(exc.message, where=at, hint=exc.hint) from None
+        raise ContentError(exc.message, where=at, hint=exc.hint) from None
 
 
 def _check_resource_names(doc: Any, where: str) -> None:

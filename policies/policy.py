@@ -199,7 +199,9 @@ def builtin_policy(name: str) -> Policy:
         raise InputError(
             f"unknown built-in policy {name!r}", hint=f"choose one of {', '.join(BUILTIN_NAMES)}"
         )
-    text = resources.files("policies").joinpath("builtin", f"{name}.yaml").read_text("utf-8")
+    # this module's package by its import name, whatever the wheel installs it as
+    package = __name__.rpartition(".")[0]
+    text = resources.files(package).joinpath("builtin", f"{name}.yaml").read_text("utf-8")
     problems, policy = _parse(text, f"builtin:{name}")
     if policy is None:  # a packaging bug, not user input
         raise CheckFailed(problems, summary=f"built-in policy {name} is broken")

@@ -28,7 +28,11 @@ def register_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "generate",
         help="write a CDI spec for the node's GPUs",
         description="Write a CDI spec for every GPU (and MIG device) of the node into the "
-        "output directory, atomically; refuses when another spec defines the same devices.",
+        "output directory, atomically; refuses when another spec defines the same devices. "
+        "Exit 0 when the spec was written or is unchanged (or printed), 2 for bad usage or "
+        "input, a node that cannot be discovered, a conflicting spec or a failed write.",
+        epilog="examples: cdigen generate; cdigen generate --node builtin:rtx4090 --dry-run; "
+        "cdigen generate --host-root /host --driver-root /run/nvidia/driver (in a container)",
     )
     add_node_source(gen, roots=False)  # --sysfs-root below also feeds the spec; no --proc-root
     _add_host_roots(gen)
@@ -62,6 +66,7 @@ def _add_output_options(gen: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--output",
+        "-o",
         metavar="PATH|-",
         help="write to this file instead of <output-dir>/<vendor>-<class>.<format>; '-': stdout",
     )

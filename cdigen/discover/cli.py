@@ -142,12 +142,7 @@ def _register_topo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     _add_output(topo)
     topo.set_defaults(func=run_topo)
-    # the help is the group's, not the choice's: argparse would list 'import' twice
-    topo_sub = topo.add_subparsers(
-        dest="topo_command",
-        metavar="import",
-        help="turn a saved 'nvidia-smi topo -m' output into a node file",
-    )
+    topo_sub = topo.add_subparsers(dest="topo_command", metavar="SUBCOMMAND")
     _register_topo_import(topo_sub)
 
 
@@ -155,6 +150,7 @@ def _register_topo_import(sub: argparse._SubParsersAction[argparse.ArgumentParse
     """``topo import`` and its options."""
     imp = sub.add_parser(
         "import",
+        help="turn a saved 'nvidia-smi topo -m' output into a node file",
         description="Parse the text 'nvidia-smi topo -m' printed (tabs or spaces; NIC rows, "
         "the legend and '#' lines are ignored) into a node file. NV# pairs get # NVLinks and an "
         "unknown PCIe level. NUMA nodes come from the 'NUMA Affinity' column, or else are "

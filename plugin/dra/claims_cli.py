@@ -40,7 +40,10 @@ def _register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParse
         help="which devices the scheduler's first fit would pick for a claim, and why not others",
         description="Build this node's ResourceSlices as `dra serve` publishes them, run the "
         "scheduler's first fit (CEL selectors, matchAttribute, capacity) for the claim, and "
-        "show the picks and why every other device lost.",
+        "show the picks and why every other device lost. Exit 0 when every claim fits, 1 when "
+        "one does not, 2 for bad usage or input.",
+        epilog="example (in deploy/dra/examples): cdigen dra explain --node builtin:rtx4090 "
+        "--memory-step 1Mi --claim memory-3gi.yaml --claim memory-18gi.yaml",
     )
     # --node (nvml by default, as every command that reads a node) and its roots
     add_node_source(explain, driver_root=True)
@@ -143,7 +146,9 @@ def _register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "cannot be read.",
     )
     why.add_argument("pod", metavar="POD", help="the pod's name")
-    why.add_argument("-n", "--namespace", default="default", help="the pod's namespace")
+    why.add_argument(
+        "-n", "--namespace", default="default", help="the pod's namespace (default: default)"
+    )
     why.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
     why.add_argument(
         "--api-timeout",
@@ -223,9 +228,14 @@ def _node_devices(
 
 
 def _shipped_classes() -> list[Path]:
-    """The DeviceClasses ``kubectl apply -k deploy/dra`` installs, where this checkout has them."""
-    path = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "deviceclasses.yaml"
-    return [path] if path.is_file() else []
+    """The DeviceClasses ``kubectl apply -k deploy/dra`` installs, shipped as package data."""
+    from cdigen.package_data import shipped_file
+
+    return [
+        shipped_file(
+            "cdigen.dra_files", "deviceclasses.yaml", checkout="deploy/dra/deviceclasses.yaml"
+        )
+    ]
 
 
 def _explained(

@@ -11,9 +11,10 @@ from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
 from cdigen.constants import KUBELET_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.discover.numa import NUMA_FORMS
+from cdigen.logs import DEFAULT_LEVEL
 from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from plugin.agent.logs import LOG_FORMATS
 from plugin.agent.mps import LIMIT_KEYS
 from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
@@ -32,6 +33,9 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Serve dra/v1 and dra/v1beta1 on <kubelet-dir>/plugins/<driver>/dra.sock, "
         "register through <kubelet-dir>/plugins_registry/<driver>-reg.sock, and publish this "
         "node's ResourceSlices.",
+        epilog="examples: cdigen dra serve --node-name gpu-node-1 (NVML, the kubelet in "
+        "/var/lib/kubelet); cdigen dra serve --node-name gpu-node-1 --memory-step 1Gi (GPU "
+        "memory as consumable capacity, for claims that ask for memory)",
     )
     add_node_source(serve, driver_root=True)  # --node, --sysfs/proc-root, --driver/host-root
     serve.add_argument(
@@ -163,13 +167,6 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--taint-xid none taints on no Xid",
     )
     serve.add_argument(
-        "--log-level",
-        dest="dra_log_level",
-        choices=LOG_LEVELS,
-        default="info",
-        help="least severe log records written to stderr (default info)",
-    )
-    serve.add_argument(
         "--log-format",
         dest="dra_log_format",
         choices=LOG_FORMATS,
@@ -261,7 +258,7 @@ def _serve(args: argparse.Namespace) -> int:
     from plugin.dra.stale import warn_if_stale
 
     _check_serve_args(args)
-    setup_logging(args.dra_log_level, args.dra_log_format)
+    setup_logging(args.log_level or DEFAULT_LEVEL, args.dra_log_format)  # cdigen's --log-level
     options = _dra_options(args)
     nvml = None
     if from_hardware(args.node):  # kept open for Xid health; the library from the driver root

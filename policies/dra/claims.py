@@ -132,12 +132,18 @@ class FirstFit:
     """The scheduler's first fit over one node's devices."""
 
     def __init__(
-        self, devices: Sequence[SliceDevice], classes: Mapping[str, DeviceClass] | None = None
+        self,
+        devices: Sequence[SliceDevice],
+        classes: Mapping[str, DeviceClass] | None = None,
+        *,
+        programs: dict[str, CelProgram] | None = None,
     ) -> None:
+        """``programs``: compiled selectors by expression, shared by the fits of many nodes
+        (``dra why`` over a cluster compiles each expression once, not once per node)."""
         self.devices = list(devices)
         self.by_name = {d.name: d for d in self.devices}
         self.classes = dict(classes or {})
-        self._programs: dict[str, CelProgram] = {}
+        self._programs: dict[str, CelProgram] = {} if programs is None else programs
         self._values = {d.name: d.cel_value() for d in self.devices}
         self._matches: dict[tuple[Any, ...], str] = {}
 

@@ -30,13 +30,17 @@ from tests.cdihost import build_host
 from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.kubelet_sim import KubeletSimulator
 
+# One GPU, one owner: each resource its own GPUs of the eight
 SLICES_CONFIG = """\
 resources:
   - name: nvidia.com/gpu
+    gpus: [0, 1, 2]
   - name: nvidia.com/gpu-memory
+    gpus: [3, 4, 5]
     sharing:
       memorySliceMiB: 4096
   - name: nvidia.com/gpu.shared
+    gpus: [6, 7]
     sharing:
       replicas: 4
 """
