@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from plugin.api import deviceplugin_pb2 as pb
+from plugin.kubelet_requests import PreferenceRequest
 from plugin.servicer import FifoGate, Preference, short_id
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness, last_two
 
@@ -152,7 +153,7 @@ class BlockingPolicy:
         self.most_at_once = 0
         self.calls = 0
 
-    def __call__(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    def __call__(self, request: PreferenceRequest) -> Preference:
         with self._lock:
             self.running += 1
             self.calls += 1
@@ -160,7 +161,7 @@ class BlockingPolicy:
         self.started.release()
         try:
             self.release.wait(timeout=20)
-            return last_two(available, must, size)
+            return last_two(request)
         finally:
             with self._lock:
                 self.running -= 1

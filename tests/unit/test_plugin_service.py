@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
-from plugin.kubelet_requests import RequestRecorder
+from plugin.kubelet_requests import AllocateRefused, PreferenceRequest, RequestRecorder
 from plugin.native_edits import ContainerEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
 from plugin.servicer import Preference
@@ -100,7 +100,7 @@ def test_preferred_allocation_ignores_unknown_available_ids(harness: Harness) ->
 
 
 def test_preferred_allocation_survives_a_failing_policy(harness: Harness) -> None:
-    def broken(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    def broken(request: PreferenceRequest) -> Preference:
         raise RuntimeError("policy blew up")
 
     harness.prefer = broken
@@ -154,7 +154,7 @@ def test_allocate_native_translates_edits(tmp_path: Path) -> None:
 
 def test_native_missing_name_is_failed_precondition(tmp_path: Path) -> None:
     def edits(names: object) -> ContainerEdits:
-        raise KeyError("CDI device nvidia.com/gpu=X is not defined in /nowhere")
+        raise AllocateRefused("CDI device nvidia.com/gpu=X is not defined in /nowhere")
 
     with Harness(tmp_path, strategy="native", edits=edits) as h:
         with pytest.raises(grpc.RpcError) as info:
