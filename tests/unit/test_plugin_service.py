@@ -241,3 +241,25 @@ def test_record_requests_stops_at_its_size_limit(
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"--record-requests {tmp_path / 'requests.jsonl'}: recording stopped, it reached 100 bytes"
     ]
+
+
+def test_the_policy_gets_the_request_checked_once_with_the_advertised_devices(
+    harness: Harness,
+) -> None:
+    """The request reaches the policy as the edge checked it: the advertised devices
+    themselves (GPU position from the catalogue), an unknown ID left out and named, the
+    must-include device by its place among the candidates."""
+    seen: list[PreferenceRequest] = []
+
+    def spy(request: PreferenceRequest) -> Preference:
+        seen.append(request)
+        return Preference(request.must_ids + request.ids[:1])
+
+    harness.prefer = spy
+    chosen = harness.kubelet.preferred(
+        RESOURCE, [UUIDS[3], "GPU-stranger", UUIDS[6]], 2, must_include=[UUIDS[6]]
+    )
+    assert chosen == [UUIDS[6], UUIDS[3]]
+    (request,) = seen
+    assert [(d.id, d.gpu_position) for d in request.candidates] == [(UUIDS[3], 3), (UUIDS[6], 6)]
+    assert request.must == (1,) and request.ignored == ("GPU-stranger",) and not request.outside
