@@ -278,14 +278,15 @@ def describe_response(response: pb.ContainerAllocateResponse) -> str:
 
 
 def fallback_preference(request: PreferenceRequest) -> tuple[str, ...]:
-    """A valid answer without any policy: the must-include devices, then the first candidates."""
+    """A valid answer without any policy: the must-include devices, then the first candidates
+    (the check made sure they are no more than the size, and the candidates enough)."""
     chosen = list(request.must_ids)
     for device in request.candidates:
-        if len(chosen) >= request.size:
+        if len(chosen) == request.size:
             break
         if device.id not in chosen:
             chosen.append(device.id)
-    return tuple(chosen[: request.size])
+    return tuple(chosen)
 
 
 class CallSummary:
