@@ -137,6 +137,8 @@ def test_a_1mb_id_in_preferred_is_short_in_errors_and_logs(
 def test_short_id_keeps_short_ids_whole() -> None:
     assert short_id(UUIDS[0]) == UUIDS[0]
     assert short_id("é" * 100) == "é" * 64 + "…(200 bytes)"
+    assert short_id("x" * 64) == "x" * 64  # 64 characters: whole; one more: cut
+    assert short_id("x" * 65) == "x" * 64 + "…(65 bytes)"
 
 
 # --- the policy under concurrent calls --------------------------------------------------------

@@ -263,3 +263,25 @@ def test_the_policy_gets_the_request_checked_once_with_the_advertised_devices(
     (request,) = seen
     assert [(d.id, d.gpu_position) for d in request.candidates] == [(UUIDS[3], 3), (UUIDS[6], 6)]
     assert request.must == (1,) and request.ignored == ("GPU-stranger",) and not request.outside
+
+
+@pytest.mark.parametrize(
+    ("strategy", "handed"),
+    [
+        ("envvar", f"envs=NVIDIA_VISIBLE_DEVICES={UUIDS[2]}"),
+        ("cdi-annotations", "annotations=cdi.k8s.io/cdigen_"),
+    ],
+)
+def test_the_allocate_debug_line_says_what_the_container_is_handed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, strategy: str, handed: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="cdigen")
+    with Harness(tmp_path, strategy=strategy) as h:
+        h.kubelet.allocate(RESOURCE, [[UUIDS[2]]])
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.DEBUG and r.getMessage().startswith("Allocate ")
+    ]
+    assert line.startswith(f"Allocate {RESOURCE}: [{UUIDS[2]}] -> {handed}"), line
+    assert line.endswith(f"({strategy})")
