@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import stat
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +15,12 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
-from plugin.kubelet_requests import AllocateRefused, PreferenceRequest, RequestRecorder
+from plugin.kubelet_requests import (
+    AllocateRefused,
+    CallSummary,
+    PreferenceRequest,
+    RequestRecorder,
+)
 from plugin.native_edits import ContainerEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
 from plugin.servicer import Preference
@@ -285,3 +293,77 @@ def test_the_allocate_debug_line_says_what_the_container_is_handed(
     ]
     assert line.startswith(f"Allocate {RESOURCE}: [{UUIDS[2]}] -> {handed}"), line
     assert line.endswith(f"({strategy})")
+
+
+def test_a_call_summary_counts_times_and_errors_since_the_last_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="cdigen")
+    stop = threading.Event()
+    summary = CallSummary("Allocate r", stop, interval_s=3600)
+    try:
+        summary.record(5.0, ok=True)  # the window starts when the first call started
+        summary.record(0.25, ok=False)
+        summary.record(0.5, ok=True)
+        summary.flush()
+        summary.record(0.125, ok=True)
+        summary.flush()
+        summary.flush()  # no call since: no line
+    finally:
+        stop.set()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Allocate r")]
+    assert len(lines) == 2, lines
+    first = re.fullmatch(
+        r"Allocate r: 3 call\(s\) in ([\d.]+) s, 1 error\(s\), median 500\.0 ms, "
+        r"slowest 5000\.0 ms",
+        lines[0],
+    )
+    assert first is not None and 5.0 <= float(first[1]) < 60, lines[0]
+    second = re.fullmatch(
+        r"Allocate r: 1 call\(s\) in ([\d.]+) s, 0 error\(s\), median 125\.0 ms, "
+        r"slowest 125\.0 ms",
+        lines[1],
+    )
+    assert second is not None and 0.1 <= float(second[1]) < 60, lines[1]
+
+
+def test_record_requests_writes_a_line_that_fits_exactly_and_counts_what_the_file_held(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    line = json.dumps({"available": ["a"], "mustInclude": [], "size": 1}, separators=(",", ":"))
+    path = tmp_path / "requests.jsonl"
+    path.write_text("x" * 10)  # appended to: what is there counts against the limit
+    recorder = RequestRecorder(path, max_bytes=10 + len(line) + 1)
+    recorder.record(["a"], [], 1)  # fits to the byte
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    assert path.read_text() == "x" * 10 + line + "\n"
+    limit = 10 + len(line) + 1
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached {limit} bytes"
+    ]
+
+
+def test_record_requests_names_a_mib_limit_in_mib_and_is_quiet_once_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "requests.jsonl"
+    with path.open("wb") as f:
+        f.truncate(2 * 2**20 - 10)  # nearly full (sparse)
+    recorder = RequestRecorder(path, max_bytes=2 * 2**20)
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    recorder.record(["a"], [], 1)  # after close: nothing, and no second warning
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached 2 MiB"
+    ]
+    assert path.stat().st_size == 2 * 2**20 - 10
+
+
+def test_record_requests_file_is_0644_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        RequestRecorder(tmp_path / "requests.jsonl").close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "requests.jsonl").stat().st_mode) == 0o644
