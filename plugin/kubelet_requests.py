@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -78,26 +79,24 @@ class PreferenceRequest:
     """One container's GetPreferredAllocation request, checked (see :func:`check_preference`).
 
     ``candidates``: the advertised devices the answer may hold: those of the available list the
-    service advertises, in the kubelet's order, then any must-include device that list lacks.
-    ``must``: indexes into ``candidates`` of the must-include devices, in the order asked.
-    ``ignored``: available IDs the service does not advertise (left out; the kubelet may list
-    devices of an older layout). ``outside``: must-include devices the available list lacked."""
+    service advertises, in the kubelet's order, then any must-include device that list lacks;
+    ``ids`` are their IDs, in the same order (the strings the kubelet sent, kept so that no
+    layer reads them back out of the devices). ``must``: indexes into ``candidates`` of the
+    must-include devices, in the order asked. ``ignored``: available IDs the service does not
+    advertise (left out; the kubelet may list devices of an older layout). ``outside``: the
+    must-include IDs the available list lacked."""
 
     candidates: tuple[AdvertisedDevice, ...]
+    ids: tuple[str, ...]
     must: tuple[int, ...]
     size: int
     ignored: tuple[str, ...] = ()
-    outside: tuple[AdvertisedDevice, ...] = ()
+    outside: tuple[str, ...] = ()
 
-    @property
-    def ids(self) -> tuple[str, ...]:
-        """The candidates' IDs."""
-        return tuple(d.id for d in self.candidates)
-
-    @property
+    @cached_property
     def must_ids(self) -> tuple[str, ...]:
         """The must-include devices' IDs, in the order asked."""
-        return tuple(self.candidates[k].id for k in self.must)
+        return tuple(self.ids[k] for k in self.must)
 
 
 def check_preference(
@@ -129,24 +128,34 @@ def check_preference(
                 f"must-include device {short_id(device_id)} is not advertised by {resource}"
             )
         must_devices.append(device)
-    known: list[AdvertisedDevice] = []
+    candidates: list[AdvertisedDevice] = []
+    ids: list[str] = []
     ignored: list[str] = []
     for device_id in available:
         device = devices.get(device_id)
         if device is None:
             ignored.append(device_id)
         else:
-            known.append(device)
-    # The kubelet lists its must-include devices among the available ones; NVIDIA's plugin
-    # answers with them included whatever the list says, and so do we.
-    listed = {d.id for d in known}
-    outside = tuple(d for d in must_devices if d.id not in listed)
-    candidates = (*known, *outside)
+            candidates.append(device)
+            ids.append(device_id)
+    must: tuple[int, ...] = ()
+    outside: list[str] = []
+    if must_devices:
+        # The kubelet lists its must-include devices among the available ones; NVIDIA's
+        # plugin answers with them included whatever the list says, and so do we.
+        at = {device_id: k for k, device_id in enumerate(ids)}  # IDs are unique: checked
+        for device_id, device in zip(must_include, must_devices, strict=True):
+            if device_id not in at:
+                at[device_id] = len(ids)
+                outside.append(device_id)
+                candidates.append(device)
+                ids.append(device_id)
+        must = tuple(at[device_id] for device_id in must_include)
     if size > len(candidates):
         raise RequestInvalid(f"allocation size {size} but {len(candidates)} device(s) available")
-    at = {d.id: k for k, d in enumerate(candidates)}
-    must = tuple(at[d.id] for d in must_devices)
-    return PreferenceRequest(candidates, must, size, tuple(ignored), outside)
+    return PreferenceRequest(
+        tuple(candidates), tuple(ids), must, size, tuple(ignored), tuple(outside)
+    )
 
 
 def preference_requests(
@@ -160,9 +169,9 @@ def preference_requests(
     for index, creq in enumerate(request.container_requests):
         try:
             out.append(
-                check_preference(
-                    creq.available_deviceIDs,
-                    creq.must_include_deviceIDs,
+                check_preference(  # each protobuf string read once
+                    tuple(creq.available_deviceIDs),
+                    tuple(creq.must_include_deviceIDs),
                     int(creq.allocation_size),
                     devices,
                     resource,
@@ -204,7 +213,7 @@ def allocation_requests(
     out = []
     for index, creq in enumerate(request.container_requests):
         try:
-            out.append(check_allocation(creq.devices_ids, devices, resource))
+            out.append(check_allocation(tuple(creq.devices_ids), devices, resource))
         except RequestInvalid as exc:
             raise RequestInvalid(f"container request {index}: {exc}") from None
     return tuple(out)
@@ -281,11 +290,11 @@ def fallback_preference(request: PreferenceRequest) -> tuple[str, ...]:
     """A valid answer without any policy: the must-include devices, then the first candidates
     (the check made sure they are no more than the size, and the candidates enough)."""
     chosen = list(request.must_ids)
-    for device in request.candidates:
+    for device_id in request.ids:
         if len(chosen) == request.size:
             break
-        if device.id not in chosen:
-            chosen.append(device.id)
+        if device_id not in chosen:
+            chosen.append(device_id)
     return tuple(chosen)
 
 

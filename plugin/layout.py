@@ -48,11 +48,11 @@ def engine_request(allocator: Allocator, request: PreferenceRequest) -> Preferen
     strings to parse or look up again. Memory slices are always packed.
     """
     candidates = request.candidates
-    slices = any(d.kind == "slice" for d in candidates)
-    placed = allocator.prefer_positions(
-        [d.gpu_position for d in candidates], request.must, request.size, slices=slices
-    )
-    chosen = tuple(candidates[k].id for k in placed.devices)
+    # a resource's devices are all memory slices or none (and a checked request holds one)
+    slices = candidates[0].kind == "slice"
+    positions = [d.entry.position for d in candidates]  # the GPU's place, from the catalogue
+    placed = allocator.prefer_positions(positions, request.must, request.size, slices=slices)
+    chosen = tuple(request.ids[k] for k in placed.devices)
     score, fallback = int(placed.link_score), placed.fallback_reason
     if fallback:
         log.info("preferred allocation fell back: %s", fallback)

@@ -255,7 +255,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 "preferred allocation for %s: must-include device(s) %s%s not in the request's "
                 "available list; answering with them included",
                 self.resource,
-                ", ".join(short_id(d.id) for d in outside[:LOGGED_IDS]),
+                ", ".join(short_id(d) for d in outside[:LOGGED_IDS]),
                 ", …" if len(outside) > LOGGED_IDS else "",
             )
 
@@ -304,11 +304,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         shared = self._share(devices) if self._share is not None else None
         if shared is not None:
             names = list(shared.cdi_names)
-            visible = ",".join(shared.gpu_uuids)
         else:
             # several IDs of one GPU carry the same CDI name: hand it over once
             names = list(dict.fromkeys(n for d in devices for n in d.cdi_names))
-            visible = ",".join(d.id for d in devices)
         names += [n for n in self._capability_names if n not in names]
         response = pb.ContainerAllocateResponse()
         if self.strategy == "cdi-cri":
@@ -317,7 +315,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             key = f"{ANNOTATION_PREFIX}{PLUGIN_NAME}_{uuidlib.uuid4()}"
             response.annotations[key] = ",".join(names)
         elif self.strategy == "envvar":
-            response.envs[VISIBLE_DEVICES_ENV] = visible
+            visible = shared.gpu_uuids if shared is not None else (d.id for d in devices)
+            response.envs[VISIBLE_DEVICES_ENV] = ",".join(visible)
             if self._driver_capabilities:
                 response.envs[DRIVER_CAPABILITIES_ENV] = self._driver_capabilities
         elif self.strategy == "native":

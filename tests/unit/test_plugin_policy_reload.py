@@ -53,7 +53,7 @@ def test_a_reload_racing_a_layout_change_leaves_the_new_layout_in_force(
         assert plugin.layout.node == mig_node
         assert plugin.policy_for(MIG) == "pack"
         device = plugin.resource(MIG).devices[0]
-        request = PreferenceRequest((device,), (), 1)
+        request = PreferenceRequest((device,), (device.id,), (), 1)
         assert plugin.layout.engine(MIG).prefer(request).devices == (device.id,)
     finally:
         plugin.stop()
