@@ -367,3 +367,17 @@ def test_record_requests_file_is_0644_whatever_the_umask(tmp_path: Path) -> None
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "requests.jsonl").stat().st_mode) == 0o644
+
+
+def test_record_requests_stops_at_64_mib_by_default(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "requests.jsonl"
+    with path.open("wb") as f:
+        f.truncate(64 * 2**20 - 10)  # sparse: nearly the default limit
+    recorder = RequestRecorder(path)
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached 64 MiB"
+    ]
