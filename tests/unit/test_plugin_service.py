@@ -349,15 +349,15 @@ def test_record_requests_names_a_mib_limit_in_mib_and_is_quiet_once_closed(
 ) -> None:
     path = tmp_path / "requests.jsonl"
     with path.open("wb") as f:
-        f.truncate(2 * 2**20 - 10)  # nearly full (sparse)
-    recorder = RequestRecorder(path, max_bytes=2 * 2**20)
+        f.truncate(3 * 2**20 - 10)  # nearly full (sparse)
+    recorder = RequestRecorder(path, max_bytes=3 * 2**20)
     recorder.record(["a"], [], 1)
     recorder.close()
     recorder.record(["a"], [], 1)  # after close: nothing, and no second warning
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
-        f"--record-requests {path}: recording stopped, it reached 2 MiB"
+        f"--record-requests {path}: recording stopped, it reached 3 MiB"
     ]
-    assert path.stat().st_size == 2 * 2**20 - 10
+    assert path.stat().st_size == 3 * 2**20 - 10
 
 
 def test_record_requests_file_is_0644_whatever_the_umask(tmp_path: Path) -> None:
