@@ -15,6 +15,7 @@ COPY cdigen/ cdigen/
 COPY policies/ policies/
 COPY plugin/ plugin/
 COPY schemas/ schemas/
+COPY deploy/dra/deviceclasses.yaml deploy/dra/
 RUN python -m venv /opt/cdigen \
     && /opt/cdigen/bin/pip install --no-cache-dir . \
     && /opt/cdigen/bin/pip uninstall --yes pip \

@@ -27,7 +27,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias
 
 from cdigen.cdi.names import device_name, qualified_name
-from cdigen.model import DRA_MIG_STRATEGIES, Gpu, MigDevice, Node
+from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY, Gpu, MigDevice, Node
 
 # what only sharing and --mig-strategy dynamic need loads with them: generate runs at every boot
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def placement_entries(
 def catalogue(
     node: Node,
     *,
-    mig_strategy: str = "mixed",
+    mig_strategy: str = DRA_MIG_STRATEGY,
     sharing: ShareCounts | None = None,
     geometries: Mapping[str, MigGeometry] | None = None,
     taken: Mapping[str, Sequence[range]] | None = None,

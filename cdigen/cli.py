@@ -66,35 +66,69 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # A misspelt option makes argparse take its value for something else ("invalid choice:
-        # 'dot'" for --fromat dot): the unknown option is the mistake to name.
+        # 'dot'" for --fromat dot), and a misspelt command makes it blame the first option after
+        # it: the first word no (sub)command knows is the mistake to name.
         parser: argparse.ArgumentParser = self
-        unknown = _first_unknown_option(self, getattr(self, "_words", []))
-        if unknown is not None:
-            parser, option = unknown
-            message = f"unknown option {option!r}{_did_you_mean(parser, option)}"
+        mistake = _first_mistake(self, getattr(self, "_words", []))
+        if mistake is not None:
+            parser, message = mistake
         parser.exit(
             EXIT_BAD_INPUT, f"{parser.prog}: error: {message} (see '{parser.prog} --help')\n"
         )
 
+    def add_subparsers(self, **kwargs: Any) -> argparse._SubParsersAction[Any]:
+        # One placeholder scheme at every level: COMMAND after cdigen, SUBCOMMAND below it.
+        kwargs["metavar"] = "COMMAND" if self.prog == "cdigen" else "SUBCOMMAND"
+        return super().add_subparsers(**kwargs)
 
-def _first_unknown_option(
+
+def _first_mistake(
     parser: argparse.ArgumentParser, words: Sequence[str]
 ) -> tuple[argparse.ArgumentParser, str] | None:
-    """The first ``--option`` in ``words`` that the (sub)command it follows does not know (nor
-    any of its options starts with, as argparse takes abbreviations), and that command."""
+    """The first word of ``words`` that the (sub)command it follows does not know, and that
+    (sub)command: an ``--option`` none of its options is or starts with (argparse takes
+    abbreviations), or, where a subcommand is due, a word that names none."""
     commands = next(
         (a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None
     )
+    value_next = False
     for at, word in enumerate(words):
+        if value_next:
+            value_next = False
+            continue
         if word == "--":
             return None
-        if commands and word in commands:
-            return _first_unknown_option(commands[word], words[at + 1 :])
-        option = word.split("=", 1)[0]
-        is_long = option.startswith("--") and len(option) > 2
-        if is_long and not any(k.startswith(option) for k in parser._option_string_actions):
-            return parser, option
+        if word.startswith("-") and word != "-":
+            option = word.split("=", 1)[0]
+            known = [k for k in parser._option_string_actions if k.startswith(option)]
+            if option.startswith("--") and len(option) > 2 and not known:
+                return parser, f"unknown option {option!r}{_did_you_mean(parser, option)}"
+            action = parser._option_string_actions.get(option)
+            if action is None and len(known) == 1:
+                action = parser._option_string_actions[known[0]]
+            value_next = action is not None and action.nargs is None and "=" not in word
+            continue
+        if commands:
+            if word in commands:
+                return _first_mistake(commands[word], words[at + 1 :])
+            return parser, _unknown_command(parser, word, list(commands))
     return None
+
+
+def _unknown_command(parser: argparse.ArgumentParser, word: str, commands: list[str]) -> str:
+    """``word`` where a (sub)command of ``parser`` is due: a did-you-mean, or, for a node source
+    (``cdigen topo builtin:rtx4090``), where it goes."""
+    import difflib
+
+    message = f"unknown {'command' if parser.prog == 'cdigen' else 'subcommand'} {word!r}"
+    close = difflib.get_close_matches(word, commands, n=1)
+    if close:
+        return f"{message}: did you mean {close[0]!r}?"
+    if "--node" in parser._option_string_actions and (
+        word == "nvml" or word.startswith("builtin:") or word.endswith((".yaml", ".yml", ".json"))
+    ):
+        return f"{message}: a node source goes after --node: {parser.prog} --node {word}"
+    return f"{message}: choose from {', '.join(commands)}"
 
 
 def _did_you_mean(parser: argparse.ArgumentParser, option: str) -> str:
@@ -135,12 +169,7 @@ def build_parser(*, wings: bool = True) -> argparse.ArgumentParser:
         "1 a check failed, 2 bad usage or bad input.",
     )
     parser.add_argument("--version", action="version", version=f"cdigen {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="log verbosity on stderr (default: warning)",
-    )
+    add_log_level(parser, default=None)
     # _Parser is an ArgumentParser; the registrars are typed against the base class.
     sub = cast(
         "argparse._SubParsersAction[argparse.ArgumentParser]",
@@ -148,7 +177,34 @@ def build_parser(*, wings: bool = True) -> argparse.ArgumentParser:
     )
     for register in _registrars(wings=wings):
         register(sub)
+    _every_command_takes_log_level(parser)
     return parser
+
+
+def add_log_level(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """The one ``--log-level``: before the command, or after it, at any level."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        choices=logs.LEVELS,
+        help=f"least severe log records written to stderr (default: {logs.DEFAULT_LEVEL})",
+    )
+
+
+def _every_command_takes_log_level(parser: argparse.ArgumentParser) -> None:
+    """``--log-level`` on every command that runs something (not on a group such as
+    ``policy``); given there, it sets the same value (a command's own default would overwrite
+    the one given before it: none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                runs = any(
+                    not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+                    for a in command._actions
+                )
+                if runs and "--log-level" not in command._option_string_actions:
+                    add_log_level(command, default=argparse.SUPPRESS)
+                _every_command_takes_log_level(command)
 
 
 def _parser_for(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, bool]:
@@ -218,7 +274,7 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, wings = _parser_for(argv)
     args = parser.parse_args(argv)
-    logs.configure(args.log_level, now=wings)
+    logs.configure(args.log_level or logs.DEFAULT_LEVEL, now=wings)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

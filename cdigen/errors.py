@@ -19,6 +19,24 @@ def shortened(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal or in a log line: every control character (C0, DEL,
+    C1: ``\\n``, ``\\x1b`` and the like) and every backslash written as a Python escape, so a name
+    read from outside (an API object, a file) can neither forge a line nor drive the terminal,
+    and an escape in the output always means the name held one. Printable text is unchanged."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
 def first_of(problems: Sequence[str]) -> str:
     """The first of ``problems`` and how many follow: ``gpus[0].uuid: ... (and 2 more)``."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -59,8 +77,34 @@ class InputError(CdigenError):
     """Bad input from the user: a missing or malformed file, a bad flag value."""
 
 
-class SchemaError(InputError):
-    """A document failed its JSON Schema; ``where`` names the file and the field path."""
+class ContentError(InputError):
+    """Bad input whose message quotes the input itself (a value, a key): fine for the user who
+    gave it on the command line, never for a log line, where :meth:`redacted` stands in: the
+    file, the field and the hint, nothing of the content."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        hint: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.field = field
+        super().__init__(message, where=where, hint=hint)
+
+    def redacted(self) -> str:
+        """The error as one line without the quoted content."""
+        at = ": ".join(part for part in (self.where, self.field) if part)
+        text = f"{at}: not valid (the log never quotes an input's content)"
+        if self.hint:
+            text = f"{text}; {self.hint}"
+        return printable(" ".join(text.split()))
+
+
+class SchemaError(ContentError):
+    """A document failed its JSON Schema; ``where`` names the file, ``field`` the first bad
+    field's path."""
 
 
 class DiscoveryError(CdigenError):
@@ -80,8 +124,12 @@ class CheckFailed(CdigenError):
 
     exit_code = EXIT_CHECK_FAILED
 
-    def __init__(self, problems: list[str], *, summary: str = "check failed") -> None:
+    def __init__(
+        self, problems: list[str], *, summary: str = "check failed", exit_code: int | None = None
+    ) -> None:
         self.problems = problems
+        if exit_code is not None:  # 2 when one of the problems is input that cannot be read
+            self.exit_code = exit_code
         super().__init__(f"{summary}: {len(problems)} problem(s)")
 
 

@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from cdigen.model import MIG_STRATEGIES, Gpu, Node
+from cdigen.constants import MIB
+from cdigen.families import family_of
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES, Gpu, Node
 
-MIB = 1024 * 1024
 NVIDIA = "nvidia.com/"
 OURS = "cdigen.dev/"
 SHARING_STRATEGIES = ("none", "time-slicing", "mps")
@@ -25,9 +26,6 @@ SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?)?$")
 # The name part of a key: the same characters, at most 63, alphanumeric at both ends.
 LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
-
-# GFD's family by compute capability major (and minor where one major holds two families).
-_FAMILIES = {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper"}
 
 
 @dataclass(frozen=True)
@@ -54,14 +52,8 @@ NOT_SHARED = LabelSharing()
 
 def family(compute_capability: str) -> str:
     """GFD's ``gpu.family`` for a compute capability such as ``8.0``: ``ampere``."""
-    major, minor = _major_minor(compute_capability)
-    if major == 7:
-        return "volta" if minor < 5 else "turing"
-    if major == 8:
-        return "ampere" if minor < 9 else "ada-lovelace"
-    if major in (10, 12):
-        return "blackwell"
-    return _FAMILIES.get(major, "undefined")
+    known = family_of(*_major_minor(compute_capability))
+    return known.label if known else "undefined"
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -253,7 +245,10 @@ def nvlink_domain_size(node: Node) -> int:
 
 
 def node_labels(
-    node: Node, *, mig_strategy: str = "none", sharing: LabelSharing = NOT_SHARED
+    node: Node,
+    *,
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY,
+    sharing: LabelSharing = NOT_SHARED,
 ) -> dict[str, str]:
     """Every label for ``node``, full keys, sorted; none for a node without GPUs (as GFD).
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
+from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import EXIT_OK, InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY, MIG_STRATEGIES
 
-DEFAULT_RESOURCE = "nvidia.com/gpu"
+if TYPE_CHECKING:
+    from cdigen.model import Node
+
+DEFAULT_RESOURCE = GPU_RESOURCE
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,8 +37,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     labels.add_argument(
         "--mig-strategy",
         choices=MIG_STRATEGIES,
-        default="none",
-        help="the device plugin's MIG strategy (default: none)",
+        default=DEVICE_PLUGIN_MIG_STRATEGY,
+        help="the plugin's MIG strategy (default: the device plugin's, "
+        f"{DEVICE_PLUGIN_MIG_STRATEGY}; for a node served by dra serve give its "
+        f"--mig-strategy, by default {DRA_MIG_STRATEGY})",
     )
     labels.add_argument(
         "--replicas",
@@ -56,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the -SHARED suffix of gpu.product, as NVIDIA's renamed resources do "
         "(default: nvidia.com/gpu)",
     )
+    from cdigen.memory_shares import add_share_options
+
+    # the DRA plugin's memory shares: its cdigen.dev/dra.* labels (plugin/dra/labels.py)
+    add_share_options(labels.add_argument_group("memory shares of cdigen dra serve"))
     labels.add_argument(
         "--format",
         choices=["text", "json"],
@@ -98,9 +109,29 @@ def run_labels(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     labels = node_labels(node, mig_strategy=args.mig_strategy, sharing=sharing)
+    labels.update(_dra_share_labels(args, node))
     if args.format == "json":
         sys.stdout.write(json.dumps(labels, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(labels_text(labels))
     sys.stdout.flush()
     return EXIT_OK
+
+
+def _dra_share_labels(args: argparse.Namespace, node: Node) -> dict[str, str]:
+    """The labels of ``dra serve``'s memory shares (``--memory-step`` and what a claim naming
+    no memory takes), as its feature file has them; none without ``--memory-step``."""
+    from cdigen.catalogue import catalogue
+    from cdigen.labels import OURS
+    from cdigen.memory_shares import check_shares, memory_shares
+
+    shares = memory_shares(args)
+    if shares is None or not node.gpus:
+        return {}
+    whole = {
+        e.dra_name: e.gpu.memory_bytes
+        for e in catalogue(node, mig_strategy=args.mig_strategy)
+        if e.kind == "gpu"
+    }
+    check_shares(shares, whole)
+    return {OURS + k: v for k, v in shares.labels(whole).items()}

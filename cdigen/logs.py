@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     import logging
 
 FORMAT = "cdigen: %(levelname)s: %(message)s"
+# `--log-level`'s choices and default, for every command (the serve commands' logs included).
+LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LEVEL = "info"
 _pending: str | None = None
 
 
@@ -40,5 +43,5 @@ def _install() -> None:
     global _pending
     import logging
 
-    level, _pending = _pending or "warning", None
+    level, _pending = _pending or DEFAULT_LEVEL, None
     logging.basicConfig(level=getattr(logging, level.upper()), format=FORMAT, stream=sys.stderr)

@@ -27,6 +27,12 @@ MAX_MIG_ID = 255  # GPU and compute instance IDs
 MIG_STRATEGIES = ("none", "single", "mixed")
 # the DRA plugin also makes MIG devices per claim (KEP-4815, docs/mig.md)
 DRA_MIG_STRATEGIES = (*MIG_STRATEGIES, "dynamic")
+# The defaults differ, each for a reason its --help states. The device plugin: none, as NVIDIA's
+# device plugin, because single and mixed change the resource names pods ask for. DRA: mixed,
+# because a claim selects MIG devices by attribute (no resource name per profile), so offering
+# the MIG devices that exist costs nothing, while none would offer a MIG-enabled GPU whole.
+DEVICE_PLUGIN_MIG_STRATEGY = "none"
+DRA_MIG_STRATEGY = "mixed"
 
 
 @dataclass(frozen=True)

@@ -373,4 +373,5 @@ def validate(document: Any, name: str, *, where: str) -> None:
     problems = schema_problems(document, name)
     if problems:
         hint = f"see schemas/{name}.schema.json"
-        raise SchemaError(first_of([str(p) for p in problems]), where=where, hint=hint)
+        first = first_of([str(p) for p in problems])
+        raise SchemaError(first, where=where, hint=hint, field=problems[0].field)

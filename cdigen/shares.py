@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Literal
 
+from cdigen.constants import MIB
 from cdigen.model import Gpu
 
 SHARE_SEPARATOR = "::"
 SLICE_MARKER = "slice-"
 # The most replicas of one GPU, wherever they are given (plugin config, dra serve, policy CLI).
 MAX_REPLICAS = 1024
-MIB = 1 << 20
 
 ShareKind = Literal["replica", "slice"]
 IdKind = Literal["gpu"] | ShareKind  # what an ID names: a whole GPU or a share

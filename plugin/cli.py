@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
-from cdigen.model import MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
+from plugin.agent.logs import LOG_FORMATS, setup_logging
 from plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "register with <plugin-dir>/kubelet.sock. Settings: flag > CDIGEN_* environment > "
             "--config file > default."
         ),
+        epilog="examples: cdigen plugin serve (NVML, the kubelet's /var/lib/kubelet/device-"
+        "plugins); cdigen plugin serve --node builtin:rtx4090 --config sharing.yaml "
+        "--spec-dir /tmp/cdi --plugin-dir /tmp/dp (docs/sharing.md)",
     )
     add_node_source(serve, defaults=False)
     serve.add_argument("--config", metavar="FILE", help="plugin config file (YAML)")
@@ -98,7 +101,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--mig-strategy",
         choices=MIG_STRATEGIES,
         help="none: whole GPUs; single: MIG devices as the GPU resource; mixed: one resource "
-        "per profile, nvidia.com/mig-<profile> (default none)",
+        f"per profile, nvidia.com/mig-<profile> (default {DEVICE_PLUGIN_MIG_STRATEGY}, as "
+        "NVIDIA's device plugin: the others change the resource names pods ask for; dra serve "
+        "defaults to mixed, since claims pick MIG devices by attribute)",
     )
     serve.add_argument(
         "--generate-specs",
@@ -124,12 +129,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         metavar="SECONDS",
         help="how often node file, spec dirs and NVML are checked (default 0.5)",
-    )
-    serve.add_argument(
-        "--log-level",
-        dest="plugin_log_level",
-        choices=LOG_LEVELS,
-        help="log verbosity (default info)",
     )
     serve.add_argument("--log-format", choices=LOG_FORMATS, help="log line format (default text)")
     serve.add_argument(
@@ -181,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
         "cdi_kind": args.cdi_kind,
         "device_list_strategy": args.device_list_strategy,
         "health_poll_interval": args.health_poll_interval,
-        "log_level": args.plugin_log_level,
+        "log_level": args.log_level,  # cdigen's --log-level; None: the config's, else info
         "log_format": args.log_format,
         "metrics_address": args.metrics_address,
         "mig_strategy": args.mig_strategy,
@@ -239,6 +238,7 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     from pathlib import Path
 
     from cdigen.errors import InputError
+    from plugin.agent.config_file import read_config_file
     from plugin.agent.kubeapi import api_client
     from plugin.agent.sockets import make_plugin_dir
     from plugin.config import load_config
@@ -263,12 +263,13 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
         )
     configs = NamedConfigs.open(Path(args.config_dir), args.default_config, args.config_label)
 
-    def load(path: Path) -> PluginConfig:
-        return load_config(path, flags=flags)
+    def load(path: Path, content: bytes) -> PluginConfig:
+        return load_config(path, flags=flags, content=content)
 
     default_path = configs.path(configs.default)
     assert default_path is not None
-    first = load(default_path)  # a bad default is one line and exit 2, before anything starts
+    # a bad default is one line and exit 2, before anything starts
+    first = load(default_path, read_config_file(configs.directory, default_path))
     labels = NodeLabels(api_client(args.kubeconfig), args.node_name)
     make_plugin_dir(first.plugin_dir)
     with gpu_server_lock(first.plugin_dir):
@@ -280,7 +281,7 @@ def _serve_switching(
     first: PluginConfig,
     configs: NamedConfigs,
     labels: NodeLabels,
-    load: Callable[[Path], PluginConfig],
+    load: Callable[[Path, bytes], PluginConfig],
 ) -> int:
     """Serve the named configs (the lock taken)."""
     from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdigen.errors import InputError
-from cdigen.model import MIG_STRATEGIES
+from cdigen.errors import ContentError, InputError
+from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
 from plugin.config_sources import (
     check_choice,
@@ -23,6 +23,7 @@ from plugin.defaults import (
     DEFAULT_PLUGIN_DIR,
     DEFAULT_RESOURCE,
     DEFAULT_SPEC_DIRS,
+    DEFAULT_STRATEGY,
     STRATEGIES,
 )
 
@@ -68,9 +69,9 @@ class PluginConfig:
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     spec_dirs: tuple[Path, ...] = tuple(Path(d) for d in DEFAULT_SPEC_DIRS)
     cdi_kind: str = DEFAULT_CDI_KIND
-    device_list_strategy: str = "cdi-cri"
+    device_list_strategy: str = DEFAULT_STRATEGY
     policy_dir: Path | None = None
-    mig_strategy: str = "none"
+    mig_strategy: str = DEVICE_PLUGIN_MIG_STRATEGY
     health: HealthConfig = field(default_factory=HealthConfig)
     log_level: str = "info"
     log_format: str = "text"
@@ -277,16 +278,25 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
+    content: bytes | None = None,
 ) -> PluginConfig:
     """Merge defaults, the config file, ``CDIGEN_*`` variables and flags, in rising precedence.
 
     NVIDIA's environment names stand in for ours where they mean the same (one deprecation
     warning each); NVIDIA's config format is refused with the command that converts it.
+    ``content``: the file's bytes, already read (plugin.agent.config_file), named by ``path``.
     """
-    from cdigen.fileio import read_document
+    from cdigen.fileio import parse_document, read_document
 
     config = PluginConfig()
-    if path is not None:
+    if path is not None and content is not None:
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start})", where=str(path)) from None
+        doc = parse_document(text, where=str(path))
+        config = config_from_document({} if doc is None else doc, where=str(path))
+    elif path is not None:
         doc = read_document(path, what="plugin config file")
         config = config_from_document({} if doc is None else doc, where=str(path))
     env_overrides = overrides_from_env(with_nvidia_env(os.environ if env is None else env))
@@ -318,7 +328,7 @@ def config_from_document(doc: Any, *, where: str) -> PluginConfig:
         return _apply(PluginConfig(), overrides_from_file(doc))
     except InputError as exc:  # the checks beyond the schema (sharing): name the file too
         at = f"{where}: {exc.where}" if exc.where else where
-        raise InputError(exc.message, where=at, hint=exc.hint) from None
+        raise ContentError(exc.message, where=at, hint=exc.hint) from None
 
 
 def _check_resource_names(doc: Any, where: str) -> None:

@@ -9,11 +9,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-from plugin.agent.sockets import bind_socket
+from plugin.agent.grpc_unix import serve_unix
 from plugin.registration import socket_name
 from plugin.servicer import DevicePluginService
 
@@ -60,24 +59,23 @@ class ResourceServer:
 
     def start(self) -> None:
         """Listen on a fresh socket, mode 0600 (a stale file of ours is replaced)."""
-        import grpc
-
         from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
         self._stop_streams = threading.Event()
         self.service = self._make_service(self._stop_streams)
         path = self.socket_path
-        # a thread per concurrent call up to SERVER_THREADS: a call waiting for the policy
-        # (one computation at a time) must not keep Allocate calls queued behind it
-        pool = futures.ThreadPoolExecutor(max_workers=SERVER_THREADS, thread_name_prefix="grpc")
         # while a policy computes, gRPC's threads wait up to the switch interval for each turn
         # at the interpreter lock: 5 ms by default, several turns per call (benchmarks/bench_load)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
-        server = grpc.server(pool)
-        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        self._socket_id = bind_socket(server, path)
-        server.start()
-        self._server = server
+        service = self.service
+        # a thread per concurrent call up to SERVER_THREADS: a call waiting for the policy
+        # (one computation at a time) must not keep Allocate calls queued behind it
+        self._server, self._socket_id = serve_unix(
+            path,
+            lambda server: pb_grpc.add_DevicePluginServicer_to_server(service, server),
+            workers=SERVER_THREADS,
+            thread_prefix="grpc",
+        )
         log.info("serving %s on %s", self.resource, path)
 
     def halt(self) -> threading.Event | None:

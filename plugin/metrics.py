@@ -33,10 +33,10 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from cdigen.errors import InputError
+from plugin.agent.http import TEXT, AgentHttpServer, Answer
 from plugin.agent.sockets import parse_address
 
 log = logging.getLogger("cdigen.plugin.metrics")
@@ -324,68 +324,23 @@ class _RequestTimer:
             self._children.errors.inc()
 
 
-class MetricsServer(ThreadingHTTPServer):
-    """HTTP server for ``/metrics`` and ``/healthz``; ``close()`` stops it and its thread."""
-
-    daemon_threads = True
+class MetricsServer(AgentHttpServer):
+    """``/metrics`` and ``/healthz`` of the device plugin on the agent's one HTTP server
+    (plugin/agent/http.py: bounded connections, per-connection timeouts, HEAD, HTTP/1.1)."""
 
     def __init__(self, address: tuple[str, int], metrics: PluginMetrics) -> None:
-        import socket
-
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         self.metrics = metrics
-        self._thread: threading.Thread | None = None
-        super().__init__(address, _Handler)
-
-    def start(self) -> None:
-        """Start serving in a daemon thread."""
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+        super().__init__(
+            address, {"/metrics": self._metrics, "/healthz": self._healthz}, name="cdigen-metrics"
         )
-        self._thread.name = "cdigen-metrics"
-        self._thread.start()
 
-    def close(self) -> None:
-        """Stop serving, wait for the thread, and release the port."""
-        if self._thread is not None:
-            self.shutdown()
-            self._thread.join(timeout=5)
-            self._thread = None
-        self.server_close()
+    def _metrics(self) -> Answer:
+        from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
+        return 200, self.metrics.exposition(), CONTENT_TYPE_PLAIN_0_0_4
 
-class _Handler(BaseHTTPRequestHandler):
-    server: MetricsServer
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
-
-            self._send(200, self.server.metrics.exposition(), CONTENT_TYPE_PLAIN_0_0_4)
-        elif path == "/healthz":
-            problem = self.server.metrics.health_problem()
-            if problem is not None:
-                self._send(503, f"{problem}\n".encode())
-            else:
-                self._send(200, b"ok\n")
-        else:
-            self._send(404, b"not found: try /metrics or /healthz\n")
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def _send(
-        self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8"
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("metrics http: " + format, *args)
+    def _healthz(self) -> Answer:
+        problem = self.metrics.health_problem()
+        if problem is not None:
+            return 503, f"{problem}\n".encode(), TEXT
+        return 200, b"ok\n", TEXT

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from cdigen.cdi import edits as cdi
 from cdigen.cdi.cache import SpecCache, UnresolvedDevices
 from plugin.kubelet_requests import AllocateRefused
-from plugin.sharing import Mount
+from plugin.sharing import BindMount
 
 if TYPE_CHECKING:
     from plugin.api import deviceplugin_pb2 as pb
@@ -35,11 +35,11 @@ class DeviceNodeEdit:
     permissions: str = "rwm"
 
 
-MountEdit = Mount  # a CDI ``mounts`` entry: the same bind mount a share hands out
+MountEdit = BindMount  # a CDI ``mounts`` entry: the same bind mount a share hands out
 
 
 @dataclass(frozen=True)
-class ContainerEdits:
+class AllocateEdits:
     """The CDI container edits for a set of devices, merged in spec order."""
 
     env: tuple[str, ...] = ()
@@ -51,14 +51,14 @@ class ContainerEdits:
 class EditsLookup(Protocol):
     """Resolves fully-qualified CDI names to their merged container edits (``native``)."""
 
-    def __call__(self, names: Sequence[str]) -> ContainerEdits:
+    def __call__(self, names: Sequence[str]) -> AllocateEdits:
         """The merged edits of ``names``; raises AllocateRefused naming a name the specs lack."""
         ...
 
 
-def response_edits(edits: cdi.ContainerEdits) -> ContainerEdits:
+def response_edits(edits: cdi.ContainerEdits) -> AllocateEdits:
     """The part of merged CDI edits an AllocateResponse can carry."""
-    return ContainerEdits(
+    return AllocateEdits(
         env=edits.env,
         device_nodes=tuple(
             DeviceNodeEdit(path=n.path, host_path=n.host, permissions=n.permissions or "rwm")
@@ -80,10 +80,10 @@ class SpecEdits:
     def __init__(self, cache: SpecCache) -> None:
         self.cache = cache
         self._state: object = None
-        self._memo: dict[tuple[str, ...], ContainerEdits] = {}
+        self._memo: dict[tuple[str, ...], AllocateEdits] = {}
         self._warned_hooks = False
 
-    def __call__(self, names: Sequence[str]) -> ContainerEdits:
+    def __call__(self, names: Sequence[str]) -> AllocateEdits:
         """The merged edits of ``names``; AllocateRefused naming the names no spec defines."""
         state = self.cache.state()
         key = tuple(names)
@@ -110,7 +110,7 @@ class SpecEdits:
         return edits
 
 
-def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -> None:
+def fill_native(response: pb.ContainerAllocateResponse, edits: AllocateEdits) -> None:
     """Translate CDI container edits into the AllocateResponse's envs, devices and mounts."""
     for entry in edits.env:
         key, sep, value = entry.partition("=")
@@ -125,7 +125,7 @@ def fill_native(response: pb.ContainerAllocateResponse, edits: ContainerEdits) -
     add_mounts(response, edits.mounts)
 
 
-def add_mounts(response: pb.ContainerAllocateResponse, mounts: Sequence[Mount]) -> None:
+def add_mounts(response: pb.ContainerAllocateResponse, mounts: Sequence[BindMount]) -> None:
     """Append ``mounts`` to the response's bind mounts."""
     for mount in mounts:
         response.mounts.add(

@@ -12,6 +12,7 @@ config in force stays.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from cdigen.errors import InputError
+from cdigen.errors import ContentError, InputError, printable
+from plugin.agent.config_file import read_config_file
 from plugin.agent.lifecycle import ReloadableServable
 from plugin.config import PluginConfig
 
@@ -132,18 +134,30 @@ class InForce:
     content: bytes
 
 
+def said(exc: Exception) -> str:
+    """An error as a log line may show it: a :class:`ContentError` without the content it
+    quotes, any other escaped."""
+    return exc.redacted() if isinstance(exc, ContentError) else printable(str(exc))
+
+
 class ConfigSwitcher:
     """A :class:`ReloadableServable` that serves the node's chosen config and switches on a change.
 
-    ``load`` turns a config file into settings (flags applied over it); ``make`` builds the
-    plugin for them. The label source is asked every ``interval_s``.
+    ``load`` turns a config file's name and bytes (read by :func:`read_config_file`) into
+    settings (flags applied over them); ``make`` builds the plugin for them. The label source is
+    asked every ``interval_s``.
+
+    A switch builds the new plugin before it stops the one in force; when the new one fails to
+    build, nothing is stopped; when it fails to start (a policy it names is missing, its metrics
+    port is taken), the config in force is started again. A config that failed is not tried
+    again until its name or content changes.
     """
 
     def __init__(
         self,
         configs: NamedConfigs,
         labels: LabelSource,
-        load: Callable[[Path], PluginConfig],
+        load: Callable[[Path, bytes], PluginConfig],
         make: Callable[[PluginConfig], ReloadableServable],
         *,
         interval_s: float = 5.0,
@@ -157,12 +171,18 @@ class ConfigSwitcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._complaint: tuple[str, str] | None = None  # the last ERROR: each said once
+        self._failed: InForce | None = None  # a config that failed to start: not retried
+        self._config: PluginConfig | None = None  # the settings in force, to start again
         self.plugin: ReloadableServable | None = None
         self.in_force: InForce | None = None
 
+    def _read(self, path: Path) -> bytes:
+        return read_config_file(self.configs.directory, path)
+
     def start(self) -> None:
-        """Serve the chosen config (the default when the labels cannot be read or name no
-        config); its load errors are raised, as a single config's are."""
+        """Serve the chosen config (the default when the labels cannot be read, name no
+        config, or name one that does not load or start); the default's errors are raised,
+        as a single config's are."""
         labels = self._labels.labels()
         name = self.configs.chosen(labels)
         default = self.configs.default
@@ -171,26 +191,37 @@ class ConfigSwitcher:
             self._complain(name, self._missing(name) + f"; serving the default {default!r}")
             name, path = default, self.configs.path(default)
         assert path is not None  # NamedConfigs.open checked the default
-        try:
-            config = self._load(path)
-        except InputError as exc:
-            if name == default:
-                raise
-            self._complain(name, f"config {name!r} not applied, serving the default: {exc}")
+        if name != default:
+            try:
+                self._serve(name, path)
+                return
+            except InputError as exc:
+                why = said(exc)
+            except Exception as exc:  # it failed to start: what it had started is stopped
+                why = f"it failed to start: {said(exc)}"
+            self._complain(name, f"config {name!r} not applied, serving the default: {why}")
             name, path = default, self.configs.path(default)
             assert path is not None
-            config = self._load(path)
-        content = path.read_bytes()
+        self._serve(name, path)
+
+    def _serve(self, name: str, path: Path) -> None:
+        content = self._read(path)
+        config = self._load(path, content)
         plugin = self._make(config)
-        plugin.start()
-        self.plugin, self.in_force = plugin, InForce(name, content)
-        log.info("serving config %r (%s)", name, path)
+        try:
+            plugin.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                plugin.stop()
+            raise
+        self.plugin, self.in_force, self._config = plugin, InForce(name, content), config
+        log.info("serving config %r (%s)", name, printable(str(path)))
         self._thread = threading.Thread(target=self._watch, name="node-config", daemon=True)
         self._thread.start()
 
     def _missing(self, name: str) -> str:
         names = ", ".join(config_names(self.configs.directory))
-        return (
+        return printable(
             f"node label {self.configs.label}={name} names no config in "
             f"{self.configs.directory} (it has: {names})"
         )
@@ -205,7 +236,8 @@ class ConfigSwitcher:
             try:
                 self.check()
             except Exception as exc:  # never let the watcher die: the plugin keeps serving
-                log.error("config switch failed, keeping the config in force: %s", exc)
+                state = "the config in force is served" if self.plugin else "no config is served"
+                log.error("config check failed (%s): %s", said(exc), state)
 
     def check(self) -> bool:
         """Switch if the chosen config or its content changed; True when it switched."""
@@ -218,28 +250,73 @@ class ConfigSwitcher:
             self._complain(name, self._missing(name) + "; keeping the config in force")
             return False
         try:
-            content = path.read_bytes()
-        except OSError as exc:
-            self._complain(name, f"cannot read {path}: {exc.strerror}; keeping the config in force")
+            content = self._read(path)
+        except InputError as exc:
+            self._complain(
+                name, f"config {name!r} not applied, keeping the one in force: {said(exc)}"
+            )
             return False
         with self._lock:
-            if self._stop.is_set() or self.in_force == InForce(name, content):
+            chosen = InForce(name, content)
+            if self._stop.is_set() or self.in_force == chosen:
+                self._failed = None  # back on the config in force: a failed one may be retried
                 return False
+            if self._failed == chosen:
+                return False  # it failed to start as it is: said once, not retried
             try:
-                config = self._load(path)
-            except InputError as exc:
+                config = self._load(path, content)
+                plugin = self._make(config)  # built before anything in force is stopped
+            except Exception as exc:
                 self._complain(
-                    name, f"config {name!r} not applied, keeping the one in force: {exc}"
+                    name, f"config {name!r} not applied, keeping the one in force: {said(exc)}"
                 )
                 return False
             old = self.in_force
-            assert self.plugin is not None and old is not None
-            log.info("switching config %r -> %r: restarting the resource servers", old.name, name)
-            self.plugin.stop()
-            plugin = self._make(config)
-            plugin.start()
-            self.plugin, self.in_force, self._complaint = plugin, InForce(name, content), None
+            log.info(
+                "switching config %r -> %r: restarting the resource servers",
+                old.name if old else None,
+                name,
+            )
+            if self.plugin is not None:
+                self.plugin.stop()
+                self.plugin = None
+            try:
+                plugin.start()
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    plugin.stop()
+                self._failed = chosen
+                self._restart(name, old, exc)
+                return False
+            self.plugin, self.in_force, self._config = plugin, chosen, config
+            self._complaint = None
             return True
+
+    def _restart(self, name: str, old: InForce | None, exc: Exception) -> None:
+        """Start the config that was in force again after ``name`` failed to start."""
+        if old is None or self._config is None:
+            log.error("config %r failed to start (%s): no config is served", name, said(exc))
+            return
+        try:
+            plugin = self._make(self._config)
+            plugin.start()
+        except Exception as again:
+            self.in_force, self._failed = None, None  # the next poll tries the chosen again
+            log.error(
+                "config %r failed to start (%s), and config %r failed to start again (%s): "
+                "no devices are served until a config starts",
+                name,
+                said(exc),
+                old.name,
+                said(again),
+            )
+            return
+        self.plugin = plugin
+        self._complain(
+            name,
+            f"config {name!r} failed to start ({said(exc)}): config {old.name!r} is served "
+            "again; it is retried when its file or the node label changes",
+        )
 
     def reload_policies(self) -> bool:
         """SIGHUP: the plugin in force reloads its policies."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from cdigen.errors import InputError, close_match
 from cdigen.model import MIG_STRATEGIES
+from plugin.defaults import STRATEGIES
 
 NVIDIA_DOMAIN = "nvidia.com"
 SHARED_SUFFIX = ".shared"  # what renameByDefault appends
@@ -22,7 +23,8 @@ MPS_PIPE_DIRECTORY = "/run/nvidia/mps"
 MPS_SHM_DIRECTORY = "/run/nvidia/mps-shm"
 
 # Their list strategies that mean the same here; volume-mounts has no equivalent.
-_LIST_STRATEGIES = ("cdi-cri", "cdi-annotations", "envvar")
+# ours less native, which NVIDIA's plugin has not
+_LIST_STRATEGIES = tuple(s for s in STRATEGIES if s != "native")
 _THEIR_LIST_STRATEGIES = (*_LIST_STRATEGIES, "volume-mounts")
 
 # The keys of their v1 format, per level (k8s-device-plugin api/config/v1).

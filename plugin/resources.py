@@ -20,6 +20,7 @@ from cdigen.catalogue import CatalogueEntry, DeviceKind, catalogue
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES, Node
 from plugin.cdi_names import entry_cdi_name
+from plugin.defaults import DEFAULT_CDI_KIND
 from plugin.sharing import Sharing, share_devices
 
 MIG_RESOURCE_PREFIX = "mig-"
@@ -82,7 +83,7 @@ def advertised(entry: CatalogueEntry, cdi_kind: str) -> AdvertisedDevice:
 
 
 def advertised_devices(
-    node: Node, cdi_kind: str = "nvidia.com/gpu"
+    node: Node, cdi_kind: str = DEFAULT_CDI_KIND
 ) -> tuple[AdvertisedDevice, ...]:
     """Every whole GPU of ``node`` that is not MIG-enabled, in NVML index order."""
     return _whole_gpus(catalogue(node, mig_strategy="mixed"), cdi_kind)

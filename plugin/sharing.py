@@ -58,7 +58,7 @@ class Sharing:
 
 
 @dataclass(frozen=True)
-class Mount:
+class BindMount:
     """A bind mount for the container."""
 
     host_path: str
@@ -73,7 +73,7 @@ class ShareAllocation:
     gpu_uuids: tuple[str, ...]  # each GPU once, in the order of the request
     cdi_names: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    mounts: tuple[Mount, ...]
+    mounts: tuple[BindMount, ...]
     shares_per_gpu: tuple[int, ...]
 
     def env_dict(self) -> dict[str, str]:
@@ -271,7 +271,7 @@ def hand_out_shares(
     gpus = {uuid: e.gpu for uuid, e in by_gpu.items()}
     uuids = tuple(per_gpu)
     env = _mps_env(uuids, per_gpu, gpus, sharing)
-    mounts: tuple[Mount, ...] = ()
+    mounts: tuple[BindMount, ...] = ()
     if sharing.mps_pipe_directory is not None:
         mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
     if sharing.mps_shm_directory is not None:
@@ -331,7 +331,7 @@ def _shares_per_gpu(
     return per_gpu
 
 
-def _mps_mount(pipe: str, resource: str) -> Mount:
+def _mps_mount(pipe: str, resource: str) -> BindMount:
     """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
     its named pipes, which a read-only mount allows (the kernel refuses writes there only to
     regular files, directories and symlinks). ShareRefused if the directory exists but is not
@@ -343,10 +343,10 @@ def _mps_mount(pipe: str, resource: str) -> Mount:
             where=resource,
             hint="point sharing.mps.pipeDirectory at the directory nvidia-cuda-mps-control made",
         )
-    return Mount(pipe, pipe, read_only=True)
+    return BindMount(pipe, pipe, read_only=True)
 
 
-def _mps_shm_mount(shm: str, resource: str) -> Mount:
+def _mps_shm_mount(shm: str, resource: str) -> BindMount:
     """The MPS daemon's shared memory at /dev/shm, writable: clients make their segments there.
 
     As for the pipe directory, a directory that is not there yet is mounted anyway (the runtime
@@ -361,4 +361,4 @@ def _mps_shm_mount(shm: str, resource: str) -> Mount:
             where=resource,
             hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at /dev/shm",
         )
-    return Mount(shm, MPS_SHM_PATH)
+    return BindMount(shm, MPS_SHM_PATH)

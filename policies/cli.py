@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Check policy files, explain a preferred allocation, replay recorded "
         "kubelet requests, and simulate a job mix against go-gpuallocator's best-effort policy.",
     )
-    commands = policy.add_subparsers(dest="policy_command", metavar="ACTION")
+    commands = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
 
     check = commands.add_parser(
         "check",
@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             default="builtin:default",
             metavar="FILE",
             help="a policy file or a built-in: default, single-numa, pack, spread (also written "
-            "builtin:NAME)",
+            "builtin:NAME) (default: builtin:default)",
         )
 
     def shares(parser: argparse.ArgumentParser) -> None:
@@ -144,14 +144,22 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cdigen.fileio import read_text
+    from cdigen.errors import EXIT_BAD_INPUT, InputError
+    from cdigen.fileio import parse_document, read_text
     from policies.policy import check_policy_file
 
+    unparsed = 0
     for path in args.files:  # a file that cannot be read is bad input (exit 2), not a problem
-        read_text(path, what="policy file")
+        text = read_text(path, what="policy file")
+        try:
+            parse_document(text, where=path)
+        except InputError:  # nor parsed: bad input too, reported with the other files' problems
+            unparsed += 1
     problems = [p for path in args.files for p in check_policy_file(path)]
     if problems:
-        raise CheckFailed(problems, summary="policy check failed")
+        raise CheckFailed(
+            problems, summary="policy check failed", exit_code=EXIT_BAD_INPUT if unparsed else None
+        )
     for path in args.files:
         print(f"{path}: ok")
     return 0

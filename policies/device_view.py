@@ -21,13 +21,10 @@ from typing import Literal
 from cdigen.catalogue import CatalogueEntry, catalogue, whole_entry
 from cdigen.discover.numa import NumaForm, numa_neighbours
 from cdigen.mig_profiles import MigGeometry, MigPlacement
-from cdigen.model import Gpu, MigDevice, Node
+from cdigen.model import DRA_MIG_STRATEGY, Gpu, MigDevice, Node
 from policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
-# The DRA driver's default name (plugin.dra.options.DEFAULT_DRIVER): its plain attribute names
-# live in this domain; CEL policies also read them under NVIDIA's ``gpu.nvidia.com``.
-DRA_DRIVER = "gpu.cdigen.dev"
 # What the DRA API allows per device: attributes and capacities together.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 
@@ -187,7 +184,7 @@ def _mig_view(entry: CatalogueEntry, gpu_attributes: Mapping[str, Attribute]) ->
 def device_views(
     node: Node,
     *,
-    mig_strategy: str = "mixed",
+    mig_strategy: str = DRA_MIG_STRATEGY,
     sysfs_root: str | Path | None = None,
     geometries: Mapping[str, MigGeometry] | None = None,
     taken: Mapping[str, Sequence[range]] | None = None,

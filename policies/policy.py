@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import CheckFailed, InputError, first_of
 from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Node
@@ -43,7 +44,7 @@ class Policy:
 
     name: str
     source: str
-    resource: str = "nvidia.com/gpu"
+    resource: str = GPU_RESOURCE
     selector: Expression | None = None
     constraints: tuple[Expression, ...] = ()
     link_weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_LINK_WEIGHTS))
@@ -149,7 +150,7 @@ def _parse(text: str, source: str) -> tuple[list[str], Policy | None]:
     policy = Policy(
         name=doc["metadata"]["name"],
         source=source,
-        resource=spec.get("resource", "nvidia.com/gpu"),
+        resource=spec.get("resource", GPU_RESOURCE),
         selector=selector,
         constraints=tuple(constraints),
         link_weights=weights,
@@ -198,7 +199,9 @@ def builtin_policy(name: str) -> Policy:
         raise InputError(
             f"unknown built-in policy {name!r}", hint=f"choose one of {', '.join(BUILTIN_NAMES)}"
         )
-    text = resources.files("policies").joinpath("builtin", f"{name}.yaml").read_text("utf-8")
+    # this module's package by its import name, whatever the wheel installs it as
+    package = __name__.rpartition(".")[0]
+    text = resources.files(package).joinpath("builtin", f"{name}.yaml").read_text("utf-8")
     problems, policy = _parse(text, f"builtin:{name}")
     if policy is None:  # a packaging bug, not user input
         raise CheckFailed(problems, summary=f"built-in policy {name} is broken")

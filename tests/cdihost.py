@@ -20,7 +20,6 @@ from typing import Any
 
 from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Gpu, MigDevice, Node
-from tests.helpers.shared import shared_tool  # noqa: F401  (one lookup; kept for importers)
 
 DRIVER_VERSION = "550.54.15"
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"

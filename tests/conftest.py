@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+
+class _WingsByTheirInstalledName(importlib.abc.MetaPathFinder):
+    """Once plugin/ and policies/ install as cdigen.plugin and cdigen.policies, the old names
+    import only from a checkout (its root is on sys.path), never from the wheel: refuse them
+    here so that a test meets what an installed cdigen would."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.split(".")[0] in ("plugin", "policies"):
+            raise ModuleNotFoundError(f"No module named {fullname!r}: import cdigen.{fullname}")
+        return None
+
+
+if (Path(__file__).resolve().parents[1] / "cdigen" / "plugin").is_symlink():
+    sys.meta_path.insert(0, _WingsByTheirInstalledName())
 
 
 @pytest.fixture

@@ -155,6 +155,19 @@ def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def _invalid_slice(body: dict[str, Any]) -> str:
+    """The API server's refusal of a slice's device capacities (their request policies), as
+    one message, or ""."""
+    from tests.helpers.slice_rules import capacity_problems
+
+    problems = [
+        f"spec.devices[{n}]: {p}"
+        for n, device in enumerate(body.get("spec", {}).get("devices") or [])
+        for p in capacity_problems(device)
+    ]
+    return "; ".join(problems)
+
+
 def _matches(obj: dict[str, Any], selector: str) -> bool:
     for term in filter(None, selector.split(",")):
         field, _, value = term.partition("=")
@@ -229,6 +242,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                  "metadata": {}, "items": items})  # fmt: skip
             elif path == SLICES and method == "POST":
                 body = self._body()
+                if _invalid_slice(body):
+                    return self._status(422, "Invalid", _invalid_slice(body))
                 name = body["metadata"]["name"]
                 with api.lock:
                     if name in api.slices:
@@ -246,6 +261,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         gone = api.slices.pop(name)
                         return self._send(200, gone)
                     body = self._body()
+                    if _invalid_slice(body):
+                        return self._status(422, "Invalid", _invalid_slice(body))
                     sent = body["metadata"].get("resourceVersion")
                     held = api.slices[name]["metadata"]["resourceVersion"]
                     if sent and sent != held:

@@ -33,6 +33,7 @@ from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 SUPPORTED_VERSIONS = ("v1beta1",)
+CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's own file in the plugin dir
 _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -73,8 +74,11 @@ class _Plugin:
 class KubeletSimulator(pb_grpc.RegistrationServicer):  # type: ignore[misc]
     """A Registration server on ``plugin_dir/kubelet.sock`` that behaves like the kubelet."""
 
-    def __init__(self, plugin_dir: Path, *, dial_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, plugin_dir: Path, *, dial_timeout_s: float = 2.0, clean_start: bool = False
+    ) -> None:
         self.plugin_dir = Path(plugin_dir)
+        self.clean_start = clean_start
         self.socket = self.plugin_dir / "kubelet.sock"
         self.dial_timeout_s = dial_timeout_s
         self.registrations: list[Registration] = []
@@ -86,8 +90,15 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):  # type: ignore[misc]
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> KubeletSimulator:
-        """Remove a stale kubelet.sock and start serving Registration on a new one."""
+        """Remove a stale kubelet.sock and start serving Registration on a new one. With
+        ``clean_start``, first remove everything in the plugin dir but folders and the kubelet's
+        checkpoint, as the device manager does when the kubelet starts (its ``removeContents``):
+        plugins see their sockets go and register again."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if self.clean_start:
+            for entry in self.plugin_dir.iterdir():
+                if entry.name != CHECKPOINT and not entry.is_dir():
+                    entry.unlink()
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -222,6 +233,11 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):  # type: ignore[misc]
             found, timeout_s, f"no matching device list of {resource}"
         )
         return result
+
+    def registration_count(self, resource: str) -> int:
+        """How many times ``resource`` registered with this kubelet."""
+        with self._changed:
+            return sum(1 for r in self.registrations if r.resource == resource)
 
     def device_lists(self, resource: str) -> list[list[pb.Device]]:
         """Every device list received from the current plugin of ``resource``."""

@@ -328,6 +328,10 @@ def copy_tree(dest: Path) -> None:
             continue
         rel = Path(os.fsdecode(raw))
         src = REPO / rel
+        if src.is_symlink():  # cdigen/plugin -> ../plugin: the wings' import names
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src), dest / rel)
+            continue
         if not src.is_file():
             continue
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)

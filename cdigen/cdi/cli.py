@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from cdigen.cdi.generate_cli import register_generate
-from cdigen.errors import EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
+from cdigen.errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, CheckFailed, InputError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,8 +28,9 @@ def _register_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "validate",
         help="check CDI spec files",
         description="Check CDI spec files against cdigen's strict schema and the CDI library's "
-        "rules; print 'ok' for each good file and every problem of the others. Exit 1 if any; "
-        "exit 2 for a file that cannot be read. "
+        "rules; print 'ok' for each good file and every problem of the others; in a directory, "
+        "device names two files both define (runtimes drop them, as 'cdigen list' shows). Exit "
+        "1 if any; exit 2 for a file that cannot be read or parsed. "
         "A directory means the *.yaml and *.json files in it, as runtimes read it; with no "
         "argument the runtimes' spec dirs (/etc/cdi, /var/run/cdi; missing ones are skipped). "
         "A pattern the shell left unexpanded (no file matched it) is reported and skipped.",
@@ -49,7 +51,9 @@ def _register_list(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "list",
         help="list CDI device names across spec directories",
         description="List every fully-qualified CDI device name as a runtime resolves it, "
-        "marking conflicts and files that fail to load.",
+        "marking conflicts and files that fail to load. Exit 0 when every name resolves, 1 "
+        "for a conflict or a file that fails to load, 2 when no --spec-dir given exists.",
+        epilog="examples: cdigen list; cdigen list --spec-dir /etc/cdi --spec-dir /tmp/cdi",
     )
     lst.add_argument(
         "--spec-dir",
@@ -61,14 +65,49 @@ def _register_list(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any."""
+    """Handle ``cdigen validate [FILE|DIR...]``: ok per good file, every problem, exit 1 if any
+    (2 if a file is not YAML or JSON at all)."""
+    from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
+    from cdigen.cdi.validate import document_problems, read_spec_document
+
+    files = _validate_files(args.files)
+    spec_dirs = [d for d in args.files if Path(d).is_dir()] if args.files else DEFAULT_SPEC_DIRS
+    clashes = _conflicts(spec_dirs)
+    problems: list[str] = []
+    unparsed = 0
+    for f in files:
+        try:
+            doc = read_spec_document(f)
+        except InputError as exc:  # not YAML/JSON at all: bad input (exit 2) once all are read
+            problems.append(str(exc))
+            unparsed += 1
+            continue
+        of_file = document_problems(f, doc)
+        if of_file:
+            problems += of_file
+        elif not any(Path(f) in paths for paths in clashes):
+            print(f"{f}: ok")
+    problems += [_conflict_line(paths, names) for paths, names in clashes.items()]
+    sys.stdout.flush()
+    if problems:
+        raise CheckFailed(
+            problems,
+            summary=f"{len(files)} file(s) checked",
+            exit_code=EXIT_BAD_INPUT if unparsed else EXIT_CHECK_FAILED,
+        )
+    return EXIT_OK
+
+
+def _validate_files(args: Sequence[str]) -> list[str]:
+    """The spec files ``validate`` checks: those named, those in the directories named, or
+    those of the runtimes' spec dirs; a note on stderr for a directory or pattern with none."""
     from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS
     from cdigen.cdi.specdir import spec_files as spec_paths
-    from cdigen.cdi.validate import file_problems, refuse_dangling_link
+    from cdigen.cdi.validate import refuse_dangling_link
     from cdigen.fileio import read_text
 
     files: list[str] = []
-    if not args.files:
+    if not args:
         for d in DEFAULT_SPEC_DIRS:
             files += map(str, spec_paths(d))
         if not files:
@@ -78,7 +117,7 @@ def run_validate(args: argparse.Namespace) -> int:
                 hint="write one with 'cdigen generate', or name the files or dirs to check",
             )
     notes: list[str] = []
-    for arg in args.files:
+    for arg in args:
         if Path(arg).is_dir():
             in_dir = spec_paths(arg)
             if not in_dir:
@@ -97,17 +136,28 @@ def run_validate(args: argparse.Namespace) -> int:
         )
     for note in notes:
         print(f"cdigen: note: {note}", file=sys.stderr)
-    problems: list[str] = []
-    for f in files:
-        of_file = file_problems(f)
-        if of_file:
-            problems += of_file
-        else:
-            print(f"{f}: ok")
-    sys.stdout.flush()
-    if problems:
-        raise CheckFailed(problems, summary=f"{len(files)} file(s) checked")
-    return EXIT_OK
+    return files
+
+
+def _conflicts(dirs: Sequence[str | Path]) -> dict[tuple[Path, ...], list[str]]:
+    """The device names that files of one directory both define, by those files, as ``list``
+    finds them (runtimes drop such a name from every file)."""
+    from cdigen.cdi.cache import load_state
+
+    by_files: dict[tuple[Path, ...], list[str]] = {}
+    if dirs:
+        for name, paths in load_state([Path(d) for d in dirs]).conflicts.items():
+            by_files.setdefault(paths, []).append(name)
+    return by_files
+
+
+def _conflict_line(paths: tuple[Path, ...], names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"{', '.join(map(str, paths))}: CONFLICT: each defines {shown}; runtimes drop "
+        f"{'it' if len(names) == 1 else 'them'} from every file (remove one of the files, or "
+        "rename its devices)"
+    )
 
 
 def run_list(args: argparse.Namespace) -> int:

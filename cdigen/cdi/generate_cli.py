@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.cdi.names import DEFAULT_CLASS, DEFAULT_VENDOR
 from cdigen.cdi.specdir import STATIC_SPEC_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.errors import EXIT_OK, InputError
@@ -27,7 +28,11 @@ def register_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "generate",
         help="write a CDI spec for the node's GPUs",
         description="Write a CDI spec for every GPU (and MIG device) of the node into the "
-        "output directory, atomically; refuses when another spec defines the same devices.",
+        "output directory, atomically; refuses when another spec defines the same devices. "
+        "Exit 0 when the spec was written or is unchanged (or printed), 2 for bad usage or "
+        "input, a node that cannot be discovered, a conflicting spec or a failed write.",
+        epilog="examples: cdigen generate; cdigen generate --node builtin:rtx4090 --dry-run; "
+        "cdigen generate --host-root /host --driver-root /run/nvidia/driver (in a container)",
     )
     add_node_source(gen, roots=False)  # --sysfs-root below also feeds the spec; no --proc-root
     _add_host_roots(gen)
@@ -61,6 +66,7 @@ def _add_output_options(gen: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--output",
+        "-o",
         metavar="PATH|-",
         help="write to this file instead of <output-dir>/<vendor>-<class>.<format>; '-': stdout",
     )
@@ -72,8 +78,12 @@ def _add_output_options(gen: argparse.ArgumentParser) -> None:
 
 def _add_spec_options(gen: argparse.ArgumentParser) -> None:
     """What the spec holds: its kind, device names, hooks, capabilities and version."""
-    gen.add_argument("--vendor", default="nvidia.com", help="CDI vendor (default: nvidia.com)")
-    gen.add_argument("--class", dest="cls", default="gpu", help="CDI class (default: gpu)")
+    gen.add_argument(
+        "--vendor", default=DEFAULT_VENDOR, help=f"CDI vendor (default: {DEFAULT_VENDOR})"
+    )
+    gen.add_argument(
+        "--class", dest="cls", default=DEFAULT_CLASS, help=f"CDI class (default: {DEFAULT_CLASS})"
+    )
     gen.add_argument(
         "--device-name-strategy",
         default="index,uuid",

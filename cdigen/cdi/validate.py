@@ -189,11 +189,16 @@ def read_spec_document(path: str | Path) -> Any:
 
 def file_problems(path: str | Path) -> list[str]:
     """Every problem in one spec file, each prefixed with the file name."""
-    where = str(path)
     try:
         doc = read_spec_document(path)
     except CdigenError as exc:
         return [str(exc)]
+    return document_problems(path, doc)
+
+
+def document_problems(path: str | Path, doc: Any) -> list[str]:
+    """Every problem in the spec ``doc`` read from ``path``, each prefixed with the file name."""
+    where = str(path)
     problems = [f"{where}: {p}" for p in spec_problems(doc)]
     if Path(path).suffix not in SPEC_SUFFIXES:
         problems.append(f"{where}: runtimes only read *.yaml and *.json files; rename it")

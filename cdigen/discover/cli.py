@@ -17,26 +17,17 @@ if TYPE_CHECKING:
     from cdigen.model import Node
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4}
-
-
 def parse_size(text: str) -> int:
-    """``80GiB``, ``24GB``, ``81920MiB`` or plain bytes -> bytes; InputError otherwise."""
-    match = _SIZE.match(text)
-    if not match:
+    """``--memory``: bytes as every memory flag takes them (:func:`cdigen.sizes.parse_bytes`:
+    ``80GiB``, ``24Gi``, ``24GB``, plain bytes), at most 16 TiB."""
+    from cdigen.sizes import parse_bytes
+
+    value = parse_bytes(text, "--memory")
+    if value > MAX_MEMORY_BYTES:
         raise InputError(
-            f"--memory {text!r} is not a size",
-            hint="give bytes or a size like 80GiB, 24GB, 81920MiB",
+            f"{text[:40]!r} is more than 16 TiB", where="--memory", hint="give the GPU's memory"
         )
-    number, unit = match.group(1), (match.group(2) or "").upper()
-    factor = 1024 ** ("KMGT".index(unit[0]) + 1) if unit.endswith(("IB", "I")) else _UNITS[unit[:1]]
-    value = float(number) * factor
-    if not value <= MAX_MEMORY_BYTES:  # also inf, from a number of hundreds of digits
-        raise InputError(
-            f"--memory {text[:40]!r} is more than 16 TiB", hint="give the GPU's memory"
-        )
-    return int(value)
+    return value
 
 
 @functools.cache  # every command that takes --node lists them in its help
@@ -151,12 +142,7 @@ def _register_topo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     _add_output(topo)
     topo.set_defaults(func=run_topo)
-    # the help is the group's, not the choice's: argparse would list 'import' twice
-    topo_sub = topo.add_subparsers(
-        dest="topo_command",
-        metavar="import",
-        help="turn a saved 'nvidia-smi topo -m' output into a node file",
-    )
+    topo_sub = topo.add_subparsers(dest="topo_command", metavar="SUBCOMMAND")
     _register_topo_import(topo_sub)
 
 
@@ -164,6 +150,7 @@ def _register_topo_import(sub: argparse._SubParsersAction[argparse.ArgumentParse
     """``topo import`` and its options."""
     imp = sub.add_parser(
         "import",
+        help="turn a saved 'nvidia-smi topo -m' output into a node file",
         description="Parse the text 'nvidia-smi topo -m' printed (tabs or spaces; NIC rows, "
         "the legend and '#' lines are ignored) into a node file. NV# pairs get # NVLinks and an "
         "unknown PCIe level. NUMA nodes come from the 'NUMA Affinity' column, or else are "

@@ -29,6 +29,7 @@ from cdigen import logs
 from cdigen.discover.nvml_library import NO_NVML_HINT, start_nvml
 from cdigen.discover.sources import NVML
 from cdigen.errors import DiscoveryError
+from cdigen.families import FAMILIES
 from cdigen.model import Gpu, Link, MigDevice, Node, PcieLevel
 from cdigen.nodefile import normalize_bus_id
 
@@ -41,17 +42,7 @@ NODE_SET_WORDS = 4  # nvmlDeviceGetMemoryAffinity node-set size in 64-bit words:
 _MIG_PROFILE = re.compile(r"MIG\s+((?:\d+c\.)?\d+g\.\d+gb(?:\+\w+)*)\s*$")
 _MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access\s+(\d+)$")
 
-_ARCHITECTURES = {
-    "NVML_DEVICE_ARCH_KEPLER": "Kepler",
-    "NVML_DEVICE_ARCH_MAXWELL": "Maxwell",
-    "NVML_DEVICE_ARCH_PASCAL": "Pascal",
-    "NVML_DEVICE_ARCH_VOLTA": "Volta",
-    "NVML_DEVICE_ARCH_TURING": "Turing",
-    "NVML_DEVICE_ARCH_AMPERE": "Ampere",
-    "NVML_DEVICE_ARCH_ADA": "Ada Lovelace",
-    "NVML_DEVICE_ARCH_HOPPER": "Hopper",
-    "NVML_DEVICE_ARCH_BLACKWELL": "Blackwell",
-}
+_ARCHITECTURES = {f.nvml: f.name for f in FAMILIES if f.nvml}
 _BRANDS = {
     "NVML_BRAND_QUADRO": "Quadro",
     "NVML_BRAND_TESLA": "Tesla",

@@ -1,16 +1,31 @@
 """Talking to the API server: a client from a kubeconfig or the in-cluster config, and API
 failures as one bounded line. Shared by the DRA plugin and the device plugin's per-node
-configs (which read their Node's labels)."""
+configs (which read their Node's labels).
+
+Every call's timeout (``_request_timeout``, else :data:`DEFAULT_API_TIMEOUT_S`) is a deadline for
+the whole call: connecting, sending, the headers and the whole body. urllib3 bounds each read
+only, so a server that trickles a byte at a time could hold a call for ever; here a timer shuts
+the call's socket down when the deadline passes and the call fails with
+:class:`DeadlineExceeded`. Callers keep their signatures: the client does it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
+import threading
 from typing import Any
 
-from cdigen.errors import InputError
+from cdigen.errors import InputError, printable
 
-__all__ = ["DEFAULT_API_TIMEOUT_S", "ApiCallError", "api_client", "api_error"]
+__all__ = [
+    "DEFAULT_API_TIMEOUT_S",
+    "ApiCallError",
+    "DeadlineExceeded",
+    "api_client",
+    "api_error",
+]
 
 DEFAULT_API_TIMEOUT_S = 5.0
 _ERROR_MAX = 300
@@ -21,7 +36,7 @@ def api_error(exc: BaseException) -> str:
     message for an answer, the cause for a connection that failed (never headers or body)."""
     from kubernetes.client.exceptions import ApiException
 
-    if isinstance(exc, ApiCallError):
+    if isinstance(exc, (ApiCallError, DeadlineExceeded)):
         return str(exc)
     if isinstance(exc, ApiException):
         reason, message = exc.reason or "", ""
@@ -43,12 +58,109 @@ def api_error(exc: BaseException) -> str:
             detail = detail.split(">: ", 1)[1]
         detail = re.sub(r"\(read timeout=[\d.]+\)", "(no answer in time)", detail)
         text = f"API server unreachable: {type(cause).__name__}: {detail}"
-    text = " ".join(text.split())
+    text = printable(" ".join(text.split()))  # the server's message may quote a hostile name
     return text if len(text) <= _ERROR_MAX else text[: _ERROR_MAX - 3] + "..."
 
 
 class ApiCallError(Exception):
     """An API call failed; the message is one bounded line (:func:`api_error`)."""
+
+
+class DeadlineExceeded(Exception):
+    """An API call did not finish, body included, within its deadline."""
+
+
+_calls = threading.local()  # the deadline of the call this thread is making
+
+
+class _Deadline:
+    """One call's deadline: the connection it uses, shut down if the time runs out."""
+
+    def __init__(self) -> None:
+        self.connection: Any = None
+        self.fired = False
+
+    def fire(self) -> None:
+        self.fired = True
+        sock = getattr(self.connection, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns at once
+
+
+def _tracked(base: Any) -> type:
+    """``base`` (a urllib3 connection class) telling the current call's deadline which
+    connection it sends on."""
+
+    def request(self: Any, *args: Any, **kwargs: Any) -> Any:
+        deadline = getattr(_calls, "deadline", None)
+        if deadline is not None:
+            deadline.connection = self
+        return base.request(self, *args, **kwargs)
+
+    return type(f"Deadline{base.__name__}", (base,), {"request": request})
+
+
+def _seconds(timeout: Any) -> float:
+    """The whole-call deadline a kubernetes-client timeout asks for."""
+    total = getattr(timeout, "total", None)
+    if isinstance(total, (int, float)) and total > 0:
+        return float(total)
+    read = getattr(timeout, "read_timeout", None)  # a (connect, read) pair: their sum
+    connect = getattr(timeout, "connect_timeout", None)
+    if isinstance(read, (int, float)) and isinstance(connect, (int, float)):
+        return float(read) + float(connect)
+    if isinstance(timeout, (int, float)) and timeout > 0:
+        return float(timeout)
+    return DEFAULT_API_TIMEOUT_S
+
+
+class _DeadlinePoolManager:
+    """The client's urllib3 pool manager, each request bounded as a whole (see the module)."""
+
+    def __init__(self, pool_manager: Any) -> None:
+        from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+        http = type(
+            "DeadlineHTTPPool",
+            (HTTPConnectionPool,),
+            {"ConnectionCls": _tracked(HTTPConnectionPool.ConnectionCls)},
+        )
+        https = type(
+            "DeadlineHTTPSPool",
+            (HTTPSConnectionPool,),
+            {"ConnectionCls": _tracked(HTTPSConnectionPool.ConnectionCls)},
+        )
+        pool_manager.pool_classes_by_scheme = {"http": http, "https": https}
+        self._pool_manager = pool_manager
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool_manager, name)
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        seconds = _seconds(kwargs.get("timeout"))
+        kwargs["preload_content"] = True  # the body is read here, under the deadline
+        deadline = _Deadline()
+        timer = threading.Timer(seconds, deadline.fire)
+        timer.daemon = True
+        _calls.deadline = deadline
+        timer.start()
+        try:
+            response = self._pool_manager.request(method, url, *args, **kwargs)
+        except Exception:
+            if deadline.fired:
+                raise DeadlineExceeded(
+                    f"API server unreachable: timed out: no whole answer within {seconds:g} s"
+                ) from None
+            raise
+        finally:
+            timer.cancel()
+            _calls.deadline = None
+        if deadline.fired:  # a body cut short by the shutdown: not an answer
+            raise DeadlineExceeded(
+                f"API server unreachable: timed out: no whole answer within {seconds:g} s"
+            )
+        return response
 
 
 def _readable_kubeconfig(path: str) -> None:
@@ -105,4 +217,7 @@ def api_client(kubeconfig: str | None) -> Any:
     # one try per call: the caller retries with its own backoff, and a hung API server costs one
     # --api-timeout, not four (urllib3 retries three times by default, logging each)
     configuration.retries = 0
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    rest: Any = api.rest_client
+    rest.pool_manager = _DeadlinePoolManager(rest.pool_manager)
+    return api

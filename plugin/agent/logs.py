@@ -8,7 +8,9 @@ import sys
 import time
 from typing import Any
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from cdigen.logs import LEVELS
+
+LOG_LEVELS = LEVELS  # cdigen --log-level's
 LOG_FORMATS = ("text", "json")
 
 

@@ -13,13 +13,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cdigen.constants import KUBELET_DIR
 from plugin.attribution.podresources import DEFAULT_TIMEOUT_S, socket_path
 
 if TYPE_CHECKING:
     from plugin.attribution.holdings import Holding
     from plugin.attribution.podresources import ContainerResources
 
-DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
+DEFAULT_KUBELET_DIR = Path(KUBELET_DIR)
 FORMATS = ("table", "json")
 
 
@@ -64,7 +65,7 @@ def register_plugin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def register_dra(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``dra pods``."""
     from cdigen.discover.cli import add_node_source
-    from cdigen.model import DRA_MIG_STRATEGIES
+    from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
     from plugin.dra.cli_args import DEFAULT_DRIVER
 
     pods = sub.add_parser(
@@ -87,7 +88,10 @@ def register_dra(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--cdi-dir", metavar="DIR", help="dra serve's --cdi-dir (default as dra serve's)"
     )
     pods.add_argument(
-        "--mig-strategy", choices=DRA_MIG_STRATEGIES, default="mixed", help="as dra serve's"
+        "--mig-strategy",
+        choices=DRA_MIG_STRATEGIES,
+        default=DRA_MIG_STRATEGY,
+        help="as dra serve's",
     )
     _common(pods)
     pods.set_defaults(func=_dra_pods)

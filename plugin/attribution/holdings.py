@@ -8,7 +8,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-MIB = 1 << 20
+from cdigen.constants import MIB
+
 # Kubernetes names are at most 253 characters; anything longer is cut before it is shown.
 NAME_LIMIT = 253
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from cdigen.catalogue import CatalogueEntry
+from cdigen.constants import MIB
 from cdigen.model import Gpu
-from plugin.attribution.holdings import MIB, Holding
+from plugin.attribution.holdings import Holding
 from plugin.attribution.podresources import ContainerResources
 
 if TYPE_CHECKING:
-    from plugin.dra.checkpoint import ClaimDoc, DeviceDoc
+    from plugin.dra.checkpoint import ClaimDoc, PreparedDeviceDoc
     from plugin.resources import AdvertisedDevice, Resource
 
 
@@ -158,7 +159,7 @@ class PluginWing:
 # --- DRA ------------------------------------------------------------------------------------
 
 
-def dra_limit(device: DeviceDoc, entry: CatalogueEntry) -> int:
+def dra_limit(device: PreparedDeviceDoc, entry: CatalogueEntry) -> int:
     """The memory a claim was given of one device: the memory capacity it consumed (a device
     shared through consumable capacity), else the device's memory."""
     from policies.cel import parse_quantity
@@ -187,7 +188,7 @@ def dra_holdings(
             if found is None:
                 continue  # another driver's claim, or not prepared by us
             uid, doc = found
-            by_gpu: dict[str, list[tuple[DeviceDoc, CatalogueEntry]]] = {}
+            by_gpu: dict[str, list[tuple[PreparedDeviceDoc, CatalogueEntry]]] = {}
             for device in doc["devices"]:
                 entry = entries.get(device["deviceName"])
                 if entry is not None:

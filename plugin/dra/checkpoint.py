@@ -24,7 +24,7 @@ CHECKPOINT_HINT = (
 )
 
 
-class DeviceDoc(TypedDict):
+class PreparedDeviceDoc(TypedDict):
     """A prepared device in the checkpoint (and, field for field, in the kubelet's answer)."""
 
     requestNames: list[str]
@@ -41,7 +41,7 @@ class ClaimDoc(TypedDict):
 
     namespace: str
     name: str
-    devices: list[DeviceDoc]
+    devices: list[PreparedDeviceDoc]
     shareable: dict[str, bool]
     specPath: str
     migDevices: NotRequired[list[MigDoc]]  # made for the claim (--mig-strategy dynamic)
@@ -58,9 +58,15 @@ def legacy_claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
     return claim_spec_path(spec_dir, driver, uid).with_suffix(".yaml")
 
 
+def claim_vendor(driver: str) -> str:
+    """The CDI vendor of ``driver``'s per-claim specs, ``k8s.<driver>``, as the kubelet's DRA
+    helper names it."""
+    return f"k8s.{driver}"
+
+
 def claim_spec_prefix(driver: str) -> str:
     """What every claim spec's file name starts with: ``k8s.<driver>-claim_``."""
-    return f"k8s.{driver}-{CLAIM_CLASS}_"
+    return f"{claim_vendor(driver)}-{CLAIM_CLASS}_"
 
 
 def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str | None:

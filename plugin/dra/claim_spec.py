@@ -21,7 +21,7 @@ from cdigen.cdi.spec import (
 from cdigen.cdi.types import SpecDoc
 from cdigen.errors import InputError
 from cdigen.model import Gpu, Node
-from plugin.dra.checkpoint import CLAIM_CLASS
+from plugin.dra.checkpoint import CLAIM_CLASS, claim_vendor
 from plugin.dra.claims import AllocatedDevice, ClaimRef
 from plugin.dra.config import claim_configs, config_for
 from policies.device_view import DeviceView
@@ -29,7 +29,7 @@ from policies.device_view import DeviceView
 
 def claim_kind(driver: str) -> str:
     """The CDI kind of the transient per-claim specs: ``k8s.<driver>/claim``."""
-    return f"k8s.{driver}/{CLAIM_CLASS}"
+    return f"{claim_vendor(driver)}/{CLAIM_CLASS}"
 
 
 def claim_device_name(uid: str, result: AllocatedDevice) -> str:
@@ -61,7 +61,7 @@ class ClaimSpecs:
         self.offered = extra_capabilities(options)
         self.options = replace(
             options,
-            vendor=f"k8s.{driver}",
+            vendor=claim_vendor(driver),
             cls=CLAIM_CLASS,
             name_strategies=("uuid",),
             hook_path=None,

@@ -3,12 +3,19 @@ common options. Light imports only: ``--help`` stays cheap."""
 
 from __future__ import annotations
 
-DEFAULT_DRIVER = "gpu.cdigen.dev"  # policies.device_view.DRA_DRIVER; kept here so --help is cheap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from cdigen.constants import DRA_DRIVER
+
+if TYPE_CHECKING:
+    from cdigen.memory_shares import MemoryShares
+    from policies.device_view import DeviceView
+
+DEFAULT_DRIVER = DRA_DRIVER
 
 
-def dns_subdomain(
-    value: str, flag: str, longest: int = 63, example: str = "gpu.cdigen.dev"
-) -> None:
+def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAULT_DRIVER) -> None:
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened
@@ -34,16 +41,21 @@ def api_timeout(seconds: float) -> None:
 
 
 def quantity_bytes(text: str, flag: str) -> int:
-    """``text`` as a positive whole number of bytes; InputError naming ``flag`` otherwise."""
-    from cdigen.errors import InputError
-    from policies.cel import parse_quantity
+    """``text`` as a positive whole number of bytes, spelt as every memory flag takes it
+    (:func:`cdigen.sizes.parse_bytes`); InputError naming ``flag`` otherwise."""
+    from cdigen.sizes import parse_bytes
 
-    try:
-        value = parse_quantity(text)
-    except ValueError:
-        value = None
-    if value is None or value < 1 or value != int(value):
-        raise InputError(
-            f"{text!r} is not a positive whole quantity of bytes", where=flag, hint="e.g. 1Gi"
-        )
-    return int(value)
+    return parse_bytes(text, flag)
+
+
+def shares_problem(shares: MemoryShares | None, views: Sequence[DeviceView]) -> None:
+    """InputError naming the flag that set the default share when the API server would refuse
+    it for one of the whole GPUs among ``views`` (:func:`cdigen.memory_shares.check_shares`)."""
+    from cdigen.memory_shares import check_shares
+
+    check_shares(shares, whole_gpu_memory(views))
+
+
+def whole_gpu_memory(views: Sequence[DeviceView]) -> dict[str, int]:
+    """Memory by device name of the whole GPUs among ``views``."""
+    return {v.name: v.capacity.get("memory", 0) for v in views if v.mig is None}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.cdi.capabilities import CAPABILITIES
+from cdigen.constants import MIB
 from cdigen.errors import InputError
 from plugin.dra.claims import ClaimRef, allocation_of, field, quoted
 
@@ -21,7 +22,6 @@ API_VERSION = "gpu.cdigen.dev/v1alpha1"
 KIND = "GpuConfig"
 SCHEMA = "dra-gpu-config"
 SOURCES = ("FromClass", "FromClaim")  # in rising precedence
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cdigen.memory_shares import MemoryShares
 from cdigen.model import Gpu
+from cdigen.sizes import quantity_text
 from plugin.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_WITH_TAINTS,
-    MemoryShares,
     TaintDoc,
     device_doc,
     pool_slices,
-    quantity_text,
 )
 from policies.device_view import DeviceView
 

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -222,19 +221,14 @@ class UnixServer:
 
     def start(self) -> None:
         """Listen on a fresh socket (a stale file at the path is removed first)."""
-        import grpc
-
-        from plugin.agent.sockets import bind_socket, make_plugin_dir
+        from plugin.agent.grpc_unix import serve_unix
+        from plugin.agent.sockets import make_plugin_dir
 
         # the device plugin's socket handling: 0755 dirs and a 0600 socket, whatever the umask
         make_plugin_dir(self.path.parent, flag="--kubelet-dir")
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dra")
+        self._server, _ = serve_unix(
+            self.path, self._add, workers=self._workers, thread_prefix="dra", flag="--kubelet-dir"
         )
-        self._add(server)
-        bind_socket(server, self.path, flag="--kubelet-dir")
-        server.start()
-        self._server = server
         log.info("listening on %s", self.path)
 
     def stop(self) -> None:

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 from plugin.dra.counters import build_counter_slices
-from plugin.dra.slices import MemoryShares, TaintDoc, build_slices
+from plugin.dra.slices import TaintDoc, build_slices
 from policies.device_view import Attribute, DeviceView
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,23 @@ class KubeApi:
         self._resource.delete_resource_slice(
             name, _preload_content=False, _request_timeout=self.timeout_s
         )
+
+    def read_node(self, node_name: str) -> dict[str, Any]:
+        """The Node object (its status: what it advertises); the client's error otherwise."""
+        doc = self._json(
+            self._core.read_node(node_name, _preload_content=False, _request_timeout=self.timeout_s)
+        )
+        return doc if isinstance(doc, dict) else {}
+
+    def list_device_classes(self) -> list[dict[str, Any]]:
+        """Every DeviceClass; the client's error when they cannot be listed."""
+        doc = self._json(
+            self._resource.list_device_class(
+                _preload_content=False, _request_timeout=self.timeout_s
+            )
+        )
+        items = doc.get("items") if isinstance(doc, dict) else None
+        return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
     def node_owner(self, node_name: str) -> dict[str, str] | None:
         """``{"name", "uid"}`` of the Node object, for owner references; None when the API

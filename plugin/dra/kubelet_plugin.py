@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from plugin.agent.health import HealthBoard, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.xid import XidHealth
 from plugin.dra.claims import ClaimReader
+from plugin.dra.cli_args import shares_problem
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.grpc_services import (
     DRA_WORKERS,
@@ -78,7 +80,9 @@ def _preparer(
         options=spec_options,
         driver_files=scan_driver(options.driver_root, node.driver_version, fs),
         fs=fs,
-        mps=options.mps,
+        mps=replace(options.mps, memory_step=options.memory_shares.step)
+        if options.memory_shares
+        else options.mps,
         mig=mig,
     )
 
@@ -98,14 +102,18 @@ class DraPlugin:
         nvml: Any = None,
         resync_s: float = SLICE_RESYNC_S,
         mig: MigMaker | None = None,
+        stale_check: Callable[[], object] | None = None,
     ) -> None:
         self.options = options
+        # at start, in the background: does the Node still advertise what our classes serve?
+        self._stale_check = stale_check
         self.node = node
         self._nvml = nvml
         self._mig = mig or self._mig_maker()  # --mig-strategy dynamic: MIG devices per claim
         self.preparer = _preparer(options, node, claims, self._mig)
         # after the checkpoint: with dynamic MIG it says which MIG devices are ours
         self.views = self._views(node)
+        shares_problem(options.memory_shares, self.views)  # the API server would refuse it
         self.preparer.set_devices(node, self.views)
         self.board = HealthBoard(
             [v.name for v in self.views], parents={v.name: [v.gpu.uuid] for v in self.views}
@@ -231,6 +239,8 @@ class DraPlugin:
         self._reg_server.start()
         self._keeper = threading.Thread(target=self._keep_slices, name="dra-slices", daemon=True)
         self._keeper.start()
+        if self._stale_check is not None:
+            threading.Thread(target=self._stale_check, name="dra-stale", daemon=True).start()
         log.info(
             "DRA driver %s ready: %d devices in pool %s",
             self.options.driver,
@@ -354,7 +364,8 @@ class DraPlugin:
         views, strategy = self.views, self.options.mig_strategy
         if strategy == "dynamic":  # the labels describe the MIG devices there are now
             strategy = "mixed"
-        self.features.update(lambda: dra_labels(self.node, views, reasons, strategy))
+        shares = self.options.memory_shares
+        self.features.update(lambda: dra_labels(self.node, views, reasons, strategy, shares))
         with self._taint_lock:
             taints = xid_taints(reasons, self.options.taint_xids, self.options.driver)
             if taints == self.taints:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from cdigen.cdi.driveredits import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
+from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.model import Gpu
 from plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
@@ -19,7 +20,6 @@ from policies.device_view import DeviceView
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
 # devices, no set-uid programs, nothing to execute.
 SHM_MOUNT_OPTIONS = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
-MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class MpsSettings:
     thread_percentage: int | None = None
     replicas: int | None = None
     limit_key: str = "index"
+    # the step of the memory shares (dra serve --memory-step): a claim that consumed so much of
+    # a GPU that not one more step fits beside it holds the GPU whole, and gets no limit
+    memory_step: int | None = None
 
 
 def claim_limits(
@@ -113,6 +116,8 @@ def _memory_limits(
             if limit is not None and consumed is not None:
                 limit = min(limit, consumed)  # what the scheduler counted for this claim
         elif consumed is not None:
+            if mps.memory_step and consumed + mps.memory_step > total:
+                continue  # the whole GPU (a claim naming no memory, by default): no MPS
             limit = consumed
         elif mps.replicas:
             limit = total // mps.replicas

@@ -7,14 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.constants import DRA_DRIVER, KUBELET_DIR
 from cdigen.discover.numa import NumaForm
+from cdigen.memory_shares import MemoryShares
+from cdigen.model import DRA_MIG_STRATEGY
 from plugin.dra.mps import MpsSettings
-from plugin.dra.slices import MemoryShares
 from plugin.dra.taints import DEFAULT_TAINT_XIDS
-from policies.device_view import DRA_DRIVER
 
 DEFAULT_DRIVER = DRA_DRIVER
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+DEFAULT_KUBELET_DIR = KUBELET_DIR
 DEFAULT_CDI_DIR = str(DYNAMIC_SPEC_DIR)
 
 
@@ -27,7 +28,7 @@ class DraOptions:
     kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
     cdi_dir: Path = Path(DEFAULT_CDI_DIR)
     state_dir: Path | None = None  # default: <kubelet dir>/plugins/<driver>
-    mig_strategy: str = "mixed"
+    mig_strategy: str = DRA_MIG_STRATEGY
     driver_root: str = "/"
     dev_root: str = "/"
     sysfs_root: str = "/sys"

@@ -31,7 +31,7 @@ from cdigen.model import Node
 from plugin.dra.checkpoint import (
     CHECKPOINT_VERSION,
     ClaimDoc,
-    DeviceDoc,
+    PreparedDeviceDoc,
     claim_spec_path,
     claim_spec_prefix,
     legacy_claim_spec_path,
@@ -68,7 +68,7 @@ MAX_ERROR_CHARS = 300
 class PrepareResult:
     """The devices of one prepared claim, or why it failed (that claim only)."""
 
-    devices: tuple[DeviceDoc, ...] = ()
+    devices: tuple[PreparedDeviceDoc, ...] = ()
     error: str = ""
 
 
@@ -189,7 +189,7 @@ class Preparer:
                 log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, exc)
                 return PrepareResult(error=str(exc))
 
-    def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[DeviceDoc]:
+    def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[PreparedDeviceDoc]:
         allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
         extra, explicit = self._specs.capabilities_asked(ref, claim, allocated)
         views: list[DeviceView] = []
@@ -257,7 +257,7 @@ class Preparer:
         explicit: frozenset[str],
         views: list[DeviceView],
         migs: Sequence[MadeMig],
-    ) -> list[DeviceDoc]:
+    ) -> list[PreparedDeviceDoc]:
         """Write the claim's spec for ``views`` (placements already made) and checkpoint it."""
         path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
         if views:
@@ -307,10 +307,10 @@ class Preparer:
 
     def _device_doc(
         self, uid: str, result: AllocatedDevice, capabilities: Sequence[str]
-    ) -> DeviceDoc:
+    ) -> PreparedDeviceDoc:
         """What the kubelet is told of one prepared device: its CDI IDs in the claim's spec."""
         kind = claim_kind(self.driver)
-        doc: DeviceDoc = {
+        doc: PreparedDeviceDoc = {
             "requestNames": [result.request] if result.request else [],
             "poolName": self.pool,
             "deviceName": result.device,

@@ -8,12 +8,15 @@ import os
 from typing import TYPE_CHECKING
 
 from cdigen.cdi.specdir import DYNAMIC_SPEC_DIR
+from cdigen.constants import KUBELET_DIR
 from cdigen.discover.cli import add_node_source
 from cdigen.discover.numa import NUMA_FORMS
-from cdigen.model import DRA_MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.logs import DEFAULT_LEVEL
+from cdigen.memory_shares import add_share_options, memory_shares
+from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
+from plugin.agent.logs import LOG_FORMATS
 from plugin.agent.mps import LIMIT_KEYS
-from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain, quantity_bytes
+from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
 if TYPE_CHECKING:
     from plugin.dra.options import DraOptions
@@ -30,6 +33,9 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         description="Serve dra/v1 and dra/v1beta1 on <kubelet-dir>/plugins/<driver>/dra.sock, "
         "register through <kubelet-dir>/plugins_registry/<driver>-reg.sock, and publish this "
         "node's ResourceSlices.",
+        epilog="examples: cdigen dra serve --node-name gpu-node-1 (NVML, the kubelet in "
+        "/var/lib/kubelet); cdigen dra serve --node-name gpu-node-1 --memory-step 1Gi (GPU "
+        "memory as consumable capacity, for claims that ask for memory)",
     )
     add_node_source(serve, driver_root=True)  # --node, --sysfs/proc-root, --driver/host-root
     serve.add_argument(
@@ -44,7 +50,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     serve.add_argument(
         "--kubelet-dir",
-        default="/var/lib/kubelet",
+        default=KUBELET_DIR,
         metavar="DIR",
         help="the kubelet's root, holding plugins/ and plugins_registry/ "
         "(default /var/lib/kubelet)",
@@ -84,10 +90,12 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     serve.add_argument(
         "--mig-strategy",
         choices=DRA_MIG_STRATEGIES,
-        default="mixed",
+        default=DRA_MIG_STRATEGY,
         help="mixed or single: a MIG-enabled GPU is published as its MIG devices; none: "
         "whole GPUs only; dynamic: every MIG placement, made at prepare (needs --node nvml; "
-        "docs/mig.md) (default mixed)",
+        f"docs/mig.md) (default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, "
+        "with no resource name per profile, so offering those that exist costs nothing; "
+        "the device plugin defaults to none, which changes no resource name)",
     )
     serve.add_argument(
         "--dev-root",
@@ -116,12 +124,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="delete this node's ResourceSlices on SIGTERM (an uninstall, not an upgrade)",
     )
     sharing = serve.add_argument_group("sharing (docs/dra-sharing.md)")
-    sharing.add_argument(
-        "--memory-step",
-        metavar="QUANTITY",
-        help="publish whole GPUs as consumable capacity (KEP-5075, Kubernetes 1.36 beta): "
-        "several claims each take memory in steps of QUANTITY (e.g. 1Gi)",
-    )
+    add_share_options(sharing)  # --memory-step, --default-share, --shares-per-gpu
     sharing.add_argument(
         "--replicas",
         type=int,
@@ -164,13 +167,6 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--taint-xid none taints on no Xid",
     )
     serve.add_argument(
-        "--log-level",
-        dest="dra_log_level",
-        choices=LOG_LEVELS,
-        default="info",
-        help="least severe log records written to stderr (default info)",
-    )
-    serve.add_argument(
         "--log-format",
         dest="dra_log_format",
         choices=LOG_FORMATS,
@@ -185,7 +181,6 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.shares import MAX_REPLICAS
     from plugin.agent.mps import SHM_HINT, shm_directory_problem
     from plugin.dra.mps import MpsSettings
-    from plugin.dra.slices import MemoryShares
 
     threads: int | None = None
     text = args.mps_thread_percentage
@@ -221,9 +216,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
             replicas=args.replicas,
             limit_key=args.mps_limit_key,
         ),
-        "memory_shares": MemoryShares(quantity_bytes(args.memory_step, "--memory-step"))
-        if args.memory_step is not None
-        else None,
+        "memory_shares": memory_shares(args),
     }
     if taints is not None:
         out["taint_xids"] = taints
@@ -262,9 +255,10 @@ def _serve(args: argparse.Namespace) -> int:
     from plugin.dra.healthz import serve_until_signalled
     from plugin.dra.kube import KubeApi
     from plugin.dra.kubelet_plugin import DraPlugin
+    from plugin.dra.stale import warn_if_stale
 
     _check_serve_args(args)
-    setup_logging(args.dra_log_level, args.dra_log_format)
+    setup_logging(args.log_level or DEFAULT_LEVEL, args.dra_log_format)  # cdigen's --log-level
     options = _dra_options(args)
     nvml = None
     if from_hardware(args.node):  # kept open for Xid health; the library from the driver root
@@ -295,7 +289,15 @@ def _serve(args: argparse.Namespace) -> int:
     # the device plugin must not serve this node's GPUs too: held while serving
     with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
         plugin = DraPlugin(
-            options, node, slices=api, claims=api, node_owner=api.node_owner, nvml=nvml
+            options,
+            node,
+            slices=api,
+            claims=api,
+            node_owner=api.node_owner,
+            nvml=nvml,
+            stale_check=lambda: warn_if_stale(
+                api.read_node, api.list_device_classes, options.node_name, options.driver
+            ),
         )
         return serve_until_signalled(plugin, args.health_address)
 

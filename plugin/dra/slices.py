@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from cdigen.memory_shares import MemoryShares
+from cdigen.sizes import quantity_text
 from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
@@ -20,22 +21,6 @@ MAX_DEVICES_PER_SLICE = 128
 # resource.k8s.io/v1: a slice in which any device has taints or consumes counters holds at most
 # 64 devices (the API server refuses more)
 MAX_DEVICES_WITH_TAINTS = 64
-_BINARY_SUFFIXES = (
-    ("Ei", 1 << 60),
-    ("Pi", 1 << 50),
-    ("Ti", 1 << 40),
-    ("Gi", 1 << 30),
-    ("Mi", 1 << 20),
-    ("Ki", 1 << 10),
-)
-
-
-def quantity_text(count: int) -> str:
-    """``85899345920`` -> ``"80Gi"``: the canonical Kubernetes quantity of a byte count."""
-    for suffix, size in _BINARY_SUFFIXES:
-        if count >= size and count % size == 0:
-            return f"{count // size}{suffix}"
-    return str(count)
 
 
 class TaintDoc(TypedDict):
@@ -44,28 +29,6 @@ class TaintDoc(TypedDict):
     key: str
     value: str
     effect: str
-
-
-@dataclass(frozen=True)
-class MemoryShares:
-    """Whole GPUs published for consumable capacity (KEP-5075, beta in 1.36): the device allows
-    multiple allocations and its ``memory`` is consumed in ``step`` bytes (``default`` when a
-    request names no memory)."""
-
-    step: int = 1 << 30
-    default: int | None = None  # None: one step
-
-    def policy(self, total: int) -> dict[str, Any]:
-        """The ``requestPolicy`` of a GPU with ``total`` bytes of memory."""
-        top = total - total % self.step
-        return {
-            "default": quantity_text(self.default or self.step),
-            "validRange": {
-                "min": quantity_text(self.step),
-                "max": quantity_text(top),
-                "step": quantity_text(self.step),
-            },
-        }
 
 
 def device_doc(
@@ -79,9 +42,7 @@ def device_doc(
     several claims (MIG devices stay exclusive); ``taints`` are its device taints; ``consumes``
     its ``consumesCounters`` (plugin.dra.counters)."""
     shared = (
-        shares is not None
-        and view.mig is None
-        and view.capacity.get("memory", 0) >= (shares.step if shares else 0)
+        shares is not None and view.mig is None and shares.shares(view.capacity.get("memory", 0))
     )
     capacity: dict[str, Any] = {}
     for name, v in sorted(view.capacity.items()):

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from cdigen.errors import printable
 from plugin.agent.kubeapi import api_error
 
 log = logging.getLogger(__name__)
@@ -137,20 +138,31 @@ class StatusWriter:
         except ApiException as exc:
             if exc.status == 404 and not entries:
                 return  # the claim is gone with its pod: nothing to clear
-            self._refused(f"HTTP {exc.status}", namespace, name, api_error(exc))
+            self._refused(f"HTTP {exc.status}", namespace, name, api_error(exc), exc.status)
         except Exception as exc:  # the API server may be away: the status is informational
-            self._refused(type(exc).__name__, namespace, name, api_error(exc))
+            self._refused(type(exc).__name__, namespace, name, api_error(exc), None)
 
-    def _refused(self, kind: str, namespace: str, name: str, why: str) -> None:
+    def _refused(self, kind: str, namespace: str, name: str, why: str, status: int | None) -> None:
         if kind in self._said:
             log.debug("device status of claim %s/%s not written: %s", namespace, name, why)
             return
         self._said.add(kind)
         log.warning(
             "device status of claim %s/%s not written (%s); claims are prepared all the same, "
-            "and this is said once: for 403 give the plugin patch on resourceclaims/status "
-            "(deploy/dra/rbac.yaml)",
-            namespace,
-            name,
+            "and this is said once: %s",
+            printable(namespace),
+            printable(name),
             why,
+            _refusal_hint(status),
         )
+
+
+def _refusal_hint(status: int | None) -> str:
+    """What to do about a status write the API server refused with HTTP ``status``."""
+    if status in (401, 403):
+        return "give the plugin patch on resourceclaims/status (deploy/dra/rbac.yaml)"
+    if status == 404:
+        return "the claim was deleted meanwhile (its pod is gone): nothing to do"
+    if status == 409:
+        return "the claim changed meanwhile; its next prepare writes the status again"
+    return "the API server may be away or overloaded; the next prepare writes the status again"

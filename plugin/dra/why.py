@@ -13,21 +13,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
+from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, printable, shortened
+from cdigen.sizes import quantity_text
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
-from policies.cel.quantity import format_bytes
+from plugin.dra.api_objects import (
+    SHAPE_ERRORS,
+    described,
+    name_of,
+    obj,
+    objs,
+    seq,
+)
+from plugin.dra.why_nodes import classes_of, held_by_pool, held_on, node_devices
 from policies.dra.claim_docs import refuse_unchecked
 from policies.dra.claims import (
     Claim,
-    DeviceClass,
     FirstFit,
     NodeState,
-    Pick,
-    SliceDevice,
     claim_from_doc,
-    device_class,
-    qualify,
-    slice_devices,
 )
 
 SCREEN_LINES = 25
@@ -88,8 +91,7 @@ def read_cluster(
     pod_doc = get(core.read_namespaced_pod, f"pod {namespace}/{pod}", pod, namespace)
     claims = {}
     for claim in items(resource.list_resource_claim_for_all_namespaces, "resourceclaims"):
-        meta = claim.get("metadata") or {}
-        claims[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = claim
+        claims[name_of(claim)] = claim
     return Cluster(
         pod=pod_doc,
         claims=claims,
@@ -110,14 +112,16 @@ class PodClaim:
 
 def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
     """The pod's claims: ``resourceClaimName`` as it is, a template's claim by the name the
-    resourceclaim controller put in ``status.resourceClaimStatuses``."""
+    resourceclaim controller put in ``status.resourceClaimStatuses``; :class:`Malformed`
+    naming the field when one is not the shape the API gives."""
+    status = obj(pod.get("status"), "status")
     made = {
         str(s.get("name")): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
-        if isinstance(s, Mapping)
+        for s in objs(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
     }
     out = []
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+    spec = obj(pod.get("spec"), "spec")
+    for entry in objs(spec.get("resourceClaims"), "spec.resourceClaims"):
         name = str(entry.get("name", ""))
         if entry.get("resourceClaimName"):
             out.append(PodClaim(name, "claim", str(entry["resourceClaimName"])))
@@ -132,64 +136,85 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
 
 def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
     """At most :data:`SCREEN_LINES` lines: the pod's phase, then each claim, allocated (its
-    devices, node and CDI names for ``driver``) or not (why, node by node)."""
+    devices, node and CDI names for ``driver``) or not (why, node by node). Every name from
+    the API is printed escaped; a malformed object of the pod's own is :class:`WhyFailed`
+    naming it, any other is skipped and named in the last line."""
     pod = cluster.pod
-    meta = pod.get("metadata") or {}
-    namespace = str(meta.get("namespace", "default"))
-    phase = str((pod.get("status") or {}).get("phase") or "Pending")
-    head = _pod_line(pod, namespace, phase)
+    namespace, name = name_of(pod)
+    namespace = namespace or "default"
+    try:
+        phase = str(obj(pod.get("status"), "status").get("phase") or "Pending")
+        head = _pod_line(pod, namespace, phase)
+        entries = pod_claims(pod)
+    except SHAPE_ERRORS as exc:
+        raise WhyFailed(
+            printable(described(exc)), where=printable(f"pod {namespace}/{name}")
+        ) from None
     lines = [head]
-    entries = pod_claims(pod)
     if not entries:
         return [
-            *lines,
+            printable(lines[0]),
             "  it has no ResourceClaims (spec.resourceClaims): nothing for DRA to explain",
         ]
-    pending: list[tuple[PodClaim, Claim]] = []
+    pending: list[Claim] = []
     for entry in entries:
-        label = f"claim {entry.claim or entry.name} ({entry.origin})"
-        doc = cluster.claims.get((namespace, entry.claim)) if entry.claim else None
-        if doc is None:
-            lines.append(
-                f"{label}: not created yet; the resourceclaim controller makes it from the template"
-                if entry.claim is None
-                else f"{label}: no such ResourceClaim in {namespace}"
-            )
-            continue
-        allocation = ((doc.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        results = allocation.get("results")
-        if isinstance(results, list):
-            lines += _allocated(label, doc, results, driver)
-            continue
-        source = f"resourceclaim {namespace}/{entry.claim}"
-        doc = {**doc, "kind": "ResourceClaim"}  # list items carry no kind
-        refuse_unchecked(doc, source)
-        claim = claim_from_doc(doc, source)
-        lines.append(f"{label}: not allocated")
-        lines += _requests(claim)
-        pending.append((entry, claim))
+        claim_lines, claim = _claim_lines(entry, cluster, namespace, driver)
+        lines += claim_lines
+        if claim is not None:
+            pending.append(claim)
+    skipped: list[str] = []
     if pending:
-        lines += _why_pending([c for _, c in pending], cluster)
+        lines += _why_pending(pending, cluster, skipped)
     elif phase == "Pending":
         lines.append("every claim is allocated: the pod waits on something else (its events)")
-    if len(lines) > SCREEN_LINES:
-        cut = len(lines) - SCREEN_LINES + 1
-        lines = lines[: SCREEN_LINES - 1]
+    room = SCREEN_LINES - (1 if skipped else 0)
+    if len(lines) > room:
+        cut = len(lines) - room + 1
+        lines = lines[: room - 1]
         lines.append(f"... {cut} more line(s): `cdigen dra explain` shows one node in full")
-    return lines
+    if skipped:
+        more = f" and {len(skipped) - 2} more" if len(skipped) > 2 else ""
+        lines.append(f"skipped as malformed: {'; '.join(skipped[:2])}{more}")
+    return [printable(line) for line in lines]
+
+
+def _claim_lines(
+    entry: PodClaim, cluster: Cluster, namespace: str, driver: str
+) -> tuple[list[str], Claim | None]:
+    """One claim of the pod: its lines, and the claim when it waits for an allocation;
+    :class:`WhyFailed` naming it when it is malformed."""
+    label = f"claim {entry.claim or entry.name} ({entry.origin})"
+    doc = cluster.claims.get((namespace, entry.claim)) if entry.claim else None
+    if doc is None:
+        return [
+            f"{label}: not created yet; the resourceclaim controller makes it from the template"
+            if entry.claim is None
+            else f"{label}: no such ResourceClaim in {namespace}"
+        ], None
+    source = f"resourceclaim {namespace}/{entry.claim}"
+    try:
+        status = obj(doc.get("status"), "status")
+        allocation = obj(status.get("allocation"), "status.allocation")
+        devices = obj(allocation.get("devices"), "status.allocation.devices")
+        results = devices.get("results")
+        if isinstance(results, list):
+            return _allocated(label, doc, results, driver), None
+        claim_doc = {**doc, "kind": "ResourceClaim"}  # list items carry no kind
+        refuse_unchecked(claim_doc, source)
+        claim = claim_from_doc(claim_doc, source)
+    except SHAPE_ERRORS as exc:
+        raise WhyFailed(printable(described(exc)), where=printable(source)) from None
+    return [f"{label}: not allocated", *_requests(claim)], claim
 
 
 def _pod_line(pod: Mapping[str, Any], namespace: str, phase: str) -> str:
     """``pod NS/NAME: PHASE [on NODE][, not scheduled (REASON: the scheduler's verdict)]``."""
-    node = (pod.get("spec") or {}).get("nodeName")
-    name = str((pod.get("metadata") or {}).get("name", ""))
+    node = obj(pod.get("spec"), "spec").get("nodeName")
+    name = name_of(pod)[1]
     head = f"pod {namespace}/{name}: {phase}" + (f" on {node}" if node else "")
+    conditions = objs(obj(pod.get("status"), "status").get("conditions"), "status.conditions")
     unscheduled = next(
-        (
-            c
-            for c in (pod.get("status") or {}).get("conditions") or ()
-            if c.get("type") == "PodScheduled" and c.get("status") == "False"
-        ),
+        (c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "False"),
         None,
     )
     if unscheduled:
@@ -207,23 +232,23 @@ def _allocated(
     from plugin.dra.claim_spec import claim_device_name, claim_kind
     from plugin.dra.claims import AllocatedDevice
 
-    allocation = (doc.get("status") or {}).get("allocation") or {}
-    nodes = [
-        str(v)
-        for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or ()
-        for match in term.get("matchFields") or ()
-        if match.get("key") == "metadata.name"
-        for v in match.get("values") or ()
-    ]
-    uid = str((doc.get("metadata") or {}).get("uid", ""))
+    allocation = obj(obj(doc.get("status"), "status").get("allocation"), "status.allocation")
+    selector = obj(allocation.get("nodeSelector"), "status.allocation.nodeSelector")
+    nodes = []
+    field = "status.allocation.nodeSelector.nodeSelectorTerms"
+    for t, term in enumerate(objs(selector.get("nodeSelectorTerms"), field)):
+        for match in objs(term.get("matchFields"), f"{field}[{t}].matchFields"):
+            if match.get("key") == "metadata.name":
+                nodes += [str(v) for v in seq(match.get("values"), f"{field}[{t}].values")]
+    uid = str(obj(doc.get("metadata"), "metadata").get("uid", ""))
     lines = [f"{label}: allocated" + (f" on {', '.join(nodes)}" if nodes else "")]
-    for result in results:
-        if not isinstance(result, Mapping):
-            continue
+    for n, result in enumerate(objs(results, "status.allocation.devices.results")):
         device = str(result.get("device", ""))
-        consumed = ", ".join(
-            f"{k.rpartition('/')[2]} {v}" for k, v in (result.get("consumedCapacity") or {}).items()
+        capacity = obj(
+            result.get("consumedCapacity"),
+            f"status.allocation.devices.results[{n}].consumedCapacity",
         )
+        consumed = ", ".join(f"{k.rpartition('/')[2]} {v}" for k, v in capacity.items())
         lines.append(
             f"  {result.get('request', '')}: {device} ({result.get('driver', '')}, pool "
             f"{result.get('pool', '')})" + (f", consumes {consumed}" if consumed else "")
@@ -240,7 +265,7 @@ def _requests(claim: Claim) -> list[str]:
     for request in claim.requests:
         for r in request.alternatives or (request,):
             count = "all devices" if r.mode == "All" else f"{r.count} device(s)"
-            capacity = "".join(f", {k} {format_bytes(v)}" for k, v in r.capacity.items())
+            capacity = "".join(f", {k} {quantity_text(v)}" for k, v in r.capacity.items())
             lines.append(f"  request {r.name}: class {r.class_name}, {count}{capacity}")
             for n, selector in enumerate(r.selectors):
                 text = " ".join(selector.expression.split())
@@ -248,10 +273,11 @@ def _requests(claim: Claim) -> list[str]:
     return lines
 
 
-def _why_pending(claims: Sequence[Claim], cluster: Cluster) -> list[str]:
+def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) -> list[str]:
     """The simulator's verdict for ``claims`` on each node, after what the allocated claims
-    hold there: picks where they would fit, else why and each device's reason."""
-    classes = {c.name: c for c in _classes(cluster.classes)}
+    hold there: picks where they would fit, else why and each device's reason. Malformed
+    objects of others are left out and named in ``skipped``."""
+    classes = {c.name: c for c in classes_of(cluster.classes, skipped)}
     for claim in claims:
         for request in claim.requests:
             for r in request.alternatives or (request,):
@@ -260,13 +286,17 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster) -> list[str]:
                         f"request {r.name!r} names DeviceClass {r.class_name!r}, which does not "
                         "exist: the scheduler cannot allocate it anywhere"
                     ]
-    nodes = _node_devices(cluster.slices)
+    nodes = node_devices(cluster.slices, skipped)
     if not nodes:
         return ["no node publishes ResourceSlices: is a DRA driver running?"]
+    by_pool = held_by_pool(cluster.claims, skipped)
     said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
+    programs: dict[str, Any] = {}  # each selector compiled once for every node
     for node, devices in sorted(nodes.items()):
-        fit = FirstFit(devices, classes)
-        state, held = _held(fit, cluster.claims.values())
+        fit = FirstFit(devices, classes, programs=programs)
+        pools = {(d.driver, d.pool) for d in devices}
+        holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
+        state, held = held_on(fit, holders)
         others = f", after {held} allocated claim(s) there" if held else ""
         story = [f"{len(devices)} device(s){others}"]
         for claim in claims:
@@ -320,59 +350,3 @@ def _grouped(reasons: Iterable[tuple[str, str]]) -> list[str]:
     if len(groups) > _GROUPS_PER_NODE:
         lines.append(f"    ... {len(groups) - _GROUPS_PER_NODE} other reason(s)")
     return lines
-
-
-def _classes(docs: Iterable[Mapping[str, Any]]) -> list[DeviceClass]:
-    out = []
-    for doc in docs:
-        name = str((doc.get("metadata") or {}).get("name", ""))
-        source = f"deviceclass {name}"
-        refuse_unchecked({"kind": "DeviceClass", **doc}, source)
-        out.append(device_class(doc, source))
-    return out
-
-
-def _node_devices(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[SliceDevice]]:
-    """Each node's devices, from the newest generation of each (driver, pool) published for
-    it (the scheduler ignores older generations)."""
-    newest: dict[tuple[str, str], int] = {}
-    for body in slices:
-        spec = body.get("spec") or {}
-        pool = spec.get("pool") or {}
-        key = (str(spec.get("driver")), str(pool.get("name")))
-        newest[key] = max(newest.get(key, 0), int(pool.get("generation", 0)))
-    by_node: dict[str, list[Mapping[str, Any]]] = {}
-    for body in slices:
-        spec = body.get("spec") or {}
-        pool = spec.get("pool") or {}
-        key = (str(spec.get("driver")), str(pool.get("name")))
-        if spec.get("nodeName") and int(pool.get("generation", 0)) == newest[key]:
-            by_node.setdefault(str(spec["nodeName"]), []).append(body)
-    return {node: slice_devices(bodies) for node, bodies in by_node.items()}
-
-
-def _held(fit: FirstFit, claims: Iterable[Mapping[str, Any]]) -> tuple[NodeState, int]:
-    """What the allocated ``claims`` hold of ``fit``'s devices, and how many claims hold some."""
-    from policies.dra.slice_devices import quantity
-
-    state = NodeState()
-    held = 0
-    for doc in claims:
-        allocation = ((doc.get("status") or {}).get("allocation") or {}).get("devices") or {}
-        picks = []
-        for result in allocation.get("results") or ():
-            device = fit.by_name.get(str(result.get("device")))
-            if device is None or (device.driver, device.pool) != (
-                result.get("driver"),
-                result.get("pool"),
-            ):
-                continue
-            consumed = {
-                qualify(str(k), device.driver): quantity(v, f"consumedCapacity.{k}")
-                for k, v in (result.get("consumedCapacity") or {}).items()
-            }
-            picks.append(Pick(str(result.get("request", "")), device.name, consumed))
-        if picks:
-            held += 1
-            state.add(picks, fit.by_name)
-    return state, held

@@ -15,11 +15,12 @@ from celpy.evaluation import CELEvalError, Evaluator
 from lark import Token, Tree
 
 import policies.cel.limits as limits
+from policies.cel import comprehensions
 from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
 from policies.cel.functions import FUNCTIONS
 from policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from policies.cel.parser import parse
-from policies.cel.typecheck import check_types
+from policies.cel.typecheck import DEVICE, DYN, TYPE_NAMES, CelType, check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
@@ -94,6 +95,28 @@ class _BoundedEvaluator(Evaluator):
         self.meter.tick()
         return super().visit_children(tree)
 
+    def member_dot_arg(self, tree: Any) -> Any:
+        """Comprehensions as cel-go runs them (:mod:`policies.cel.comprehensions`); other
+        methods as cel-python does."""
+        name = str(tree.children[1])
+        args = list(tree.children[2].children) if len(tree.children) > 2 else []
+        names = comprehensions.variables(name, args) if name in comprehensions.NAMES else None
+        if names is None:
+            return super().member_dot_arg(tree)
+        target = self.visit(tree.children[0])
+        bodies = [self._body(arg) for arg in args[len(names) :]]
+        return comprehensions.run(name, target, names, bodies)
+
+    def _body(self, tree: Any) -> Any:
+        """A comprehension's body: its value (an error as a value) with its variables bound."""
+        nested = self.sub_evaluator(tree)
+
+        def evaluate(scope: dict[str, Any]) -> Any:
+            nested.set_activation(scope)
+            return nested.visit(nested.ast)
+
+        return evaluate
+
     def member_dot_opt(self, tree: Any) -> Any:
         target, name = tree.children
         return select(self.visit(target), celtypes.StringType(name))
@@ -148,17 +171,18 @@ class CelProgram:
         return bool(result)
 
 
-_MACROS = {"map", "filter", "all", "exists", "exists_one", "bind"}
+_MACROS = {*comprehensions.NAMES, "bind"}
 
 
 def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
     """Reject identifiers that are neither ``variables`` nor bound by a macro (``all(d, ...)``)."""
-    bound = {"cel"}
+    bound = {"cel", *TYPE_NAMES}
     for node in tree.iter_subtrees():
         if node.data == "member_dot_arg" and str(node.children[1]) in _MACROS:
             args = node.children[2].children if len(node.children) > 2 else []
-            if args:
-                idents = [t for t in args[0].iter_subtrees() if t.data == "ident"]
+            # the variable, and a second one of a two-variable comprehension (all(k, v, p))
+            for arg in args[: 2 if len(args) > 2 else 1]:
+                idents = [t for t in arg.iter_subtrees() if t.data == "ident"]
                 if idents:
                     bound.add(str(idents[0].children[0]))
     for node in tree.iter_subtrees_topdown():
@@ -168,7 +192,8 @@ def _check_identifiers(tree: Any, variables: frozenset[str]) -> None:
             if name not in variables and name not in bound:
                 known = " or ".join(f"'{v}'" for v in sorted(variables))
                 raise CelCompileError(
-                    f"undeclared reference to {name!r} (this field can use {known})",
+                    f"undeclared reference to {name!r} (in container ''); this field can use "
+                    f"{known}",
                     getattr(token, "line", None),
                     getattr(token, "column", None),
                 )
@@ -257,14 +282,24 @@ def _line_column(text: str, offset: int) -> tuple[int, int]:
     return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
 
 
+def _declared(variables: frozenset[str]) -> dict[str, CelType]:
+    """The declared type of each variable: ``device`` as Kubernetes declares it for DRA
+    selectors; the others (``allocation``) of unknown type, checked when evaluated."""
+    return {name: DEVICE if name == "device" else DYN for name in variables}
+
+
 def compile_expression(
     text: str, variables: frozenset[str] = frozenset({"device", "allocation"})
 ) -> CelProgram:
-    """Parse and bind ``text`` once; CelCompileError with the position of a syntax error, of
-    an identifier outside ``variables``, or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
+    """Parse, check and bind ``text`` once; CelCompileError with the position of a syntax
+    error, of an identifier outside ``variables``, of what the API server's type check refuses
+    (:mod:`policies.cel.typecheck`: overloads, fields, literals, RE2 patterns, format calls,
+    a result that is not a bool), or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
     nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
     if len(text.encode()) > limits.MAX_EXPRESSION_BYTES:
-        raise CelCompileError(f"expression longer than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1)
+        raise CelCompileError(  # the API server's words
+            f"Too long: may not be more than {limits.MAX_EXPRESSION_BYTES} bytes", 1, 1
+        )
     nesting = limits.nesting_problem(text)
     if nesting is not None:
         raise nesting
@@ -285,7 +320,7 @@ def compile_expression(
     _check_identifiers(ast, variables)
     _rewrite_bind(ast)
     limits.check_depth(ast)
-    check_types(ast)
+    check_types(ast, text, _declared(variables))
     cost = limits.estimate_cost(ast, variables)
     return CelProgram(
         text=text,

@@ -23,7 +23,7 @@ MAX_MESSAGE = 200  # characters of a message passed on from cel-python
 
 
 class CelCompileError(Exception):
-    """A CEL expression that does not parse; ``line``/``column`` are 1-based within it."""
+    """A CEL expression that does not compile; ``line``/``column`` are 1-based within it."""
 
     def __init__(self, message: str, line: int | None, column: int | None) -> None:
         super().__init__(message)
@@ -81,11 +81,19 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
 )
 
 
+def _url_type() -> type:
+    from policies.cel.urls import Url
+
+    return Url
+
+
 def type_name(value: Any) -> str:
     """The CEL name of a value's type (``int``, ``quantity``), else its Python class name."""
     for cls, name in _TYPE_NAMES:
         if isinstance(value, cls):
             return name
+    if isinstance(value, _url_type()):
+        return "kubernetes.URL"
     return type(value).__name__
 
 

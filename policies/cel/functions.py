@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -10,9 +11,12 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError, base_functions
 
 import policies.cel.limits as limits
-from policies.cel.errors import OperandTypeError
+from policies.cel.errors import OperandTypeError, type_name
+from policies.cel.named_formats import FORMAT_FUNCTIONS
+from policies.cel.network import NETWORK_FUNCTIONS
 from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
 from policies.cel.semver import Semver, parse_semver
+from policies.cel.urls import URL_FUNCTIONS
 
 
 def _err(message: str) -> CELEvalError:
@@ -273,3 +277,336 @@ FUNCTIONS: dict[str, Any] = {
     **{name: _typed_operator(symbol, _numeric_order(name)) for symbol, name in _ORDERING.items()},
     **{name: _typed_operator(symbol, base_functions[name]) for symbol, name in _ARITHMETIC.items()},
 }
+
+
+# -- the logical operators, as cel-go evaluates them
+
+
+def _no_overload(name: str, *values: Any) -> CELEvalError:
+    shown = ", ".join(type_name(v) for v in values)
+    return _err(f"no such overload: {name} applied to ({shown})")
+
+
+def _cel_and(left: Any, right: Any) -> Any:
+    """``&&`` as cel-go has it: false on either side wins over an error on the other (so a
+    guard written first, or last, makes the other side's error harmless); both true is true;
+    otherwise the left error, else the right one, else no such overload."""
+    if isinstance(left, celtypes.BoolType) and not left:
+        return celtypes.BoolType(False)
+    if isinstance(right, celtypes.BoolType) and not right:
+        return celtypes.BoolType(False)
+    if isinstance(left, celtypes.BoolType) and isinstance(right, celtypes.BoolType):
+        return celtypes.BoolType(True)
+    if isinstance(left, CELEvalError):
+        return left
+    if isinstance(right, CELEvalError):
+        return right
+    return _no_overload("_&&_", left, right)
+
+
+def _cel_or(left: Any, right: Any) -> Any:
+    """``||``: true on either side wins over an error on the other; see :func:`_cel_and`."""
+    if isinstance(left, celtypes.BoolType) and left:
+        return celtypes.BoolType(True)
+    if isinstance(right, celtypes.BoolType) and right:
+        return celtypes.BoolType(True)
+    if isinstance(left, celtypes.BoolType) and isinstance(right, celtypes.BoolType):
+        return celtypes.BoolType(False)
+    if isinstance(left, CELEvalError):
+        return left
+    if isinstance(right, CELEvalError):
+        return right
+    return _no_overload("_||_", left, right)
+
+
+def _cel_condition(condition: Any, yes: Any, no: Any) -> Any:
+    """``c ? a : b``: an error in ``c`` is the result; only the chosen branch was evaluated."""
+    if isinstance(condition, CELEvalError):
+        return condition
+    if not isinstance(condition, celtypes.BoolType):
+        return _no_overload("_?_:_", condition)
+    return yes if condition else no
+
+
+# -- cel-go's strings extension (version 2)
+
+
+def _strings(*values: Any) -> bool:
+    return all(isinstance(v, str) for v in values)
+
+
+def _ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _cel_upper_ascii(s: Any) -> Any:
+    if not isinstance(s, str):
+        return _no_overload("upperAscii", s)
+    return celtypes.StringType("".join(c.upper() if c.isascii() else c for c in s))
+
+
+def _cel_char_at(s: Any, index: Any) -> Any:
+    if not (_strings(s) and _ints(index)):
+        return _no_overload("charAt", s, index)
+    if not 0 <= index <= len(s):
+        return _err(f"index out of range: {index}")
+    return celtypes.StringType(s[index : index + 1])
+
+
+def _cel_index_of(s: Any, sub: Any, start: Any = 0) -> Any:
+    if isinstance(s, celtypes.ListType) and start == 0:
+        for n, element in enumerate(s):
+            equal = _cel_equal(element, sub)
+            if isinstance(equal, CELEvalError):
+                return equal
+            if equal:
+                return celtypes.IntType(n)
+        return celtypes.IntType(-1)
+    if not (_strings(s, sub) and _ints(start)):
+        return _no_overload("indexOf", s, sub)
+    if not 0 <= start <= len(s):
+        return _err(f"index out of range: {start}")
+    return celtypes.IntType(s.find(sub, start))
+
+
+def _cel_last_index_of(s: Any, sub: Any, last: Any = None) -> Any:
+    if isinstance(s, celtypes.ListType) and last is None:
+        for n in range(len(s) - 1, -1, -1):
+            equal = _cel_equal(s[n], sub)
+            if isinstance(equal, CELEvalError):
+                return equal
+            if equal:
+                return celtypes.IntType(n)
+        return celtypes.IntType(-1)
+    if not (_strings(s, sub) and (last is None or _ints(last))):
+        return _no_overload("lastIndexOf", s, sub)
+    end = len(s) if last is None else int(last)
+    if not 0 <= end <= len(s):
+        return _err(f"index out of range: {end}")
+    return celtypes.IntType(s.rfind(sub, 0, end + len(sub)))
+
+
+def _cel_substring(s: Any, start: Any, end: Any = None) -> Any:
+    stop = len(s) if end is None and isinstance(s, str) else end
+    if not (_strings(s) and _ints(start, stop)):
+        return _no_overload("substring", s, start)
+    if not 0 <= start <= len(s):
+        return _err(f"index out of range: {start}")
+    if not 0 <= stop <= len(s):
+        return _err(f"index out of range: {stop}")
+    if start > stop:
+        return _err(f"invalid substring range. start: {start}, end: {stop}")
+    return celtypes.StringType(s[start:stop])
+
+
+def _cel_trim(s: Any) -> Any:
+    if not isinstance(s, str):
+        return _no_overload("trim", s)
+    return celtypes.StringType(s.strip())
+
+
+def _cel_join(items: Any, separator: Any = "") -> Any:
+    if not (isinstance(items, list) and _strings(separator) and _strings(*items)):
+        return _no_overload("join", items)
+    return celtypes.StringType(str(separator).join(items))
+
+
+def _cel_quote(s: Any) -> Any:
+    if not isinstance(s, str):
+        return _no_overload("strings.quote", s)
+    escapes = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    escapes |= {"\v": "\\v", "\\": "\\\\", '"': '\\"'}
+    return celtypes.StringType('"' + "".join(escapes.get(c, c) for c in s) + '"')
+
+
+def _render(value: Any) -> str:
+    """A value as ``%s`` writes it (cel-go's string clause)."""
+    if isinstance(value, celtypes.BoolType):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, celtypes.ListType):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if isinstance(value, celtypes.MapType):
+        return "{" + ", ".join(f"{_render(k)}: {_render(v)}" for k, v in value.items()) + "}"
+    if value is None or isinstance(value, celtypes.NullType):
+        return "null"
+    if isinstance(value, celtypes.DoubleType):
+        return repr(float(value))
+    return str(value)
+
+
+def _cel_format(text: Any, args: Any) -> Any:
+    from policies.cel.formatting import FormatError, apply_format
+
+    if not (isinstance(text, str) and isinstance(args, list)):
+        return _no_overload("format", text, args)
+    try:
+        return celtypes.StringType(apply_format(str(text), list(args), type_name, _render))
+    except FormatError as exc:
+        return _err(str(exc))
+
+
+# -- regular expressions (RE2), the core ``matches`` and Kubernetes' regex library
+
+
+def _pattern(pattern: Any) -> Any:
+    from policies.cel.regex import compiled, regex_problem
+
+    problem = regex_problem(str(pattern))
+    if problem is not None:
+        return _err(f"invalid regular expression {str(pattern)!r}: {problem}")
+    return compiled(str(pattern))
+
+
+def _cel_matches(s: Any, pattern: Any) -> Any:
+    if not _strings(s, pattern):
+        return _no_overload("matches", s, pattern)
+    compiled = _pattern(pattern)
+    if isinstance(compiled, CELEvalError):
+        return compiled
+    return celtypes.BoolType(compiled.search(str(s)) is not None)
+
+
+def _cel_find(s: Any, pattern: Any) -> Any:
+    if not _strings(s, pattern):
+        return _no_overload("find", s, pattern)
+    compiled = _pattern(pattern)
+    if isinstance(compiled, CELEvalError):
+        return compiled
+    found = compiled.search(str(s))
+    return celtypes.StringType(found.group(0) if found else "")
+
+
+def _cel_find_all(s: Any, pattern: Any, limit: Any = -1) -> Any:
+    if not (_strings(s, pattern) and _ints(limit)):
+        return _no_overload("findAll", s, pattern)
+    compiled = _pattern(pattern)
+    if isinstance(compiled, CELEvalError):
+        return compiled
+    found = [m.group(0) for m in compiled.finditer(str(s))]
+    if limit >= 0:
+        found = found[:limit]
+    return celtypes.ListType([celtypes.StringType(f) for f in found])
+
+
+# -- Kubernetes' lists library and cel-go's sets extension
+
+
+def _comparable_list(items: Any, name: str) -> Any:
+    if not isinstance(items, celtypes.ListType):
+        return _no_overload(name, items)
+    return None
+
+
+def _cel_is_sorted(items: Any) -> Any:
+    bad = _comparable_list(items, "isSorted")
+    if bad is not None:
+        return bad
+    try:
+        return celtypes.BoolType(all(a <= b for a, b in itertools.pairwise(items)))
+    except TypeError:
+        return _no_overload("isSorted", items)
+
+
+def _cel_sum(items: Any) -> Any:
+    bad = _comparable_list(items, "sum")
+    if bad is not None:
+        return bad
+    if not items:
+        return celtypes.IntType(0)
+    total = items[0]
+    for item in items[1:]:
+        if type(item) is not type(total):
+            return _no_overload("sum", items)
+        total = type(total)(total + item)
+    return total
+
+
+def _extreme(name: str, pick: Callable[..., Any]) -> Callable[[Any], Any]:
+    def apply(items: Any) -> Any:
+        bad = _comparable_list(items, name)
+        if bad is not None:
+            return bad
+        if not items:
+            return _err(f"{name}(list) called on an empty list")
+        try:
+            return pick(items)
+        except TypeError:
+            return _no_overload(name, items)
+
+    return apply
+
+
+def _set_function(name: str, test: Callable[[list[Any], list[Any]], bool]) -> Any:
+    def apply(left: Any, right: Any) -> Any:
+        if not (isinstance(left, celtypes.ListType) and isinstance(right, celtypes.ListType)):
+            return _no_overload(f"sets.{name}", left, right)
+        return celtypes.BoolType(test(list(left), list(right)))
+
+    return apply
+
+
+def _same(a: Any, b: Any) -> bool:
+    equal = _cel_equal(a, b)
+    return not isinstance(equal, CELEvalError) and bool(equal)
+
+
+def _contains_all(left: list[Any], right: list[Any]) -> bool:
+    """Every element of ``right`` is in ``left`` (by CEL equality)."""
+    return all(any(_same(a, b) for a in left) for b in right)
+
+
+# -- Kubernetes' quantity library, the rest of it
+
+
+def _cel_is_integer(q: Any) -> Any:
+    if not isinstance(q, Quantity):
+        return _no_overload("isInteger", q)
+    integral = q.value.denominator == 1 and INT64_MIN <= q.value.numerator <= INT64_MAX
+    return celtypes.BoolType(integral)
+
+
+def _cel_sign(q: Any) -> Any:
+    if not isinstance(q, Quantity):
+        return _no_overload("sign", q)
+    return celtypes.IntType((q.value > 0) - (q.value < 0))
+
+
+FUNCTIONS.update(
+    {
+        "_&&_": _cel_and,
+        "_||_": _cel_or,
+        "_?_:_": _cel_condition,
+        "upperAscii": _cel_upper_ascii,
+        "charAt": _cel_char_at,
+        "indexOf": _cel_index_of,
+        "lastIndexOf": _cel_last_index_of,
+        "substring": _cel_substring,
+        "trim": _cel_trim,
+        "join": _cel_join,
+        "format": _cel_format,
+        "strings.quote": _cel_quote,
+        "matches": _cel_matches,
+        "find": _cel_find,
+        "findAll": _cel_find_all,
+        "isSorted": _cel_is_sorted,
+        "sum": _cel_sum,
+        "min": _extreme("min", min),
+        "max": _extreme("max", max),
+        "sets.contains": _set_function("contains", _contains_all),
+        "sets.equivalent": _set_function(
+            "equivalent", lambda a, b: _contains_all(a, b) and _contains_all(b, a)
+        ),
+        "sets.intersects": _set_function(
+            "intersects", lambda a, b: any(_contains_all(a, [x]) for x in b)
+        ),
+        "isInteger": _cel_is_integer,
+        "sign": _cel_sign,
+        **URL_FUNCTIONS,
+        **NETWORK_FUNCTIONS,
+        **FORMAT_FUNCTIONS,
+    }
+)

@@ -112,6 +112,7 @@ def check_depth(tree: Any) -> None:
 
 
 _COMPREHENSIONS = {"map", "filter", "all", "exists", "exists_one"}
+_COMPREHENSIONS |= {"existsOne", "transformList", "transformMap", "transformMapEntry"}
 _STRING_TOKENS = {"STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"}
 
 
@@ -210,7 +211,7 @@ def estimate_cost(tree: Any, variables: frozenset[str]) -> int:
             (None, None),
         )
         raise CelCompileError(
-            f"the expression exceeds the cost limit (estimated cost {cost:,} > "
+            f"too complex, exceeds cost limit (estimated cost {cost:,} > "
             f"{COST_LIMIT:,}, over worst-case sizes: strings and lists of "
             f"{VALUE_SIZE_BOUND}); simplify it or bound its comprehensions",
             line,

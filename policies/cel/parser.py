@@ -3,10 +3,9 @@ field selection, which Kubernetes enables and cel-python does not parse.
 
 Two alternatives are added to ``member``: ``member_dot_opt`` (``m.?name``) and
 ``member_index_opt`` (``m[?key]``); a plain selection after one is parsed as one too.
-``optional.of(x)``, ``optional.none()`` and
-``optional.ofNonZeroValue(x)`` parse as methods of an identifier ``optional``; :func:`parse`
-turns them into calls of the functions named ``optional.of`` and so on
-(:mod:`policies.cel.optional`).
+``optional.of(x)``, ``strings.quote(s)``, ``sets.contains(a, b)`` and the other namespaced
+functions (``NAMESPACED``) parse as methods of an identifier; :func:`parse` turns them into
+calls of the functions named ``optional.of`` and so on.
 """
 
 from __future__ import annotations
@@ -20,12 +19,22 @@ from celpy.celparser import CELParseError, CELParser
 from lark import Lark, Token, Tree
 from lark.exceptions import LexError, ParseError, UnexpectedCharacters, UnexpectedToken
 
+from policies.cel.named_formats import FORMATS
+
 _OPTIONAL_SELECTION = """
 %extend member: member_dot_opt | member_index_opt
 member_dot_opt: member "." "?" IDENT
 member_index_opt: member "[" "?" expr "]"
 """
-_OPTIONAL_CONSTRUCTORS = frozenset({"of", "none", "ofNonZeroValue"})
+# Functions whose names have a namespace (``optional.of``, ``strings.quote``): they parse as
+# methods of an identifier and are turned into calls of the dotted name.
+NAMESPACED = {
+    "optional": frozenset({"of", "none", "ofNonZeroValue"}),
+    "strings": frozenset({"quote"}),
+    "sets": frozenset({"contains", "equivalent", "intersects"}),
+    "ip": frozenset({"isCanonical"}),
+    "format": frozenset({"named", *FORMATS}),  # Kubernetes' format library
+}
 
 _PARSER: Lark | None = None
 
@@ -65,7 +74,7 @@ def parse(text: str) -> Any:
         raise CELParseError(exc.get_context(text), line=exc.line, column=exc.column) from None
     except (LexError, ParseError) as exc:
         raise CELParseError(str(exc.args[0]).splitlines()[0]) from None
-    _rewrite_optional_constructors(tree)
+    _rewrite_namespaced_calls(tree)
     _rewrite_selection_through_optionals(tree)
     return tree
 
@@ -96,7 +105,7 @@ def _is_identifier(node: Any, name: str) -> bool:
     )
 
 
-def _rewrite_optional_constructors(tree: Any) -> None:
+def _rewrite_namespaced_calls(tree: Any) -> None:
     for node in list(tree.iter_subtrees()):
         if node.data != "member":
             continue
@@ -105,11 +114,14 @@ def _rewrite_optional_constructors(tree: Any) -> None:
                 continue
             target, name = child.children[0], child.children[1]
             receiver = target.children[0] if isinstance(target, Tree) and target.children else None
-            if str(name) not in _OPTIONAL_CONSTRUCTORS or not _is_identifier(receiver, "optional"):
+            namespace = next(
+                (n for n, names in NAMESPACED.items() if _is_identifier(receiver, n)), None
+            )
+            if namespace is None or str(name) not in NAMESPACED[namespace]:
                 continue
             assert isinstance(receiver, Tree) and isinstance(receiver.children[0], Tree)
             ident = receiver.children[0].children[0]
             assert isinstance(ident, Token)
-            function = Token.new_borrow_pos("IDENT", f"optional.{name}", ident)
+            function = Token.new_borrow_pos("IDENT", f"{namespace}.{name}", ident)
             call = Tree("ident_arg", [function, *child.children[2:]], meta=child.meta)
             node.children[at] = Tree("primary", [call], meta=child.meta)

@@ -6,8 +6,8 @@ import re
 from fractions import Fraction
 
 from cdigen.errors import shortened
+from cdigen.sizes import BINARY_SUFFIXES
 
-_BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL_SUFFIXES = {
     "n": -9,
     "u": -6,
@@ -42,8 +42,8 @@ def parse_quantity(text: str) -> Fraction:
     if len(digits) > 64:
         raise ValueError(f"invalid quantity {shown!r}: more than 64 digits")
     number = Fraction(digits)
-    if suffix in _BINARY_SUFFIXES:
-        return _bounded(number * Fraction(1024) ** _BINARY_SUFFIXES[suffix])
+    if suffix in BINARY_SUFFIXES:
+        return _bounded(number * Fraction(1024) ** BINARY_SUFFIXES[suffix])
     if suffix in _DECIMAL_SUFFIXES:
         return _bounded(number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix])
     if suffix[:1] in ("e", "E") and len(suffix) > 1:
@@ -102,11 +102,3 @@ class Quantity:
 
 def _format_fraction(value: Fraction) -> str:
     return str(value.numerator) if value.denominator == 1 else str(float(value))
-
-
-def format_bytes(amount: int) -> str:
-    """``amount`` bytes in the largest binary unit that divides it (24Gi, 18420Mi)."""
-    for suffix, shift in (("Gi", 30), ("Mi", 20), ("Ki", 10)):
-        if amount >= 1 << shift and amount % (1 << shift) == 0:
-            return f"{amount >> shift}{suffix}"
-    return str(amount)

@@ -9,10 +9,11 @@ from typing import Any
 
 from celpy import celtypes
 
+from cdigen.constants import DRA_DRIVER
 from cdigen.model import Gpu, Node
 from policies.cel.quantity import Quantity
 from policies.cel.semver import Semver, parse_semver
-from policies.device_view import DRA_DRIVER, STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
+from policies.device_view import STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_DOMAIN = STANDARD_DOMAIN
@@ -63,6 +64,7 @@ def view_value(view: DeviceView, driver_domains: Sequence[str] = (DRIVER, DRA_DR
     return celtypes.MapType(
         {
             celtypes.StringType("driver"): celtypes.StringType(driver_domains[0]),
+            celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(False),
             celtypes.StringType("attributes"): _domains(attributes, driver_domains),
             celtypes.StringType("capacity"): _domains(capacity, driver_domains),
         }

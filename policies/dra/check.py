@@ -1,24 +1,42 @@
-"""``cdigen dra check``: ResourceClaims, templates and DeviceClasses checked against the
-attributes and capacities cdigen's DRA driver publishes.
+"""``cdigen dra check``: ResourceClaims, templates and DeviceClasses checked as the API server
+and the scheduler would take them, on the devices cdigen's DRA driver publishes.
 
-A misspelt attribute in a selector does not fail in the cluster: ``has()`` turns it into false
-and an unguarded one into a runtime error, and the claim just never allocates. This check names
-the file, the field and the CEL position of every name the driver does not publish.
+The verdict is the scheduler's: a claim fails the check (exit 1) exactly when it could never be
+allocated on the given nodes' devices: the API server refuses it at create (the CEL type check,
+:mod:`policies.cel.typecheck`), it names a DeviceClass that does not exist, a selector errs on a
+device the scheduler evaluates, no device matches, no device has the capacity it asks, or it
+asks more devices than the node has. Its one line says which.
+
+Besides, every name a selector, constraint or capacity request uses that the driver does not
+publish is named with the file, the field and the CEL position (a misspelt attribute does not
+fail in the cluster: ``has()`` turns it into false, an unguarded one into a runtime error): an
+error when the claim cannot be allocated, a warning when it still can.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cdigen.errors import InputError
 from policies.cel import CelCompileError, compile_expression
 from policies.device_view import published_attribute_names, published_capacity_names
-from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_claim_documents
+from policies.dra.claims import (
+    DEVICE_VARIABLES,
+    STANDARD_DOMAIN,
+    Claim,
+    DeviceClass,
+    FirstFit,
+    NodeState,
+    SliceDevice,
+    claim_from_doc,
+    device_class,
+    read_claim_documents,
+)
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 
@@ -38,6 +56,7 @@ class Problem:
     line: int | None = None
     column: int | None = None
     warning: bool = False  # said, but the check passes
+    kind: str = "name"  # "create": the API server refuses it; "verdict": never allocated
 
     def __str__(self) -> str:
         pos = f"CEL line {self.line}, column {self.column}: " if self.line is not None else ""
@@ -87,16 +106,17 @@ def check_expression(
 ) -> list[Problem]:
     """Problems of one selector: syntax, and names the driver does not publish."""
     try:
-        program = compile_expression(expression, DEVICE_VARIABLES)
+        compile_expression(expression, DEVICE_VARIABLES)
     except CelCompileError as exc:
-        return [Problem(source, field, str(exc), exc.line, exc.column)]
+        message = f"{exc} (the API server refuses it at create)"
+        return [Problem(source, field, message, exc.line, exc.column, kind="create")]
     problems: list[Problem] = []
     for match in _REFERENCE.finditer(expression):
         found = _reference_problem(match, expression, published)
         if found is not None:
             message, at = found
             problems.append(Problem(source, field, message, *_position(expression, at)))
-    return problems or _errs_on_a_device(program, source, field, published.driver)
+    return problems
 
 
 def _reference_problem(
@@ -128,45 +148,6 @@ def _reference_problem(
     if name is not None and name not in names:
         return f"no attribute {name!r} in {domain}" + did_you_mean(name, names), name_at
     return None
-
-
-SAMPLE_NODES = ("builtin:dgx-a100-mig-mixed", "builtin:dgx1-v100", "builtin:rtx4090")
-
-
-@functools.cache
-def _sample_devices(driver: str) -> tuple[tuple[str, Any], ...]:
-    """``(label, CEL device)`` for every device the driver would publish on a few built-in
-    nodes: whole GPUs, MIG devices, NVLink and PCIe machines."""
-    from cdigen.discover import load_node
-    from policies.cel.values import view_value
-    from policies.device_view import device_views
-
-    out = []
-    for source in SAMPLE_NODES:
-        for view in device_views(load_node(source), mig_strategy="mixed"):
-            out.append((f"{view.name} of {source}", view_value(view, (driver,))))
-    return tuple(out)
-
-
-def _errs_on_a_device(program: Any, source: str, field: str, driver: str) -> list[Problem]:
-    """A warning when the selector errs on one of the sample devices: in a cluster, a CEL error
-    on any device fails the whole claim (guard attributes some devices lack with has())."""
-    from policies.cel import CelEvaluationError
-
-    for label, device in _sample_devices(driver):
-        try:
-            program.evaluate({"device": device})
-        except CelEvaluationError as exc:
-            return [
-                Problem(
-                    source,
-                    field,
-                    f"errs on device {label} ({exc}): a CEL error on any device fails the whole "
-                    "claim in Kubernetes; guard attributes some devices lack with has(...)",
-                    warning=True,
-                )
-            ]
-    return []
 
 
 def _check_selectors(items: Any, source: str, prefix: str, published: Published) -> list[Problem]:
@@ -214,7 +195,7 @@ def _check_config(entries: Any, source: str, field: str, published: Published) -
             where = f"{field}[{n}].opaque.parameters"
             if path != "<root>":
                 where += path if path.startswith("[") else f".{path}"
-            problems.append(Problem(source, where, why))
+            problems.append(Problem(source, where, why, kind="config"))
     return problems
 
 
@@ -265,11 +246,154 @@ def check_document(doc: Mapping[str, Any], source: str, published: Published) ->
     return problems
 
 
-def check_files(paths: Sequence[str | Path], published: Published) -> list[Problem]:
+@dataclass(frozen=True)
+class NodeDevices:
+    """The devices the driver publishes for one node (its ResourceSlices, as ``dra serve``
+    builds them), and the node's name as given (``builtin:dgx1-v100``)."""
+
+    label: str
+    devices: tuple[SliceDevice, ...]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What ``dra check`` found: problems (warnings among them) and how many claims it
+    allocated on the nodes."""
+
+    problems: list[Problem]
+    claims: int
+    notes: list[str] = field(default_factory=list)  # claims that fit some nodes, not all
+
+
+def check_files(
+    paths: Sequence[str | Path],
+    published: Published,
+    nodes: Sequence[NodeDevices] = (),
+    classes: Mapping[str, DeviceClass] | None = None,
+) -> CheckResult:
     """Problems of every claim, template and class in ``paths`` (InputError for a file that
-    cannot be read or parsed)."""
+    cannot be read or parsed), with the scheduler's verdict for each claim on ``nodes`` (the
+    claim must be allocatable on one of them) given ``classes`` and the classes in ``paths``."""
+    docs = [(str(path), doc) for path in paths for doc in read_claim_documents(path)]
+    known = dict(classes or {})
+    for source, doc in docs:
+        if doc.get("kind") == "DeviceClass":
+            cls = device_class(doc, source)
+            known[cls.name] = cls
     problems: list[Problem] = []
-    for path in paths:
-        for doc in read_claim_documents(path):
-            problems += check_document(doc, str(path), published)
-    return problems
+    notes: list[str] = []
+    claims = 0
+    for source, doc in docs:
+        found = check_document(doc, source, published)
+        if nodes and doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
+            claims += 1
+            verdict = claim_verdict(doc, source, found, known, nodes)
+            if verdict is None or verdict.kind == "note":
+                # allocatable: unpublished names are worth a word, no more
+                found = [replace(p, warning=True) if p.kind == "name" else p for p in found]
+                if verdict is not None:
+                    notes.append(str(verdict))
+            elif verdict.kind == "verdict":
+                found.append(verdict)
+        problems += found
+    return CheckResult(problems, claims, notes)
+
+
+def _what(doc: Mapping[str, Any]) -> str:
+    return f"{doc.get('kind')} {(doc.get('metadata') or {}).get('name', '')}"
+
+
+def claim_verdict(
+    doc: Mapping[str, Any],
+    source: str,
+    found: Sequence[Problem],
+    classes: Mapping[str, DeviceClass],
+    nodes: Sequence[NodeDevices],
+) -> Problem | None:
+    """None when the scheduler could allocate the claim of ``doc`` on each of ``nodes`` (a free
+    node); a note (kind "note") when on some of them, saying where not and why; else why it
+    never could: the first refusal at create among ``found``, an unknown DeviceClass, or what
+    the scheduler's first fit says on the first node."""
+    refused = next((p for p in found if p.kind == "create"), None)
+    if refused is not None:
+        return refused
+    try:
+        claim = claim_from_doc(doc, source)
+    except InputError as exc:
+        return Problem(source, _what(doc), str(exc), kind="verdict")
+    unknown = _unknown_class(doc, claim, source, classes)
+    if unknown is not None:
+        return unknown
+    failures: list[tuple[str, str]] = []
+    fits: list[str] = []
+    for node in nodes:
+        fit = FirstFit(node.devices, classes)
+        try:
+            allocation = fit.allocate(claim)
+        except InputError as exc:
+            failures.append((node.label, str(exc)))
+            continue
+        if allocation.error:
+            failures.append((node.label, allocation.error + _shortfall(fit, claim)))
+        else:
+            fits.append(node.label)
+    if fits and failures:  # a word on where it does not fit, not a failure
+        misses = "; ".join(f"{label}: {why}" for label, why in failures)
+        note = f"allocatable on {', '.join(fits)}; not on {misses}"
+        return Problem(source, _what(doc), note, kind="note")
+    if fits:
+        return None
+    label, why = failures[0]
+    message = f"the scheduler could never allocate it on {label}: {why}"
+    if len(failures) > 1:
+        others = ", ".join(f for f, _ in failures[1:])
+        message = f"the scheduler could never allocate it on {label} ({why}), nor on {others}"
+    return Problem(source, _what(doc), message, kind="verdict")
+
+
+def _unknown_class(
+    doc: Mapping[str, Any], claim: Claim, source: str, classes: Mapping[str, DeviceClass]
+) -> Problem | None:
+    """A request naming a DeviceClass that does not exist (the scheduler waits for it)."""
+    base = "spec.spec" if doc.get("kind") == "ResourceClaimTemplate" else "spec"
+    for n, request in enumerate(claim.requests):
+        for k, choice in enumerate(request.alternatives or (request,)):
+            if choice.class_name in classes:
+                continue
+            step = f"firstAvailable[{k}]" if request.alternatives else "exactly"
+            return Problem(
+                source,
+                f"{base}.devices.requests[{n}].{step}.deviceClassName",
+                unknown_class_message(choice.class_name, classes),
+                kind="verdict",
+            )
+    return None
+
+
+def unknown_class_message(name: str, classes: Mapping[str, DeviceClass]) -> str:
+    """The verdict on a request naming DeviceClass ``name``, which is not among ``classes``."""
+    names = sorted(classes)
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return (
+        f"DeviceClass {name!r} does not exist{did_you_mean(name, classes)}: the scheduler could "
+        f"never allocate the claim (DeviceClasses: {shown or 'none'}; --class adds more)"
+    )
+
+
+def _shortfall(fit: FirstFit, claim: Claim) -> str:
+    """What the first fit's count leaves unsaid: that no device matches a request's selectors,
+    or that those which match all lack the capacity it asks (``; gpu-0: needs memory 80Gi,
+    has 16Gi``); "" otherwise."""
+    for request in claim.requests:
+        if request.alternatives or request.mode == "All":
+            continue
+        matching = [d for d in fit.devices if not fit.mismatch(request, d)]
+        if not matching:
+            first = fit.mismatch(request, fit.devices[0]) if fit.devices else "no devices"
+            return (
+                f"; no device matches (on {fit.devices[0].name if fit.devices else '-'}: {first})"
+            )
+        reasons = [fit.consumption(request, d, NodeState(), [])[1] for d in matching]
+        if all(reasons):
+            return f"; {matching[0].name}: {reasons[0]}"
+    return ""

@@ -22,8 +22,8 @@ from itertools import product
 from typing import Any
 
 from cdigen.errors import InputError
+from cdigen.sizes import quantity_text
 from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
-from policies.cel.quantity import format_bytes
 from policies.dra.claim_docs import (
     Claim,
     Constraint,
@@ -77,6 +77,17 @@ DEVICE_VARIABLES = frozenset({"device"})
 CEL_ERROR = ": CEL runtime error: "
 
 
+class _CelFailure(Exception):
+    """A selector erred on a device the search evaluated: the whole claim fails."""
+
+
+def _cel_failure_message(request: Request, device: SliceDevice, reason: str) -> str:
+    return (
+        f"request {request.name!r}: {reason} (on device {device.name}; a CEL error on a device "
+        "the scheduler evaluates fails the whole claim, as in Kubernetes)"
+    )
+
+
 @dataclass(frozen=True)
 class Pick:
     """One allocated device: the request, the device and the capacity it consumes."""
@@ -121,12 +132,18 @@ class FirstFit:
     """The scheduler's first fit over one node's devices."""
 
     def __init__(
-        self, devices: Sequence[SliceDevice], classes: Mapping[str, DeviceClass] | None = None
+        self,
+        devices: Sequence[SliceDevice],
+        classes: Mapping[str, DeviceClass] | None = None,
+        *,
+        programs: dict[str, CelProgram] | None = None,
     ) -> None:
+        """``programs``: compiled selectors by expression, shared by the fits of many nodes
+        (``dra why`` over a cluster compiles each expression once, not once per node)."""
         self.devices = list(devices)
         self.by_name = {d.name: d for d in self.devices}
         self.classes = dict(classes or {})
-        self._programs: dict[str, CelProgram] = {}
+        self._programs: dict[str, CelProgram] = {} if programs is None else programs
         self._values = {d.name: d.cel_value() for d in self.devices}
         self._matches: dict[tuple[Any, ...], str] = {}
 
@@ -192,15 +209,12 @@ class FirstFit:
 
     def cel_failure(self, request: Request) -> str:
         """The error that fails the whole claim when a selector of ``request`` errs on any device
-        (as the scheduler does: ``selector #0: CEL runtime error: ...``, the pod stays Pending),
-        or ""."""
+        (as the scheduler does for an ``All`` request, which it evaluates on every device:
+        ``selector #0: CEL runtime error: ...``, the pod stays Pending), or ""."""
         for device in self.devices:
             reason = self.mismatch(request, device)
             if CEL_ERROR in reason:
-                return (
-                    f"request {request.name!r}: {reason} (on device {device.name}; a CEL error "
-                    "on any device fails the whole claim, as in Kubernetes)"
-                )
+                return _cel_failure_message(request, device, reason)
         return ""
 
     def consumption(
@@ -216,7 +230,7 @@ class FirstFit:
                     total = device.capacity.get(qualify(name, device.driver))
                     if total is None or amount > total:
                         return {}, (
-                            f"needs {name} {format_bytes(amount)}, has {format_bytes(total or 0)}"
+                            f"needs {name} {quantity_text(amount)}, has {quantity_text(total or 0)}"
                         )
             return {}, ""
         if held_here:
@@ -228,11 +242,11 @@ class FirstFit:
             wanted = policy.consumed(requested.get(name), total)
             short = name.rpartition("/")[2]
             if wanted is None:
-                return {}, f"{short} request {requested.get(name)} is outside its request policy"
+                return {}, policy.refusal(short, requested.get(name))
             amount = wanted
             left = total - state.consumed.get(device.name, {}).get(name, 0)
             if amount > left:
-                return {}, f"needs {short} {format_bytes(amount)}, {format_bytes(left)} left"
+                return {}, f"needs {short} {quantity_text(amount)}, {quantity_text(left)} left"
             consumed[name] = amount
         for name in requested:
             if name not in device.capacity:
@@ -273,12 +287,20 @@ class FirstFit:
         When nothing fits, the first combination and why it failed."""
         state = state or NodeState()
         choices = [r.alternatives or (r,) for r in claim.requests]
+        # The scheduler first counts the devices of every "All" request and subrequest, each
+        # device evaluated: an error there fails the claim whichever choice would fit.
+        for choice in (c for alternatives in choices for c in alternatives):
+            failed = self.cel_failure(choice) if choice.mode == "All" else ""
+            if failed:
+                return replace(claim, requests=tuple(c[0] for c in choices)), Allocation(
+                    error=failed
+                )
         first: tuple[Claim, Allocation] | None = None
         for combination in product(*choices):
             variant = replace(claim, requests=tuple(combination))
             allocation = self._allocate_exact(variant, state)
-            if not allocation.error:
-                return variant, allocation
+            if not allocation.error or CEL_ERROR in allocation.error:
+                return variant, allocation  # an error fails the claim: no other choice is tried
             first = first or (variant, allocation)
         assert first is not None  # a claim with no request has one (empty) combination
         variant, allocation = first
@@ -291,10 +313,10 @@ class FirstFit:
         """:meth:`allocate` for a claim whose requests are all ``exactly``."""
         slots: list[Request] = []
         for request in claim.requests:
-            failed = self.cel_failure(request)
-            if failed:
-                return Allocation(error=failed)
             if request.mode == "All":
+                failed = self.cel_failure(request)
+                if failed:
+                    return Allocation(error=failed)
                 matching = [d for d in self.devices if not self.mismatch(request, d)]
                 if not matching:
                     return Allocation(error=f"request {request.name!r}: no device matches")
@@ -302,8 +324,11 @@ class FirstFit:
             else:
                 slots += [request] * request.count
         picks: list[Pick] = []
-        if self._search(claim, slots, 0, state, picks):
-            return Allocation(tuple(picks))
+        try:
+            if self._search(claim, slots, 0, state, picks):
+                return Allocation(tuple(picks))
+        except _CelFailure as exc:
+            return Allocation(error=str(exc))
         return Allocation(error=self._failure(claim, state))
 
     def _search(
@@ -323,7 +348,10 @@ class FirstFit:
             last = picks[-1].device
             start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1
         for device in self.devices[start:]:
-            if self.mismatch(request, device):
+            mismatch = self.mismatch(request, device)
+            if CEL_ERROR in mismatch:  # the scheduler stops at the first device that errs
+                raise _CelFailure(_cel_failure_message(request, device, mismatch))
+            if mismatch:
                 continue
             consumed, why = self.consumption(request, device, state, picks)
             if why or self.constraint_violation(claim, request, device, picks):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.cel.quantity import format_bytes
+from cdigen.sizes import quantity_text
 from policies.dra.claim_docs import Claim
 from policies.dra.claims import Allocation
 
@@ -29,7 +29,7 @@ def render_explanation(
         lines.append(f"claim {claim.name} ({claim.source}) on {node}: first fit picks {picked}")
         for pick in allocation.picks:
             consumed = ", ".join(
-                f"{name.rpartition('/')[2]} {format_bytes(amount)}"
+                f"{name.rpartition('/')[2]} {quantity_text(amount)}"
                 for name, amount in sorted(pick.consumed.items())
             )
             lines.append(

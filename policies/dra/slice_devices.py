@@ -14,6 +14,7 @@ from typing import Any
 from celpy import celtypes
 
 from cdigen.errors import InputError
+from cdigen.sizes import quantity_text
 from policies.cel import DomainMap, Quantity, parse_quantity, parse_semver
 
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
@@ -59,6 +60,27 @@ class CapacityPolicy:
             return None
         return amount
 
+    def allowed(self) -> str:
+        """What the policy takes, in quantities: ``1Gi to 23Gi in steps of 1Gi``."""
+        if self.values:
+            return "one of " + ", ".join(quantity_text(v) for v in self.values)
+        low = quantity_text(self.min) if self.min is not None else None
+        high = quantity_text(self.max) if self.max is not None else None
+        text = f"{low} to {high}" if low and high else f"at least {low}" if low else ""
+        text = text or (f"at most {high}" if high else "any amount")
+        return f"{text} in steps of {quantity_text(self.step)}" if self.step else text
+
+    def refusal(self, name: str, requested: int | None) -> str:
+        """Why a request for ``requested`` of capacity ``name`` is refused (it is above every
+        amount the policy takes), in quantities."""
+        asked = "the default" if requested is None else quantity_text(requested)
+        top = self.values[-1] if self.values else self.max
+        most = f"at most {quantity_text(top)}" if top is not None else "less"
+        return (
+            f"{name} request {asked} is more than its request policy allows: {most} "
+            f"({self.allowed()})"
+        )
+
 
 @dataclass(frozen=True)
 class SliceDevice:
@@ -94,6 +116,9 @@ class SliceDevice:
         return celtypes.MapType(
             {
                 celtypes.StringType("driver"): celtypes.StringType(self.driver),
+                celtypes.StringType("allowMultipleAllocations"): celtypes.BoolType(
+                    self.allow_multiple
+                ),
                 celtypes.StringType("attributes"): DomainMap(
                     {celtypes.StringType(d): celtypes.MapType(v) for d, v in attrs.items()}
                 ),

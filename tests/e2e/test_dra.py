@@ -1,13 +1,14 @@
 """`cdigen dra serve` end to end without a cluster: the kubelet's registration handshake and
 prepare calls (tests/dra_kubelet_sim.py), a fake API server on loopback that the official
-kubernetes client talks to (tests/fake_apiserver.py), and the CDI library (cdicheck) on the
-transient specs."""
+kubernetes client talks to (tests/fake_apiserver.py), and the CDI library on the transient
+specs (podman, which vendors it: tests/helpers/cdi_runtime.py)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import allocated_claim
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
-from tests.helpers.shared import require_shared_tool
 from tests.helpers.slice_rules import validate_pool
 
 
@@ -28,11 +29,9 @@ def host(tmp_path: Path) -> FakeHost:
     return build_host(tmp_path / "host", make_node(3, mig_gpu=2))
 
 
-def _cdicheck(*args: str) -> subprocess.CompletedProcess[str]:
-    cdicheck = require_shared_tool("cdicheck")
-    return subprocess.run(
-        [str(cdicheck), *args], capture_output=True, text=True, timeout=60, check=False
-    )
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------- registration
@@ -135,8 +134,11 @@ def test_slices_stay_on_shutdown_by_default(harness: Harness) -> None:
 
 
 def test_prepare_writes_a_spec_the_cdi_library_injects_and_unprepare_removes_it(
-    harness: Harness,
+    harness: Harness, podman: CdiRuntime
 ) -> None:
+    """podman's CDI library loads every spec in the dir and a container given the claim's
+    names has the claimed GPU, the claimed MIG device's capability node (not the other's),
+    nvidiactl and libcuda.so.1."""
     harness.start()
     ref = harness.claim("train", "uid-1", "gpu-0", "gpu-2-mig-8-0")
     response = harness.kubelet.prepare([ref])
@@ -150,20 +152,19 @@ def test_prepare_writes_a_spec_the_cdi_library_injects_and_unprepare_removes_it(
     assert [d.pool_name for d in answer.devices] == [NODE_NAME, NODE_NAME]
     path = claim_spec_path(harness.cdi_dir, DRIVER, "uid-1")
     assert path.exists()
-    listed = _cdicheck("list", str(harness.cdi_dir))
-    assert listed.returncode == 0, listed.stdout + listed.stderr
-    injected = _cdicheck("inject", str(harness.cdi_dir), *(i[0] for i in ids))
+    assert podman.load_errors(harness.cdi_dir) == ()
+    seen = podman.run(harness.cdi_dir, [i[0] for i in ids])
     if not harness.host.real_nodes:
-        pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
-    assert injected.returncode == 0, injected.stdout + injected.stderr
-    edits, _ = json.JSONDecoder().raw_decode(injected.stdout)
-    paths = {d["path"] for d in edits["linux.devices"]}
+        assert not seen.unresolvable(), seen.error
+        pytest.skip("mknod is not permitted here: podman cannot stat the device nodes")
+    assert seen.ok, seen.error
+    paths = set(seen.nodes)
     gpu0 = harness.host.node.gpus[0]
     assert f"/dev/nvidia{gpu0.minor}" in paths
     assert "/dev/nvidia-caps/nvidia-cap75" in paths  # the claimed MIG device's capabilities
     assert "/dev/nvidia-caps/nvidia-cap66" not in paths  # not the other MIG device's
     assert "/dev/nvidiactl" in paths
-    assert any(m["destination"].endswith("libcuda.so.1") for m in edits["mounts"])
+    assert any(m.endswith("libcuda.so.1") for m in seen.mounts)
 
     response = harness.kubelet.unprepare([ref])
     assert response.claims["uid-1"].error == ""

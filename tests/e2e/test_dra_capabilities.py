@@ -1,12 +1,12 @@
 """Issue 17 point 2 for DRA: claims that ask for driver capabilities through opaque device
 configuration (GpuConfig, from a DeviceClass or the claim). NodePrepareResources over real
 gRPC on unix sockets (tests/dra_kubelet_sim.py), claims from the fake API server, and the CDI
-library (cdicheck) injecting the returned names."""
+library (podman, which vendors it: tests/helpers/cdi_runtime.py) injecting the returned names."""
 
 from __future__ import annotations
 
 import json
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,8 @@ from plugin.dra.cli import DEFAULT_DRIVER
 from plugin.dra.config import API_VERSION, KIND
 from plugin.dra.prepare import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.helpers.dra import DRIVER, Harness, add_claim, entry, gpu_config
-from tests.helpers.shared import require_shared_tool
 
 CLAIM_KIND = f"k8s.{DRIVER}/claim"
 VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
@@ -36,16 +36,17 @@ def ids_of(response: Any, uid: str) -> list[list[str]]:
     return [list(d.cdi_device_ids) for d in answer.devices]
 
 
-def cdicheck(*args: str) -> subprocess.CompletedProcess[str]:
-    tool = require_shared_tool("cdicheck")
-    return subprocess.run(
-        [str(tool), *args], capture_output=True, text=True, timeout=60, check=False
-    )
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
 
 
 def test_class_and_claim_config_asking_graphics_get_the_capability_device_after_the_gpu(
-    harness: Harness,
+    harness: Harness, podman: CdiRuntime
 ) -> None:
+    """The claim's entry replaces the class's; podman's CDI library loads the claim spec, and
+    a container given the first GPU with the capability device sees the Vulkan ICD and
+    libcuda.so.1 and no video library, one given the GPU alone no Vulkan ICD."""
     harness.start(capability_devices=("graphics", "video"))
     config = [
         entry("FromClass", gpu_config("video"), "gpu"),
@@ -62,21 +63,19 @@ def test_class_and_claim_config_asking_graphics_get_the_capability_device_after_
     spec = json.loads(claim_spec_path(harness.cdi_dir, DRIVER, "uid-r").read_text())
     names = [d["name"] for d in spec["devices"]]
     assert names == ["uid-r-gpu-0", "uid-r-gpu-1", "uid-r-capability-graphics"]
-    listed = cdicheck("list", str(harness.cdi_dir))
-    assert listed.returncode == 0, listed.stdout + listed.stderr
-    injected = cdicheck("inject", str(harness.cdi_dir), *ids[0])
+    assert podman.load_errors(harness.cdi_dir) == ()
+    injected = podman.run(harness.cdi_dir, ids[0])
     if not harness.host.real_nodes:
-        pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
-    assert injected.returncode == 0, injected.stdout + injected.stderr
-    edits, _ = json.JSONDecoder().raw_decode(injected.stdout)
-    mounts = {m["destination"] for m in edits["mounts"]}
+        assert not injected.unresolvable(), injected.error
+        pytest.skip("mknod is not permitted here: podman cannot stat the device nodes")
+    assert injected.ok, injected.error
+    mounts = set(injected.mounts)
     assert VULKAN_ICD in mounts
     assert any(m.endswith("libcuda.so.1") for m in mounts)
     assert not any("libnvcuvid" in m for m in mounts)  # video was the class's, overridden
     # the same claim's GPU without the capability device has no graphics
-    plain = cdicheck("inject", str(harness.cdi_dir), ids[0][0])
-    plain_edits, _ = json.JSONDecoder().raw_decode(plain.stdout)
-    assert VULKAN_ICD not in {m["destination"] for m in plain_edits["mounts"]}
+    plain = podman.run(harness.cdi_dir, ids[0][:1])
+    assert plain.ok and VULKAN_ICD not in plain.mounts, plain.error
 
 
 def test_a_claim_without_config_gets_only_its_gpu(harness: Harness) -> None:
@@ -101,8 +100,10 @@ def test_config_applies_only_to_the_requests_it_names(harness: Harness) -> None:
 
 
 def test_claim_config_overrides_class_config_and_node_wide_capabilities_add_nothing(
-    harness: Harness,
+    harness: Harness, podman: CdiRuntime
 ) -> None:
+    """The claim's entry wins wherever it is listed; two claims asking the same capabilities
+    get their own devices, which podman's CDI library loads without a conflict and resolves."""
     harness.start(capability_devices=("graphics", "video"))
     config = [
         entry("FromClaim", gpu_config("compute", "utility")),  # listed first, still wins
@@ -124,8 +125,10 @@ def test_claim_config_overrides_class_config_and_node_wide_capabilities_add_noth
         f"{CLAIM_KIND}=uid-b-capability-video",
         f"{CLAIM_KIND}=uid-b-capability-graphics",
     ]  # display: the fake driver root has no X server module, so `all` brings none
-    listed = cdicheck("list", str(harness.cdi_dir))
-    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert podman.load_errors(harness.cdi_dir) == ()
+    both = [n for uid in ("uid-a", "uid-b") for n in ids_of(response, uid)[0]]
+    seen = podman.run(harness.cdi_dir, both)
+    assert seen.ok or (not harness.host.real_nodes and not seen.unresolvable()), seen.error
 
 
 @pytest.mark.parametrize(

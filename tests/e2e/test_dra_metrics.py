@@ -70,3 +70,24 @@ def test_metrics_count_calls_claim_errors_publishes_and_devices_by_health(
         assert final[("cdigen_dra_prepared_claims", ())] == 0
     finally:
         server.close()
+
+
+def test_the_dra_wing_answers_head_on_http_1_1_as_the_device_plugin_does(
+    harness: Harness,
+) -> None:
+    """One HTTP server for both wings (issue 36): HEAD answered, HTTP/1.1, no body."""
+    import http.client
+
+    plugin = harness.start()
+    server = HealthServer(("127.0.0.1", 0), plugin)
+    server.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=5)
+        conn.request("HEAD", "/healthz")
+        response = conn.getresponse()
+        assert (response.status, response.version, response.read()) == (200, 11, b"")
+        conn.request("GET", "/healthz")  # the same connection: kept alive
+        assert conn.getresponse().status == 200
+        conn.close()
+    finally:
+        server.close()

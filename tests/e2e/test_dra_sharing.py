@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,21 +17,21 @@ import pytest
 import yaml
 
 from cdigen.discover import load_node
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import api_client
 from plugin.agent.xid import xid_reason
 from plugin.dra.kube import KubeApi
 from plugin.dra.kubelet_plugin import DraPlugin
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
-from plugin.dra.slices import MemoryShares
 from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.helpers.cdi_runtime import CdiRuntime, Container, cdi_runtime
 from tests.helpers.dra import DRIVER, NODE_NAME, dra_options
 from tests.helpers.podman import Podman
 from tests.helpers.podman import missing_tools as podman_missing_tools
-from tests.helpers.shared import require_shared_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "deploy" / "dra" / "examples"
@@ -128,7 +127,7 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
     (device,) = body["spec"]["devices"]
     assert device["allowMultipleAllocations"] is True
     assert device["capacity"]["memory"]["requestPolicy"] == {
-        "default": "1Gi",
+        "default": "23Gi",  # a claim naming no memory takes the whole GPU unless told otherwise
         "validRange": {"min": "1Gi", "max": "23Gi", "step": "1Gi"},
     }
 
@@ -350,11 +349,18 @@ def _share(device: str, memory: str, n: int) -> dict[str, Any]:
     }
 
 
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
 def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_does_not(
-    plugin: Plugin, tmp_path: Path
+    plugin: Plugin, tmp_path: Path, podman: CdiRuntime
 ) -> None:
     """--mps-shm-dir: the claim's CDI spec mounts the node's shm directory at /dev/shm, and the
-    CDI library that runtimes use injects it; an exclusive whole GPU gets neither MPS mount."""
+    CDI library that runtimes use (podman's) injects it: the container sees the daemon's segment
+    there and gets the pipe directory in its env; an exclusive whole GPU gets neither MPS
+    mount."""
     pipe, shm = _mps_dirs(tmp_path)
     response = _prepare_limited_and_whole(plugin, pipe, shm)
     assert response.claims["uid-l"].error == "" and response.claims["uid-w"].error == ""
@@ -370,28 +376,23 @@ def test_a_limited_claim_gets_the_daemons_shm_at_dev_shm_and_a_whole_gpu_claim_d
     assert plugin.host is not None
     if not plugin.host.real_nodes:
         pytest.skip("mknod is not permitted here: the CDI library cannot stat the device nodes")
-    edits = _inject(plugin, "uid-l")
-    assert {"source": str(shm), "destination": "/dev/shm", "options": shm_options} in [
-        {k: m.get(k) for k in ("source", "destination", "options")} for m in edits["mounts"]
-    ]
-    assert f"CUDA_MPS_PIPE_DIRECTORY={pipe}" in edits["process.env"]
-    assert "/dev/shm" not in [m["destination"] for m in _inject(plugin, "uid-w")["mounts"]]
+    segment = "/dev/shm/cuda.shm.daemon"
+    seen = _run(podman, plugin, "uid-l", tmp_path, segment)
+    assert seen.ok, seen.error
+    assert seen.files[segment] == (shm / "cuda.shm.daemon").read_text()
+    assert set(shm_options[:4]) <= set(seen.mounts["/dev/shm"])
+    assert seen.env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipe)
+    whole = _run(podman, plugin, "uid-w", tmp_path, segment)
+    assert whole.ok and segment not in whole.files, whole.error
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in whole.env
 
 
-def _inject(plugin: Plugin, uid: str) -> dict[str, Any]:
-    """The OCI edits the CDI library makes for the claim's devices (cdicheck inject)."""
-    tool = require_shared_tool("cdicheck")
+def _run(podman: CdiRuntime, plugin: Plugin, uid: str, tmp_path: Path, *read: str) -> Container:
+    """A container given the claim's devices (its spec in /var/run/cdi, as DRA writes them)."""
     names = [f"k8s.{DRIVER}/claim={d['name']}" for d in plugin.spec(uid)["devices"]]
-    result = subprocess.run(
-        [str(tool), "inject", str(plugin.cdi_dir), *names],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    edits: dict[str, Any] = json.JSONDecoder().raw_decode(result.stdout)[0]
-    return edits
+    empty = tmp_path / "etc-cdi"
+    empty.mkdir(exist_ok=True)
+    return podman.run(empty, names, var_run_cdi=plugin.cdi_dir, read=read)
 
 
 def test_a_container_of_a_limited_claim_sees_the_daemons_segment_in_dev_shm(
@@ -639,3 +640,22 @@ def test_an_informational_taint_goes_only_to_a_server_that_knows_effect_none(
             "taints of effect None left out of the ResourceSlices: the API server is 1.34, "
             "and the effect needs Kubernetes 1.35 or newer"
         ]
+
+
+def test_a_claim_holding_every_step_of_its_gpu_is_prepared_as_a_whole_gpu(plugin: Plugin) -> None:
+    """A claim naming no memory takes the whole GPU by default (23Gi of a 4090 in 1Gi steps:
+    not one more step fits beside it): no MPS limit and no MPS mounts, as an exclusive GPU;
+    a 22Gi claim, beside which one step still fits, keeps its limit."""
+    plugin.start(memory_shares=MemoryShares(step=GIB), mps=MpsSettings(pipe_dir="/run/nvidia/mps"))
+    (body,) = plugin.slices()
+    assert body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] == "23Gi"
+    plugin.api.add_claim(allocated_claim("whole", "uid-w", [_share("gpu-0", "23Gi", 1)]))
+    plugin.api.add_claim(allocated_claim("most", "uid-m", [_share("gpu-0", "22Gi", 2)]))
+    answer = plugin.kubelet.prepare([("default", "uid-w", "whole"), ("default", "uid-m", "most")])
+    assert answer.claims["uid-w"].error == answer.claims["uid-m"].error == ""
+    whole = plugin.spec("uid-w").get("containerEdits", {})
+    assert not any(e.startswith("CUDA_MPS") for e in whole.get("env", [])), whole
+    assert not any("/run/nvidia/mps" in m["hostPath"] for m in whole.get("mounts", [])), whole
+    assert (
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=22528M" in plugin.spec("uid-m")["containerEdits"]["env"]
+    )

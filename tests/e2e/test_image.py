@@ -1,6 +1,7 @@
 """The cdigen image, built here without a registry (deploy/image/build.sh: mmdebstrap + podman),
 run as a user would: ``--help``, ``generate --dry-run``, and the plugin container against the
-kubelet's own device-plugin code (``../shared/tools/bin/kubeletsim``) through a mounted plugin dir.
+kubelet simulator (tests/kubelet_sim.py, the device manager's rules) through a mounted plugin dir,
+its CDI names resolved by podman's CDI library.
 
 The image is built once per session into a private podman store under /var/tmp
 (``CDIGEN_TEST_IMAGE_STORE`` overrides where), tagged with a hash of everything that goes into it,
@@ -27,8 +28,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.helpers.podman import CONTAINERS_CONF
-from tests.helpers.shared import require_shared_tool
+from tests.kubelet_sim import KubeletSimulator
 
 REPO = Path(__file__).resolve().parents[2]
 # podman wants short --root/--runroot paths
@@ -251,8 +253,18 @@ def test_image_runs_as_non_root_by_default(checks: dict[str, Check]) -> None:
     assert id_.stdout.startswith("uid=65532")
 
 
-def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> None:
-    kubeletsim = require_shared_tool("kubeletsim")
+@pytest.fixture(scope="module")
+def cdi_podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
+def test_plugin_container_registers_with_the_kubelet(
+    image: Image, tmp_path: Path, cdi_podman: CdiRuntime
+) -> None:
+    """The plugin container, its plugin dir mounted, registers with the kubelet (simulator, in
+    this process, started first), allocates a GPU whose CDI names podman resolves and injects
+    from the spec the container generated, and registers again when the kubelet restarts and
+    removes its socket."""
     from cdigen.nodefile import dump_node
     from tests.cdihost import build_host, make_node
 
@@ -260,20 +272,17 @@ def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> Non
     spec_dir = tmp_path / "cdi"
     plugin_dir.mkdir()
     spec_dir.mkdir()
-    # The simulator injects the returned names as a runtime does, stat'ing every device node and
-    # mount source on this host: a fake host with real (mknod) nodes, mounted at the same path.
+    # podman injects the returned names as a runtime does, stat'ing every device node and mount
+    # source on this host: a fake host with real (mknod) nodes, mounted at the same path.
     host = build_host(tmp_path / "host", make_node(2))
     if not host.real_nodes:
         pytest.skip("mknod is not permitted here, so no device nodes for the runtime check")
     node_file = tmp_path / "node.yaml"
     node_file.write_text(dump_node(host.node, "yaml"))
     name = f"cdigen-test-{uuid.uuid4().hex[:8]}"
+    gpu = "nvidia.com/gpu"
     # kubelet first: the simulator owns kubelet.sock before the plugin container starts
-    sim = subprocess.Popen(
-        [str(kubeletsim), "-dir", str(plugin_dir), "-spec-dir", str(spec_dir),
-         "-expect", "nvidia.com/gpu", "-count", "1", "-once", "-wait", "60s"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    kubelet = KubeletSimulator(plugin_dir, clean_start=True).start()
     try:
         started = image.podman(
             "run", "-d", "--name", name, "--network", "none", "--user", "0",
@@ -286,12 +295,25 @@ def test_plugin_container_passes_kubeletsim(image: Image, tmp_path: Path) -> Non
             "--spec-dir", "/var/run/cdi", "--generate-specs",
         )  # fmt: skip
         assert started.returncode == 0, started.stderr
-        out, _ = sim.communicate(timeout=120)
+        kubelet.wait_registered(gpu, timeout_s=60)
+        devices = kubelet.wait_devices(gpu, lambda d: len(d) == 2, timeout_s=30)
+        assert all(d.health == "Healthy" for d in devices), devices
+        allocated = devices[0].ID
+        (container,) = kubelet.allocate(gpu, [[allocated]]).container_responses
+        names = [d.name for d in container.cdi_devices]
+        kubelet.stop()  # the kubelet restarts: the new one removes the plugin's socket
+        kubelet = KubeletSimulator(plugin_dir, clean_start=True).start()
+        kubelet.wait_registered(gpu, timeout_s=10)
+        kubelet.wait_devices(gpu, lambda d: len(d) == 2)
+        assert not kubelet.rejections, kubelet.rejections
     finally:
-        if sim.poll() is None:
-            sim.kill()
+        kubelet.stop()
         logs = image.podman("logs", name).stderr
         image.podman("rm", "-f", name)
-    assert sim.returncode == 0, out[-3000:] + "\n--- plugin container ---\n" + logs[-2000:]
-    assert "failures=0" in out
+    assert "Traceback" not in logs, logs[-2000:]
+    assert names, container
+    seen = cdi_podman.run(spec_dir, names)
+    assert seen.ok, seen.error
+    (minor,) = [g.minor for g in host.node.gpus if g.uuid == allocated]
+    assert f"/dev/nvidia{minor}" in seen.nodes, seen.nodes
     assert (spec_dir / "nvidia.com-gpu.yaml").exists()

@@ -78,16 +78,20 @@ class Podman:
             if applet != "busybox":
                 os.symlink("busybox", self.rootfs / "bin" / applet)
 
-    def run(self, script: str, *devices: str, extra: str = "") -> subprocess.CompletedProcess[str]:
+    def run(
+        self, script: str, *devices: str, extra: str = "", global_args: str = ""
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``/bin/sh -c script`` in a container with the given CDI devices; ``extra``:
-        more ``podman run`` options (e.g. ``-v HOST:CONTAINER:ro``)."""
+        more ``podman run`` options (e.g. ``-v HOST:CONTAINER:ro``); ``global_args``: podman's
+        own options (e.g. ``--log-level=debug``)."""
         w = self.work
         rootfs = f"{self.rootfs}:O" if self.overlay else str(self.rootfs)
         device_args = " ".join([*(f"--device {d}" for d in devices), extra])
         inner = (
             f"mount --bind {self.etc_cdi} /etc/cdi && "
             f"mount --bind {self.var_run_cdi} /var/run/cdi && "
-            f"podman --root {self.store}/root --runroot {self.store}/run --storage-driver vfs "
+            f"podman {global_args} --root {self.store}/root --runroot {self.store}/run "
+            "--storage-driver vfs "
             f"run --rm --network none {device_args} --rootfs {rootfs} /bin/sh -c '{script}'"
         )
         os.makedirs("/etc/cdi", exist_ok=True)

@@ -7,6 +7,10 @@ Facts (validation of resource.k8s.io/v1):
 * 1.34: a device consumes only from a counter set of its own slice, naming counters of that
   set; at most 32 counters in all sets of a slice, 32 counters consumed per device, 1024 in the
   devices of a slice; 128 devices per slice.
+* every version: a capacity's ``requestPolicy`` needs ``allowMultipleAllocations: true``; with
+  ``validRange`` it needs ``default`` and ``min``; min, max and min + step at most the capacity,
+  min <= max, min <= default <= max, default and max whole steps above min; ``validValues``
+  sorted, at most the capacity, holding ``default`` (validateRequestPolicy).
 * 1.35 and later: ``sharedCounters`` and ``devices`` never in one slice; at most 8 counter
   sets per slice, 32 counters per set, 2 consumptions per device, 32 counters per consumption;
   64 devices in a slice where a device consumes counters or has taints; counter set names
@@ -55,8 +59,60 @@ def pool_problems(slices: Sequence[Mapping[str, Any]], minor: int) -> list[str]:
     for n, body in enumerate(slices):
         for device in body["spec"].get("devices") or []:
             problems += [
-                f"slice {n} device {device['name']}: {p}" for p in _references(device, sets)
+                f"slice {n} device {device['name']}: {p}"
+                for p in [*_references(device, sets), *capacity_problems(device)]
             ]
+    return problems
+
+
+def capacity_problems(device: Mapping[str, Any]) -> list[str]:
+    """What the API server refuses in one device's capacities (validateRequestPolicy of
+    pkg/apis/resource/validation), or []."""
+    problems = []
+    for name, capacity in (device.get("capacity") or {}).items():
+        policy = capacity.get("requestPolicy")
+        if policy is None:
+            continue
+        where = f"capacity {name} requestPolicy"
+        if not device.get("allowMultipleAllocations"):
+            problems.append(f"{where}: allowMultipleAllocations must be true")
+        total = _amount(capacity["value"])
+        default = _amount(policy["default"]) if "default" in policy else None
+        values = [_amount(v) for v in policy.get("validValues") or []]
+        rng = policy.get("validRange")
+        if values and rng is not None:
+            problems.append(f"{where}: validValues and validRange together")
+        elif values:
+            if default is None or default not in values:
+                problems.append(f"{where}: default is not one of validValues")
+            if values != sorted(values) or max(values) > total:
+                problems.append(f"{where}: validValues unsorted or above the capacity")
+        elif rng is not None:
+            problems += [f"{where}: {p}" for p in _range_problems(rng, default, total)]
+    return problems
+
+
+def _range_problems(rng: Mapping[str, Any], default: int | None, total: int) -> list[str]:
+    if default is None:
+        return ["default is required with validRange"]
+    if "min" not in rng:
+        return ["validRange.min is required"]
+    low = _amount(rng["min"])
+    high = _amount(rng["max"]) if "max" in rng else None
+    step = _amount(rng["step"]) if "step" in rng else None
+    problems = []
+    if low > total:
+        problems.append("min is larger than the capacity")
+    if default < low:
+        problems.append("default is less than min")
+    if high is not None and (low > high or high > total or default > high):
+        problems.append("max below min, above the capacity, or below default")
+    if step is not None:
+        if low + step > total:
+            problems.append("one step above min is larger than the capacity")
+        for what, value in (("default", default), ("max", high)):
+            if value is not None and (value - low) % step:
+                problems.append(f"{what} is not a whole number of steps above min")
     return problems
 
 

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from tests.cdihost import (
     make_node,
 )
 from tests.cdihost import spec_options as options
-from tests.helpers.shared import require_shared_tool
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 
 RHEL_DIR = "/usr/lib64"
 
@@ -144,28 +145,54 @@ def test_capability_names() -> None:
         parse_capabilities("")
 
 
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
 @pytest.mark.parametrize(
     "caps", [("compute", "utility"), ("compute",), ("utility",), ("video",), ("graphics",),
              ("display",), CAPABILITIES],
 )  # fmt: skip
 @pytest.mark.parametrize("hooks", [False, True])
-def test_cdicheck_injects_every_capability_set(
-    fake: FakeHost, tmp_path: Path, caps: tuple[str, ...], hooks: bool
+def test_podman_injects_every_capability_set(
+    fake: FakeHost, tmp_path: Path, podman: CdiRuntime, caps: tuple[str, ...], hooks: bool
 ) -> None:
-    cdicheck = require_shared_tool("cdicheck")
-    hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook") if hooks else None
-    spec = generate(fake.node, options(fake, capabilities=caps, hook_path=hook))
+    """podman (the CDI library it vendors, then runc) starts a container given
+    ``nvidia.com/gpu=0`` and ``nvidia.com/gpu=all`` from the spec of each capability set, with
+    and without hooks, and the container has every device node the spec names (the host node's
+    major and minor) and every mount destination. runc runs the hooks: where the spec has them,
+    the host gets a stand-in ``nvidia-cdi-hook`` that exits 0 (nvidia-container-toolkit is not
+    in the registries)."""
+    if not fake.real_nodes:
+        pytest.skip("mknod is not permitted here, so the device nodes are plain files")
+    hook = fake.driver_root / "usr/bin/nvidia-cdi-hook"
+    if hooks:
+        hook.parent.mkdir(parents=True, exist_ok=True)
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        hook.chmod(0o755)
+    spec = generate(
+        fake.node, options(fake, capabilities=caps, hook_path=str(hook) if hooks else None)
+    )
+    assert spec_problems(spec) == []
+    assert ("hooks" in spec["containerEdits"]) is hooks
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
     (spec_dir / "nvidia.com-gpu.yaml").write_text(render_spec(spec, "yaml"))
-    result = subprocess.run(
-        [str(cdicheck), "inject", str(spec_dir), "nvidia.com/gpu=0", "nvidia.com/gpu=all"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    if "failed to stat CDI host device" in result.stdout + result.stderr and not fake.real_nodes:
-        pytest.skip("mknod is not permitted here, so the device nodes are plain files")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert spec_problems(spec) == []
+    container = podman.run(spec_dir, ["nvidia.com/gpu=0", "nvidia.com/gpu=all"])
+    assert container.ok, container.error
+    edits = [spec["containerEdits"]] + [
+        d["containerEdits"] for d in spec["devices"] if d["name"] in ("0", "all")
+    ]
+    nodes = {
+        n["path"]: n.get("hostPath", n["path"]) for e in edits for n in e.get("deviceNodes", [])
+    }
+    assert {
+        path: (os.major(os.stat(host).st_rdev), os.minor(os.stat(host).st_rdev))
+        for path, host in nodes.items()
+    } == {path: container.nodes.get(path) for path in nodes}
+    destinations = {m["containerPath"] for e in edits for m in e.get("mounts", [])}
+    assert destinations and destinations <= set(container.mounts)
 
 
 def _socket(path: Path) -> None:

@@ -4,7 +4,6 @@ capabilities (Allocate over real gRPC on unix sockets; the CDI library's own inj
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from plugin.device_plugin import Plugin
 from plugin.generate_specs import write_specs
 from tests.cdihost import LIB_DIR, FakeHost, build_host, make_node
 from tests.cdihost import spec_options as options
-from tests.helpers.shared import require_shared_tool
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.helpers.specs import upstream_schema_errors
 from tests.kubelet_sim import KubeletSimulator
 
@@ -195,44 +194,51 @@ def test_cli_writes_a_spec_that_validates_and_refuses_an_unknown_capability(
     assert "--capability-devices" in bad.stderr
 
 
-def inject(spec_dir: Path, *names: str) -> dict[str, Any]:
-    cdicheck = require_shared_tool("cdicheck")
-    run = subprocess.run(
-        [str(cdicheck), "inject", str(spec_dir), *names], capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    out = run.stdout
-    return json.loads(out[out.index("{") : out.rindex("}") + 1])  # type: ignore[no-any-return]
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
+def recording_hook(fake: FakeHost) -> Path:
+    """A stand-in ``nvidia-cdi-hook`` (nvidia-container-toolkit is not in the registries) that
+    runc runs as the spec's hooks say: it appends its arguments to the returned log."""
+    log = fake.base / "hook.log"
+    hook = fake.driver_root / "usr/bin/nvidia-cdi-hook"
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    hook.chmod(0o755)
+    return log
 
 
 @pytest.mark.parametrize("hooks", [False, True])
 def test_the_cdi_library_injects_a_gpu_with_its_capability_device(
-    fake: FakeHost, tmp_path: Path, hooks: bool
+    fake: FakeHost, tmp_path: Path, hooks: bool, podman: CdiRuntime
 ) -> None:
+    """podman (its CDI library, then runc) gives a container the GPU with and without its
+    graphics capability device: only the first sees the Vulkan ICD (the host file's text) and
+    the GLX library, both get the same device nodes, and runc runs the create-symlinks hook
+    with the glvnd link."""
     if not fake.real_nodes:
         pytest.skip("mknod is not permitted here, so the device nodes are plain files")
+    log = recording_hook(fake)
     hook = str(fake.driver_root / "usr/bin/nvidia-cdi-hook") if hooks else None
     spec = generate(fake.node, options(fake, hook_path=hook, capability_devices=("graphics",)))
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
     (spec_dir / "nvidia.com-gpu.yaml").write_text(render_spec(spec, "yaml"))
-    cdicheck = require_shared_tool("cdicheck")
-    listed = subprocess.run([str(cdicheck), "list", str(spec_dir)], capture_output=True, text=True)
-    assert listed.returncode == 0, listed.stdout
-    assert f"DEVICE {GRAPHICS} (spec" in listed.stdout
     uuid = fake.node.gpus[0].uuid
-    with_graphics = inject(spec_dir, f"{GPU}={uuid}", GRAPHICS)
-    without = inject(spec_dir, f"{GPU}={uuid}")
-    sources = {m["destination"]: m["source"] for m in with_graphics["mounts"]}
-    assert sources[VULKAN_ICD] == str(fake.driver_root / VULKAN_ICD.lstrip("/"))
-    assert f"{RHEL_DIR}/libGLX_nvidia.so.0" in sources
-    assert VULKAN_ICD not in {m["destination"] for m in without["mounts"]}
-    assert [d["path"] for d in with_graphics["linux.devices"]] == [
-        d["path"] for d in without["linux.devices"]
-    ]  # the capability device adds files, not devices
-    if hooks:
-        args = [a for h in with_graphics["hooks"]["createContainer"] for a in h["args"]]
-        assert f"libGLX_nvidia.so.0::{LIB_DIR}/libGLX_indirect.so.0" in args
+    with_graphics = podman.run(spec_dir, [f"{GPU}={uuid}", GRAPHICS], read=[VULKAN_ICD])
+    assert with_graphics.ok, with_graphics.error
+    icd = (fake.driver_root / VULKAN_ICD.lstrip("/")).read_text()
+    assert with_graphics.files[VULKAN_ICD].strip() == icd.strip()
+    assert f"{RHEL_DIR}/libGLX_nvidia.so.0" in with_graphics.mounts
+    ran = log.read_text() if log.exists() else ""
+    assert (f"libGLX_nvidia.so.0::{LIB_DIR}/libGLX_indirect.so.0" in ran) is hooks, ran
+    without = podman.run(spec_dir, [f"{GPU}={uuid}"], read=[VULKAN_ICD])
+    assert without.ok, without.error
+    assert VULKAN_ICD not in without.mounts and VULKAN_ICD not in without.files
+    assert with_graphics.nodes == without.nodes  # the capability device adds files, not devices
+    assert f"/dev/nvidia{fake.node.gpus[0].minor}" in without.nodes
 
 
 # --- the plugin: resources that ask for more --------------------------------------------------
@@ -282,7 +288,7 @@ def names(response: Any) -> list[list[str]]:
 
 
 def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
-    tmp_path: Path, fake: FakeHost
+    tmp_path: Path, fake: FakeHost, podman: CdiRuntime
 ) -> None:
     u0, u1 = (g.uuid for g in fake.node.gpus)
     for kubelet in serve(tmp_path, fake, "cdi-cri"):
@@ -295,13 +301,13 @@ def test_allocate_adds_the_capability_device_for_the_resource_that_asks(
         assert names(whole) == [[f"{GPU}={u0}", GRAPHICS]] * 2
         shared = kubelet.allocate(SHARED, [[f"{u1}::0"]])
         assert names(shared) == [[f"{GPU}={u1}"]]
-        # what a runtime makes of the names Allocate returned
+        # what a runtime (podman) makes of the names Allocate returned
         if not fake.real_nodes:
             return
-        got = inject(tmp_path / "cdi", *names(whole)[0])
-        assert VULKAN_ICD in {m["destination"] for m in got["mounts"]}
-        got = inject(tmp_path / "cdi", *names(shared)[0])
-        assert VULKAN_ICD not in {m["destination"] for m in got["mounts"]}
+        got = podman.run(tmp_path / "cdi", names(whole)[0])
+        assert got.ok and VULKAN_ICD in got.mounts, got.error
+        got = podman.run(tmp_path / "cdi", names(shared)[0])
+        assert got.ok and VULKAN_ICD not in got.mounts, got.error
 
 
 def _whole_and_shared(kubelet: Any, uuid: str, other: str) -> tuple[Any, Any]:

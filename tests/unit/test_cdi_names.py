@@ -54,7 +54,7 @@ def test_spec_file_name() -> None:
 @pytest.mark.parametrize("kind", ["v/gpu", "nvidia.com/g"])
 def test_one_letter_vendor_or_class_is_refused(kind: str) -> None:
     """The CDI library v1.1.0 panics (slice bounds out of range) on a one-letter vendor or
-    class (cdicheck qualified a.com/g=0), so a spec with one could crash a runtime's CDI cache."""
+    class (seen on a.com/g=0), so a spec with one could crash a runtime's CDI cache."""
     from cdigen.cdi.names import kind_problem
 
     problem = kind_problem(kind)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from celpy import celtypes
 
+from cdigen.constants import DRA_DRIVER
 from cdigen.discover import load_node
 from policies.cel import compile_expression, device_value
-from policies.device_view import DRA_DRIVER, device_views
+from policies.device_view import device_views
 
 
 def _names(value: celtypes.MapType, domain: str) -> set[str]:

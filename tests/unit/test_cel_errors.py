@@ -20,7 +20,13 @@ from lark import Token, Tree
 from packaging.requirements import Requirement
 
 import policies.cel
-from policies.cel import CelEvaluationError, OperandTypeError, compile_expression, device_value
+from policies.cel import (
+    CelCompileError,
+    CelEvaluationError,
+    OperandTypeError,
+    compile_expression,
+    device_value,
+)
 from policies.cel import limits as cel_limits
 from tests.helpers.cel import DEVICE_A, NODE_A
 
@@ -100,25 +106,30 @@ def test_a_missing_attribute_points_at_the_name_that_is_missing() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("1 > 'a'", "no operator > between int and string"),
-        ("1 % 'a'", "no operator % between int and string"),
-        ("[1] - {}", "no operator - between list and map"),
-        ("'a' + 1", "no operator + between string and int"),
+        ("dyn(1) > 'a'", "no operator > between int and string"),
+        ("dyn(1) % dyn('a') == 0", "no operator % between int and string"),
+        ("dyn([1]) - dyn({}) == 1", "no operator - between list and map"),
+        ("dyn('a') + dyn(1) == 'a'", "no operator + between string and int"),
         (
-            'device.capacity["gpu.nvidia.com"].memory >= quantity("1Gi")',
+            ('dyn(device.capacity["gpu.nvidia.com"].memory) >= dyn(quantity("1Gi"))'),
             "no operator >= between quantity and quantity (compare quantities with compareTo)",
         ),
     ],
 )
 def test_operator_type_errors_name_the_operator_and_the_types(text: str, message: str) -> None:
+    """Operands of unknown type (dyn) that meet no overload when run; of declared types, the
+    compile-time check refuses them first (tests/unit/test_cel_kubernetes.py)."""
     error = _error(text)
     assert str(error) == message
     assert (error.line, error.column) == (1, 1)
 
 
-def test_unknown_functions_are_undeclared_references() -> None:
-    assert str(_error("nosuch(1)")) == "undeclared reference to 'nosuch'"
-    assert str(_error("device.driver.nosuch()")) == "undeclared reference to 'nosuch'"
+def test_unknown_functions_are_undeclared_references_when_compiled() -> None:
+    for text, column in (("nosuch(1)", 1), ("device.driver.nosuch()", 15)):
+        with pytest.raises(CelCompileError) as info:
+            compile_expression(text)
+        assert str(info.value) == "undeclared reference to 'nosuch' (in container '')"
+        assert info.value.column == column
 
 
 def test_a_variable_missing_from_the_activation_is_an_undeclared_reference() -> None:

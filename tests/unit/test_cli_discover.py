@@ -108,7 +108,10 @@ def _bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["discover", "--node", str(invalid)], "gpus[0].memoryBytes: expected integer"),
         (["topo", "import", str(empty)], "no GPU columns found"),
         (["topo", "import", str(TOPOLOGIES / "truncated-dgx2-paste.txt")], "rows missing"),
-        (["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "--memory", "lots"], "not a size"),
+        (
+            ["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "--memory", "lots"],
+            "--memory: 'lots' is not a positive whole quantity of bytes",
+        ),
         # the "invented UUIDs" note came before the error of a write that then failed
         (["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "-o", str(tmp_path)], "write failed"),
         (

@@ -25,6 +25,7 @@ REQUIRED_VALUES = {
     "--claim": CLAIM,
     "--requests": "{empty}",
     "pod": "trainer-0",  # dra why POD (a positional: keyed by its dest)
+    "files": CLAIM,  # dra check FILE... when another of its files is the missing one
 }
 # What makes a server fail before it serves (they exit 2 for a bad node name otherwise first).
 SERVE_EXTRAS = {

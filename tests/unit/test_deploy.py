@@ -631,8 +631,13 @@ def test_dockerfile_copies_every_package_pyproject_builds() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     setuptools = pyproject["tool"]["setuptools"]
     package_dirs = setuptools.get("package-dir", {})
+    # A package mapped from elsewhere (deploy/dra) needs only its package data copied; the
+    # others, their top folder.
     needed = {
-        package_dirs.get(p, p.replace(".", "/")).split("/")[0] for p in setuptools["packages"]
+        f"{package_dirs[p]}/{name}" if p in package_dirs and "*" not in name else top
+        for p in setuptools["packages"]
+        for top in [package_dirs.get(p, p.replace(".", "/")).split("/")[0]]
+        for name in setuptools["package-data"].get(p, ["*"])
     }
     copied = {
         rest.split()[0].rstrip("/")
@@ -648,17 +653,15 @@ def test_dockerfile_copies_every_package_pyproject_builds() -> None:
 def test_every_package_ships_in_the_wheel() -> None:
     """pyproject lists the packages explicitly: a new one left out imports here (from the
     checkout) and fails in the image and after pip install."""
-    import tomllib
+    from tests.helpers.packaging import package_folders
 
-    listed = set(
-        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
+    listed = set(package_folders().values())
     found = {
-        ".".join(init.parent.relative_to(REPO).parts)
+        str(init.parent.relative_to(REPO))
         for top in ("cdigen", "policies", "plugin")
         for init in (REPO / top).rglob("__init__.py")
     }
-    assert found <= listed, f"pyproject.toml misses {sorted(found - listed)}"
+    assert found <= listed, f"pyproject.toml misses the packages in {sorted(found - listed)}"
 
 
 def _mps_daemon(component: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

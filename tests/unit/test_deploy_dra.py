@@ -4,7 +4,6 @@ selectors over the published device view, the API calls the plugin really makes)
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 import yaml
 
 from cdigen.cli import build_parser
+from tests.helpers.deploy import DEVICE_PLUGIN_DIR, kustomize, render_with_component
 
 REPO = Path(__file__).resolve().parents[2]
 DRA_DIR = REPO / "deploy" / "dra"
@@ -293,7 +293,7 @@ def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: lis
 
 def test_runs_on_opted_in_gpu_nodes_as_a_node_critical_pod(pod: dict[str, Any]) -> None:
     assert pod["priorityClassName"] == "system-node-critical"
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true", f"{DRIVER}/dra": "true"}
+    assert pod["nodeSelector"] == {f"{DRIVER}/dra": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
@@ -557,32 +557,6 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
 # -- the MPS component (deploy/dra/components/mps) --------------------------------------------
 
 
-def render_with_component(tmp_path_factory: pytest.TempPathFactory, component: str) -> str:
-    """deploy/dra with one of its components, from an overlay of the kind the docs show
-    (kustomize wants relative paths, and no overlay inside deploy/dra: that is a cycle)."""
-    kubectl = shutil.which("kubectl")
-    if not kubectl:
-        pytest.skip("kubectl is not installed: cannot render a kustomize component")
-    overlay = tmp_path_factory.mktemp(f"{component}-overlay")
-    base = Path(os.path.relpath(DRA_DIR, overlay))
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [str(base)],
-                "components": [str(base / "components" / component)],
-            }
-        ),
-        encoding="utf-8",
-    )
-    result = subprocess.run(
-        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 @pytest.fixture(scope="module")
 def mps_rendered(tmp_path_factory: pytest.TempPathFactory) -> str:
     """deploy/dra with the MPS component (docs/dra-sharing.md)."""
@@ -728,3 +702,88 @@ def test_extended_resource_component_names_the_device_plugins_resources(
             timeout=120,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the wings: which nodes each DaemonSet runs on (docs/dra.md, moving a node) ---------------
+
+
+def _runs_on(pod_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether the DaemonSet controller places the pod on a node with ``labels``: every
+    nodeSelector pair, and one required nodeAffinity term (In, NotIn, Exists, DoesNotExist:
+    NotIn and DoesNotExist hold for a node without the key, as in Kubernetes)."""
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = (
+        ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms")
+    if not required:
+        return True
+
+    def holds(expr: Mapping[str, Any]) -> bool:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        return {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+
+    return any(all(holds(e) for e in term.get("matchExpressions") or ()) for term in required)
+
+
+def test_the_wings_never_select_one_node(pod: dict[str, Any]) -> None:
+    """Every mix of the two labels: at most one DaemonSet; a GPU node gets the device plugin
+    until it is labelled for DRA, then DRA alone, whatever NFD says of gpu.present."""
+    device_plugin = only(kustomize(DEVICE_PLUGIN_DIR), "DaemonSet")["spec"]["template"]["spec"]
+    present, dra = "nvidia.com/gpu.present", f"{DRIVER}/dra"
+    for a in (None, "true", "false"):
+        for b in (None, "true", "false"):
+            labels = {k: v for k, v in ((present, a), (dra, b)) if v is not None}
+            wings = [_runs_on(device_plugin, labels), _runs_on(pod, labels)]
+            assert sum(wings) <= 1, labels
+    assert _runs_on(device_plugin, {present: "true"}) and not _runs_on(pod, {present: "true"})
+    migrated = {present: "true", dra: "true"}  # NFD keeps gpu.present on a GPU node
+    assert _runs_on(pod, migrated) and not _runs_on(device_plugin, migrated)
+
+
+def test_the_seed_overlay_in_dra_md_renders_and_serves_unchanged_pods_a_share(
+    tmp_path: Path,
+) -> None:
+    """docs/dra.md's overlay (extended-resource + MPS + --memory-step 1Gi --shares-per-gpu 4),
+    rendered by kustomize from a checkout beside it as the doc lays it out: the plugin's command
+    parses with the real CLI into 1/4 of each GPU for a claim naming no memory, and
+    gpu.cdigen.dev carries nvidia.com/gpu."""
+    from cdigen.memory_shares import memory_shares
+
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed: cannot render a kustomize overlay")
+    doc = (REPO / "docs" / "dra.md").read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n# my-dra/kustomization\.yaml\n(.*?)```", doc, re.S)
+    assert block and "--shares-per-gpu=4" in block.group(1)
+    shutil.copytree(DRA_DIR, tmp_path / "cdigen" / "deploy" / "dra")  # a checkout beside it
+    (tmp_path / "my-dra").mkdir()
+    (tmp_path / "my-dra" / "kustomization.yaml").write_text(block.group(1), encoding="utf-8")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(tmp_path / "my-dra")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    extended = {
+        d["metadata"]["name"]: d["spec"].get("extendedResourceName")
+        for d in docs
+        if d["kind"] == "DeviceClass"
+    }
+    assert extended["gpu.cdigen.dev"] == "nvidia.com/gpu"
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    command = daemonset["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = build_parser().parse_args(command[1:])
+    shares = memory_shares(args)
+    assert shares is not None and shares.step == 1 << 30 and shares.per_gpu == 4
+    assert args.mps_pipe_dir == "/run/nvidia/mps"

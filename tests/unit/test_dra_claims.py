@@ -13,7 +13,8 @@ import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from plugin.dra.slices import MemoryShares, build_slices
+from cdigen.memory_shares import MemoryShares
+from plugin.dra.slices import build_slices
 from policies.device_view import attribute_names, device_views, published_attribute_names
 from policies.dra.claims import (
     CapacityPolicy,
@@ -74,8 +75,13 @@ def test_shared_gpu_capacity_is_consumed_claim_by_claim() -> None:
         state.add(picks, fit.by_name)
     assert state.consumed["gpu-0"][f"{DRIVER}/memory"] == 21 * GIB
     assert fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).error
-    # a claim without a memory request takes the default step
-    assert fit.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
+    # a claim without a memory request takes the default: the whole GPU unless the operator
+    # chose a share, so it fits only on a GPU no one else holds
+    _, reasons = fit.explain(_claim(), state)
+    assert reasons == [("gpu-0", "needs memory 23Gi, 3060Mi left")]
+    assert fit.allocate(_claim()).picks[0].consumed == {f"{DRIVER}/memory": 23 * GIB}
+    shared = _fit("builtin:rtx4090", MemoryShares(default=GIB))
+    assert shared.allocate(_claim(), state).picks[0].consumed == {f"{DRIVER}/memory": GIB}
 
 
 def test_exclusive_devices_are_not_given_twice_and_selectors_filter() -> None:
@@ -180,7 +186,7 @@ def test_explain_on_a_claim_that_cannot_fit_exits_1(capsys: pytest.CaptureFixtur
     assert "not allocatable" in capsys.readouterr().out
 
 
-def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> None:
+def test_explain_without_the_device_class_is_one_line_exit_1(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
@@ -199,9 +205,10 @@ def test_explain_without_the_device_class_is_one_line_exit_2(tmp_path: Path) -> 
         text=True,
         timeout=60,
     )
-    assert result.returncode == 2
+    assert result.returncode == 1  # the scheduler, with only the classes given, never would
     assert result.stderr.count("\n") == 1
-    assert "DeviceClass 'gpu.cdigen.dev', which was not given" in result.stderr
+    assert "DeviceClass 'gpu.cdigen.dev' does not exist" in result.stderr
+    assert "(DeviceClasses: graphics-gpu.cdigen.dev; --class adds more)" in result.stderr
 
 
 def _sized_claim(tmp_path: Path, name: str, *memory: str) -> str:
@@ -308,7 +315,12 @@ def test_check_names_file_field_and_cel_position_of_a_misspelt_attribute(
     )
     assert "capacity.requests.memroy: no capacity 'memroy' (did you mean 'memory'?)" in err[1]
     assert "constraints[0].matchAttribute: no attribute 'resource.kubernetes.io/numaNod'" in err[2]
-    assert err[-1] == "cdigen: dra check failed: 3 problem(s)"
+    assert err[3].startswith(
+        f"{path}: ResourceClaimTemplate bad: the scheduler could never allocate it on "
+        "builtin:dgx-a100-mig-mixed (request 'gpus': selector 0: CEL runtime error: no attribute "
+        "'nvlinkClque'"
+    )
+    assert err[-1] == "cdigen: dra check failed: 4 problem(s)"
 
 
 def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
@@ -406,7 +418,7 @@ def test_the_4090_story_in_the_docs_is_what_explain_prints(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "dra-sharing.md").read_text()
-    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Mi --claim memory-3gi"
+    command = "$ cdigen dra explain --node builtin:rtx4090 --memory-step 1Gi --claim memory-3gi"
     block = docs[docs.index(command) :].split("```", 1)[0]
     argv, _, printed = block.partition("\n")
     monkeypatch.chdir(EXAMPLES)  # the docs run it there

@@ -12,9 +12,9 @@ import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
+from cdigen.memory_shares import MemoryShares
 from plugin.agent.kubeapi import api_client
 from plugin.dra.kube import KubeApi, SlicePublisher
-from plugin.dra.slices import MemoryShares
 from policies.device_view import device_views
 from policies.dra.order import ordered_views
 from tests.fake_apiserver import FakeApiServer
@@ -268,3 +268,132 @@ def test_a_pod_of_many_claims_still_fits_one_screen() -> None:
     lines = explain_pod(Cluster(pod, claims, [], []), driver=DRIVER)
     assert len(lines) == 25
     assert lines[-1] == "... 18 more line(s): `cdigen dra explain` shows one node in full"
+
+
+# --- hostile API objects (issue 36): never a traceback; one line naming the object ----------
+
+PENDING = "memory-18gi"
+PENDING_CLAIM = ("default", "memory-18gi-gpu-memory-x2")
+OTHER_CLAIM = ("default", "memory-3gi-b-gpu-memory-x1")
+
+
+def _a_node_a_slice(api: FakeApiServer) -> dict[str, Any]:
+    return next(s for s in api.slices.values() if s["spec"].get("nodeName") == "node-a")
+
+
+def _other_result(api: FakeApiServer) -> dict[str, Any]:
+    result: dict[str, Any] = api.claims[OTHER_CLAIM]["status"]["allocation"]["devices"]["results"][
+        0
+    ]
+    return result
+
+
+@pytest.mark.parametrize(
+    ("pod", "break_it", "field"),
+    [
+        (
+            PENDING,
+            lambda api: api.pods[("default", PENDING)]["spec"].update(resourceClaims=["x"]),
+            "pod default/memory-18gi: spec.resourceClaims[0] is a string, not an object",
+        ),
+        (
+            PENDING,
+            lambda api: api.pods[("default", PENDING)]["status"].update(conditions=["x"]),
+            "pod default/memory-18gi: status.conditions[0] is a string, not an object",
+        ),
+        (
+            "memory-3gi-a",
+            lambda api: api.claims[("default", "memory-3gi-a-gpu-memory-x1")]["status"][
+                "allocation"
+            ]["nodeSelector"].update(nodeSelectorTerms=["node-a"]),
+            "resourceclaim default/memory-3gi-a-gpu-memory-x1: "
+            "status.allocation.nodeSelector.nodeSelectorTerms[0] is a string, not an object",
+        ),
+        (
+            "memory-3gi-a",
+            lambda api: api.claims[("default", "memory-3gi-a-gpu-memory-x1")]["status"][
+                "allocation"
+            ]["devices"].update(results=["gpu-0"]),
+            "status.allocation.devices.results[0] is a string, not an object",
+        ),
+    ],
+)
+def test_a_malformed_object_of_the_pod_is_one_line_exit_1(
+    cluster: tuple[FakeApiServer, Path],
+    capsys: pytest.CaptureFixture[str],
+    pod: str,
+    break_it: Any,
+    field: str,
+) -> None:
+    api, kubeconfig = cluster
+    break_it(api)
+    assert _why(kubeconfig, pod) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert field in err
+
+
+@pytest.mark.parametrize(
+    ("break_it", "named"),
+    [
+        (
+            lambda api: _a_node_a_slice(api)["spec"]["pool"].update(generation="one"),
+            "spec.pool.generation is a string, not an integer",
+        ),
+        (
+            lambda api: _a_node_a_slice(api).update(spec=["x"]),
+            "spec is a list, not an object",
+        ),
+        (
+            lambda api: api.claims[OTHER_CLAIM]["status"]["allocation"]["devices"].update(
+                results=["gpu-0"]
+            ),
+            "resourceclaim default/memory-3gi-b-gpu-memory-x1 (status.allocation.devices."
+            "results[0] is a string",
+        ),
+        (
+            lambda api: _other_result(api).update(consumedCapacity=["3Gi"]),
+            "resourceclaim default/memory-3gi-b-gpu-memory-x1 (status.allocation.devices."
+            "results[0].consumedCapacity is a list",
+        ),
+        (
+            lambda api: _other_result(api).update(consumedCapacity={"memory": "lots"}),
+            "resourceclaim default/memory-3gi-b-gpu-memory-x1 (status.allocation.devices."
+            "results[0].consumedCapacity.memory: 'lots' is not a quantity)",
+        ),
+        (
+            lambda api: api.classes.update(broken={"metadata": {"name": "broken"}, "spec": ["x"]}),
+            "deviceclass broken (spec is a list, not an object)",
+        ),
+    ],
+)
+def test_a_malformed_object_of_others_is_skipped_and_named(
+    cluster: tuple[FakeApiServer, Path],
+    capsys: pytest.CaptureFixture[str],
+    break_it: Any,
+    named: str,
+) -> None:
+    """One bad unrelated object does not break `dra why` for every pod."""
+    api, kubeconfig = cluster
+    break_it(api)
+    assert _why(kubeconfig, PENDING) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert lines[-1].startswith("skipped as malformed: ") and named in lines[-1], out
+    assert "request share: class gpu.cdigen.dev, 1 device(s), memory 18Gi" in out
+    assert len(lines) <= 25
+
+
+def test_names_from_the_api_are_printed_escaped(
+    cluster: tuple[FakeApiServer, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api, kubeconfig = cluster
+    forged = "x\n\x1b[2Jpod default/other: Running"
+    pod = api.pods[("default", PENDING)]
+    pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"] = forged
+    assert _why(kubeconfig, PENDING) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out
+    assert "\npod default/other" not in out
+    assert "claim x\\n\\x1b[2Jpod default/other: Running (template memory-18gi)" in out

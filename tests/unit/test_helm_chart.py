@@ -38,6 +38,8 @@ LAYOUTS: dict[str, tuple[str, tuple[str, ...]] | None] = {
         ("dra/components/capabilities", "dra/components/mps"),
     ),
     "both-wings-sharing-values.yaml": None,
+    # the seed's story on DRA: shares and a default share, which kustomize sets by a patch
+    "dra-seed-values.yaml": None,
 }
 # What Helm adds that kustomize cannot: the release's labels on every object.
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
@@ -390,3 +392,54 @@ def test_the_packaged_chart_renders_the_same(tmp_path: Path) -> None:
         timeout=120,
     )
     assert bad.returncode != 0 and "/dra/enabled" in bad.stderr
+
+
+# -- the Grafana dashboard -----------------------------------------------------------------------
+
+
+def test_the_charts_dashboard_is_the_shipped_file() -> None:
+    """The chart reads its own copy (Helm reads no file outside the chart): the two are one."""
+    shipped = DEPLOY / "grafana" / "cdigen-dashboard.json"
+    assert (CHART / "files" / "grafana" / "cdigen-dashboard.json").read_bytes() == (
+        shipped.read_bytes()
+    )
+
+
+def test_dashboard_configmap_is_optional_and_labelled_for_the_grafana_sidecar() -> None:
+    assert not [o for o in template() if o["metadata"]["name"] == "cdigen-dashboard"]
+    objects = template("", "dashboard.enabled=true", "dashboard.namespace=monitoring")
+    (cm,) = [o for o in objects if o["metadata"]["name"] == "cdigen-dashboard"]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((DEPLOY / "grafana" / "cdigen-dashboard.json").read_text("utf-8"))
+    assert json.loads(cm["data"]["cdigen-dashboard.json"]) == shipped
+    # the rest of the render is unchanged
+    assert [o for o in objects if o is not cm] == template()
+    own = template("", "dashboard.enabled=true", "dashboard.labels.grafana_dashboard=cdigen")
+    (cm,) = [o for o in own if o["metadata"]["name"] == "cdigen-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "cdigen"
+    assert cm["metadata"]["namespace"] == "default"  # the release's
+
+
+def test_pod_resources_is_mounted_read_only_on_both_wings() -> None:
+    """Per-pod attribution dials <kubelet dir>/pod-resources/kubelet.sock (docs/attribution.md);
+    connecting to a unix socket needs write permission on the socket file, not a writable mount."""
+    for values, kubelet in (("", "/var/lib/kubelet"), ("dra-values.yaml", "/var/lib/kubelet")):
+        (ds,) = [o for o in template(values) if o["kind"] == "DaemonSet"]
+        pod = ds["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+        assert volume["hostPath"] == {"path": f"{kubelet}/pod-resources", "type": "Directory"}
+        (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+        assert mount == {
+            "name": "pod-resources",
+            "mountPath": f"{kubelet}/pod-resources",
+            "readOnly": True,
+        }
+    (ds,) = [
+        o
+        for o in template("dra-values.yaml", "dra.kubeletDir=/data/kubelet")
+        if o["kind"] == "DaemonSet"
+    ]
+    pod = ds["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "pod-resources"]
+    assert volume["hostPath"]["path"] == "/data/kubelet/pod-resources"

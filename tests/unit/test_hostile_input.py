@@ -296,8 +296,11 @@ def test_huge_cpu_cell_without_numa_column_is_one_line() -> None:
 def test_topo_import_memory_of_hundreds_of_digits(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "--memory", "9" * 400])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("cdigen: error: --memory '9999") and "16 TiB" in err
+    assert code == 2 and err.startswith("cdigen: error: --memory: '9999")
     assert len(err.splitlines()) == 1
+    code = main(["topo", "import", str(TOPOLOGIES / "dgx-a100.txt"), "--memory", "99999GiB"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--memory: '9999" in err and "more than 16 TiB" in err
 
 
 # --- 7: dates, sets and binary values --------------------------------------------------------

@@ -134,15 +134,6 @@ def test_a_wing_that_fails_to_import_is_an_error_not_a_debug_line(
     assert "No module named 'cdigen_missing_wing'" in err
 
 
-def test_the_dra_driver_name_has_one_source() -> None:
-    """The CLI keeps its own copy (so that `cdigen --help` stays cheap); it must agree."""
-    from plugin.dra.cli import DEFAULT_DRIVER as CLI_DRIVER
-    from plugin.dra.options import DEFAULT_DRIVER
-    from policies.device_view import DRA_DRIVER
-
-    assert CLI_DRIVER == DEFAULT_DRIVER == DRA_DRIVER
-
-
 # -- no import circles -------------------------------------------------------------------------
 
 

@@ -404,3 +404,26 @@ def test_a_mig_node_under_strategy_none_says_so_in_a_label_and_a_warning() -> No
     assert "mig.strategy" not in plain.stdout and not plain.stderr
     single = run("labels", "--node", "builtin:h100-mig-single", "--mig-strategy", "single")
     assert "nvidia.com/mig.strategy=single" in single.stdout.splitlines()
+
+
+def test_a_failed_feature_file_write_is_retried_without_a_label_change(tmp_path: Path) -> None:
+    """Issue 36, finding 10: the directory is unusable at first (here a file stands where it
+    should be), then fixed; the labels are written without another update."""
+    import time
+
+    from plugin.agent.feature_file import FeatureFile
+
+    features_d = tmp_path / "features.d"
+    features_d.write_text("not a directory")
+    features = FeatureFile(features_d / "cdigen", retry_first_s=0.05)
+    try:
+        assert features.update(lambda: {"cdigen.dev/gpu.count": "8"}) is False
+        features_d.unlink()
+        features_d.mkdir()
+        deadline = time.monotonic() + 5
+        while not (features_d / "cdigen").exists():
+            assert time.monotonic() < deadline, "never retried"
+            time.sleep(0.02)
+        assert (features_d / "cdigen").read_text().endswith("\ncdigen.dev/gpu.count=8\n")
+    finally:
+        features.stop()

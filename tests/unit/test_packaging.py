@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.cli import build_parser
+from tests.helpers.packaging import wheel_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,14 +39,21 @@ def test_wheel_ships_builtin_nodes_and_policies(wheel: zipfile.ZipFile) -> None:
     for folder, pattern in (("cdigen/discover/data", "*.yaml"), ("policies/builtin", "*.yaml")):
         in_repo = {p.name for p in (REPO / folder).glob(pattern)}
         assert in_repo, f"{folder} is empty"
-        assert {f"{folder}/{n}" for n in in_repo} <= set(names)
+        assert {f"{wheel_path(folder)}/{n}" for n in in_repo} <= set(names)
+
+
+def test_wheel_ships_the_deviceclasses_dra_explain_reads(wheel: zipfile.ZipFile) -> None:
+    shipped = wheel.read(f"{wheel_path('deploy/dra')}/deviceclasses.yaml")
+    assert shipped == (REPO / "deploy" / "dra" / "deviceclasses.yaml").read_bytes()
 
 
 def test_wheel_ships_the_proto_and_its_stubs(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    for path in (REPO / "plugin" / "api").glob("*"):
-        if path.suffix in {".proto", ".py"}:
-            assert f"plugin/api/{path.name}" in names
+    for folder in ("plugin/api", "plugin/dra/api"):
+        files = [p for p in (REPO / folder).glob("*") if p.suffix in {".proto", ".py", ".pyi"}]
+        assert files
+        for path in files:
+            assert f"{wheel_path(folder)}/{path.name}" in names
 
 
 def test_every_part_registers_its_commands() -> None:

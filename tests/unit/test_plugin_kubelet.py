@@ -203,7 +203,8 @@ def registrar_for(
 
 def start_kubelet_like_the_kubelet(plugin_dir: Path) -> KubeletSimulator:
     """What a starting kubelet does: delete every socket in the plugin dir, then listen on
-    kubelet.sock (kubeletsim and the kubelet's device manager do the same)."""
+    kubelet.sock (the kubelet's device manager does the same; so does
+    ``KubeletSimulator(clean_start=True)``)."""
     for entry in plugin_dir.iterdir():
         if not entry.is_dir():
             entry.unlink()

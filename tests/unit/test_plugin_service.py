@@ -21,7 +21,7 @@ from plugin.kubelet_requests import (
     PreferenceRequest,
     RequestRecorder,
 )
-from plugin.native_edits import ContainerEdits, DeviceNodeEdit, MountEdit
+from plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
 from plugin.servicer import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
@@ -139,9 +139,9 @@ def test_allocate_other_strategies(tmp_path: Path, strategy: str) -> None:
 def test_allocate_native_translates_edits(tmp_path: Path) -> None:
     asked: list[list[str]] = []
 
-    def edits(names: object) -> ContainerEdits:
+    def edits(names: object) -> AllocateEdits:
         asked.append(list(names))  # type: ignore[call-overload]
-        return ContainerEdits(
+        return AllocateEdits(
             env=("NVIDIA_VISIBLE_DEVICES=void", "A=1=2"),
             device_nodes=(DeviceNodeEdit("/dev/nvidia0", "/dev/nvidia0", "rw"),),
             mounts=(MountEdit("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1", True),),
@@ -161,7 +161,7 @@ def test_allocate_native_translates_edits(tmp_path: Path) -> None:
 
 
 def test_native_missing_name_is_failed_precondition(tmp_path: Path) -> None:
-    def edits(names: object) -> ContainerEdits:
+    def edits(names: object) -> AllocateEdits:
         raise AllocateRefused("CDI device nvidia.com/gpu=X is not defined in /nowhere")
 
     with Harness(tmp_path, strategy="native", edits=edits) as h:

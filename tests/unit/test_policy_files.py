@@ -125,8 +125,8 @@ def test_cel_typo_in_a_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         (
             ".startsWith(",
             ".startWith(",
-            "spec.selector (line 1, column 126): undeclared reference to 'startWith' (did you mean "
-            "'startsWith'?) (trial evaluation on a sample A100)",
+            "spec.selector (line 1, column 126): undeclared reference to 'startWith' (in container "
+            "'') (did you mean 'startsWith'?)",
         ),
         (
             "allocation.numaNodes.size() == 1",

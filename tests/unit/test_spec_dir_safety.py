@@ -14,9 +14,9 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from cdigen.nodefile import dump_node
 from plugin.agent.health import HealthBoard
 from plugin.agent.health_watchers import SpecDirWatcher
 from tests.cdihost import FakeHost, build_host, make_node
-from tests.helpers.shared import require_shared_tool
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 
 OURS = "nvidia.com-gpu.yaml"
 HEAD = "cdiVersion: 0.5.0\nkind: "
@@ -128,12 +128,25 @@ def test_list_reports_malformed_foreign_specs_and_still_lists_ours(
         assert f"nvidia.com/gpu={gpu.uuid}\t{hostile_dir / OURS}" in out
 
 
-def test_cdi_library_rejects_the_same_files(hostile_dir: Path) -> None:
-    tool = require_shared_tool("cdicheck")
-    run = subprocess.run([tool, "list", hostile_dir], capture_output=True, text=True, timeout=60)
-    failed = {Path(m).name for m in re.findall(r"^SPEC ERROR (\S+?):", run.stdout, re.M)}
-    assert failed == set(MALFORMED), run.stdout + run.stderr
-    assert set(load_state([hostile_dir]).devices) <= set(re.findall(r"\S+=\S+", run.stdout))
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
+
+
+def test_cdi_library_rejects_the_same_files(hostile_dir: Path, podman: CdiRuntime) -> None:
+    """podman's CDI library fails to load each malformed file (one load error each in its debug
+    log, which names the file where parsing failed, not where validation did) and still resolves
+    every device of ours beside them."""
+    ours = sorted(load_state([hostile_dir]).devices)
+    seen = podman.run(hostile_dir, ours)
+    assert not seen.unresolvable(), seen.error  # resolved (plain-file nodes then fail to stat)
+    refused = podman.run(hostile_dir, ["nvidia.com/gpu=none"], debug=True)
+    assert refused.unresolvable(), refused.error
+    failed = {Path(m).name for e in refused.load_errors for m in re.findall(r'Spec "([^"]+)"', e)}
+    assert len(refused.load_errors) == len(MALFORMED), refused.load_errors
+    assert failed <= set(MALFORMED) and len(failed) >= len(MALFORMED) - 2, refused.load_errors
+    assert any('invalid environment variable "hello"' in e for e in refused.load_errors)  # binary
+    assert any("invalid (empty) vendor name" in e for e in refused.load_errors)  # the date kind
 
 
 def test_generate_writes_our_spec_beside_malformed_foreign_specs(

@@ -81,7 +81,7 @@ foreground; its /dev/shm (the clients' too) writable for clients of any user. */
 {{- fail (printf "%s.podLabels sets app.kubernetes.io/name, which the DaemonSet's selector owns: use another label" $wing) -}}
 {{- end -}}
 {{- end -}}
-{{- if and .Values.devicePlugin.enabled .Values.dra.enabled (eq (toJson .Values.devicePlugin.nodeSelector) (toJson .Values.dra.nodeSelector)) -}}
-{{- fail "devicePlugin.nodeSelector and dra.nodeSelector are the same: both wings would serve the same nodes; opt nodes into DRA with a label of their own (docs/dra.md)" -}}
+{{- if and .Values.devicePlugin.enabled .Values.dra.enabled (or (empty .Values.dra.nodeSelector) (eq (toJson .Values.devicePlugin.nodeSelector) (toJson .Values.dra.nodeSelector))) -}}
+{{- fail "dra.nodeSelector is empty or the same as devicePlugin.nodeSelector: both wings would serve the same nodes; opt nodes into DRA with a label of their own (docs/dra.md)" -}}
 {{- end -}}
 {{- end -}}

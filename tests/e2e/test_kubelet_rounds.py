@@ -1,12 +1,13 @@
-"""``cdigen plugin serve`` against the kubelet's own device-plugin code (``kubeletsim -once``).
+"""``cdigen plugin serve`` through two kubelet rounds, as the kubelet's device manager runs them.
 
-kubeletsim (../shared/tools/bin, README beside it) deletes every socket in the plugin dir before
-it creates kubelet.sock, as the kubelet does, registers and allocates, restarts, and fails when a
-resource registers or connects more than once in a round. Both boot orders run for whole GPUs,
-MIG devices (mixed strategy) and memory slices with replicas; the spec dir holds what
-``cdigen generate`` writes for a fake host with real device nodes, which kubeletsim resolves the
-returned CDI names against. The registration times are printed (``pytest -s``) and recorded as
-test properties.
+The kubelet simulator (tests/kubelet_sim.py, ``clean_start``) removes every socket in the plugin
+dir before it creates kubelet.sock, as the kubelet does when it starts, checks each registration
+as the device manager does, and lists and allocates; then it restarts (round 2). Each round every
+resource registers exactly once and within a second, and the CDI names Allocate returns resolve
+in podman's CDI library (tests/helpers/cdi_runtime.py) against the spec dir ``cdigen generate``
+wrote for a fake host with real device nodes. Both boot orders run for whole GPUs, MIG devices
+(mixed strategy) and memory slices with replicas. (This replaces a check against a kubeletsim
+tool in ../shared that no clone or CI has.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,20 +27,20 @@ import pytest
 from cdigen.discover import load_node
 from plugin.resources import plan_resources
 from tests.cdihost import build_host
-from tests.helpers.shared import needs_shared_tool, shared_path
+from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
+from tests.kubelet_sim import KubeletSimulator
 
-KUBELETSIM = shared_path("tools/bin/kubeletsim")
-ROUND = re.compile(r"^ROUND ([12]): all of \[.*\] (?:re-)?registered in (\S+)$", re.M)
-GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)")
-GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
+# One GPU, one owner: each resource its own GPUs of the eight
 SLICES_CONFIG = """\
 resources:
   - name: nvidia.com/gpu
+    gpus: [0, 1, 2]
   - name: nvidia.com/gpu-memory
+    gpus: [3, 4, 5]
     sharing:
       memorySliceMiB: 4096
   - name: nvidia.com/gpu.shared
+    gpus: [6, 7]
     sharing:
       replicas: 4
 """
@@ -51,7 +53,7 @@ class Case:
     node: str
     mig_strategy: str = "none"
     config: str | None = None
-    count: int = 2  # devices kubeletsim asks for per container
+    count: int = 2  # devices the kubelet asks for per container
 
 
 CASES = {
@@ -61,18 +63,14 @@ CASES = {
     "memory-slices": Case("builtin:dgx-a100", config=SLICES_CONFIG),
 }
 
-pytestmark = needs_shared_tool("kubeletsim")
 
-
-def go_duration(text: str) -> float:
-    """Seconds in a Go ``time.Duration`` string (``248ms``, ``1.5s``, ``1m2.5s``)."""
-    parts = GO_DURATION_PART.findall(text)
-    assert parts and "".join(n + u for n, u in parts) == text, f"not a Go duration: {text!r}"
-    return sum(float(number) * GO_UNITS[unit] for number, unit in parts)
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdiRuntime]:
+    yield from cdi_runtime(tmp_path_factory)
 
 
 def expected_resources(case: Case) -> list[str]:
-    """Every resource the plugin serves for ``case``, as kubeletsim must see them register."""
+    """Every resource the plugin serves for ``case``, as the kubelet must see them register."""
     if case.config is not None:
         return re.findall(r"- name: (\S+)", case.config)
     node = load_node(case.node)
@@ -90,7 +88,7 @@ def spec_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         base = tmp_path_factory.mktemp(node.replace(":", "-"))
         host = build_host(base / "host", load_node(node))
         if not host.real_nodes:
-            pytest.skip("mknod is not permitted here: kubeletsim needs real device nodes")
+            pytest.skip("mknod is not permitted here: podman needs real device nodes")
         spec_dir = base / "cdi"
         args = ["generate", "--node", node, "--output-dir", str(spec_dir)]
         args += ["--driver-root", str(host.driver_root), "--dev-root", str(host.dev_root)]
@@ -151,19 +149,33 @@ class Plugin:
             self._out.close()
 
 
-def run_kubeletsim(plugin_dir: Path, spec_dir: Path, case: Case) -> subprocess.Popen[str]:
-    args = ["-dir", str(plugin_dir), "-spec-dir", str(spec_dir), "-once"]
-    args += ["-expect", ",".join(expected_resources(case)), "-count", str(case.count)]
-    return subprocess.Popen(
-        [str(KUBELETSIM), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+def run_round(kubelet: KubeletSimulator, case: Case, started: float) -> tuple[float, list[str]]:
+    """Wait until every resource registered once, list and allocate ``case.count`` devices of
+    each; the seconds from ``started`` to the last registration, and the CDI names returned."""
+    resources = expected_resources(case)
+    last = max(kubelet.wait_registered(r, timeout_s=10).at for r in resources)
+    names: list[str] = []
+    for resource in resources:
+        devices = kubelet.wait_devices(resource, lambda d: len(d) >= case.count)
+        healthy = [d.ID for d in devices if d.health == "Healthy"]
+        assert len(healthy) >= case.count, (resource, devices)
+        ids = kubelet.preferred(resource, healthy, case.count)
+        response = kubelet.allocate(resource, [ids])
+        (container,) = response.container_responses
+        assert container.cdi_devices, (resource, container)
+        names += [d.name for d in container.cdi_devices]
+    time.sleep(0.3)  # a second registration or connection in the round would show by now
+    assert {r: kubelet.registration_count(r) for r in resources} == dict.fromkeys(resources, 1)
+    assert not kubelet.rejections, kubelet.rejections
+    return last - started, names
 
 
 @pytest.mark.parametrize("order", ["kubelet-first", "plugin-first"])
 @pytest.mark.parametrize("case_id", list(CASES))
-def test_kubeletsim_once_passes(
+def test_two_kubelet_rounds(
     tmp_path: Path,
     spec_dirs: dict[str, Path],
+    podman: CdiRuntime,
     case_id: str,
     order: str,
     record_property: pytest.RecordProperty,
@@ -173,45 +185,46 @@ def test_kubeletsim_once_passes(
     plugin_dir = tmp_path / "plugins"
     kubelet_sock = plugin_dir / "kubelet.sock"
     plugin: Plugin | None = None
-    sim: subprocess.Popen[str] | None = None
+    kubelet: KubeletSimulator | None = None
     try:
         if order == "kubelet-first":
-            plugin_dir.mkdir()
-            sim = run_kubeletsim(plugin_dir, spec_dir, case)
-            deadline = time.monotonic() + 10
-            while not kubelet_sock.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            started = time.monotonic()
+            kubelet = KubeletSimulator(plugin_dir, clean_start=True).start()
             plugin = Plugin(tmp_path, case, spec_dir, plugin_dir)
-        else:  # node boot: the plugin is up and waiting, the kubelet comes 3 s later
+        else:  # node boot: the plugin is up and waiting, the kubelet comes a second later
+            plugin_dir.mkdir()
             plugin = Plugin(tmp_path, case, spec_dir, plugin_dir)
             plugin.wait_for(rf"waiting for the kubelet at {re.escape(str(kubelet_sock))}")
             assert plugin.healthz() == (503, f"waiting for kubelet at {kubelet_sock}\n")
-            time.sleep(3)
-            sim = run_kubeletsim(plugin_dir, spec_dir, case)
-        output, _ = sim.communicate(timeout=120)
+            time.sleep(1)
+            started = time.monotonic()
+            kubelet = KubeletSimulator(plugin_dir, clean_start=True).start()
+        first, names = run_round(kubelet, case, started)
+        kubelet.stop()  # the kubelet restarts: a new one removes every socket in the dir
+        started = time.monotonic()
+        kubelet = KubeletSimulator(plugin_dir, clean_start=True).start()
+        second, again = run_round(kubelet, case, started)
     finally:
-        if sim is not None and sim.poll() is None:
-            sim.kill()
+        if kubelet is not None:
+            kubelet.stop()
         exit_code = plugin.stop() if plugin is not None else None
     assert plugin is not None
     log = plugin.text()
-    tail = "\n".join(output.splitlines()[-15:])
-    assert sim.returncode == 0, f"kubeletsim failed:\n{tail}\n--- plugin log:\n{log[-3000:]}"
     assert exit_code == 0 and "Traceback" not in log
     assert "refused registration" not in log and "registration attempt" not in log
-    times = {int(n): go_duration(t) for n, t in ROUND.findall(output)}
-    assert sorted(times) == [1, 2], tail
+    seen = podman.run(spec_dir, sorted(set(names + again)))
+    assert seen.ok, seen.error
     own = re.search(r"registered .* with the kubelet in (\d+) ms", log)
     assert own is not None, log[-3000:]
     print(
-        f"\nkubeletsim {case_id} {order}: round 1 registered in {times[1] * 1000:.0f} ms, "
-        f"round 2 (kubelet restart) in {times[2] * 1000:.0f} ms; "
+        f"\n{case_id} {order}: round 1 registered in {first * 1000:.0f} ms, "
+        f"round 2 (kubelet restart) in {second * 1000:.0f} ms; "
         f"the plugin's first Register calls took {own.group(1)} ms"
     )
-    record_property("round1_registered_s", times[1])
-    record_property("round2_registered_s", times[2])
+    record_property("round1_registered_s", first)
+    record_property("round2_registered_s", second)
     if order == "plugin-first":  # counted from kubelet.sock appearing (not from our own start)
-        assert times[1] < 1.0
+        assert first < 1.0
         before = log.split("registered ", 1)[0]  # one line while it waited, then no more
         assert len(re.findall(r"waiting for the kubelet at", before)) == 1
-    assert times[2] < 1.0
+    assert second < 1.0

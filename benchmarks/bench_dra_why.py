@@ -1,0 +1,164 @@
+"""``cdigen dra why`` at cluster scale (issue 36 goal: 5,000 nodes of 8 GPUs within 3 s and
+200 MB), against a baseline tree measured in the same sitting, alternating.
+
+    python benchmarks/bench_dra_why.py [--nodes 5000] [--rounds 3] [--baseline DIR]
+
+The cluster: ``--nodes`` nodes, each publishing the ResourceSlice ``cdigen dra serve
+--memory-step 1Mi`` publishes for builtin:dgx-a100 (8 A100s, memory shares); on every node two
+allocated claims hold 3Gi of a GPU; the DeviceClasses of deploy/dra/deviceclasses.yaml; and a
+pending pod whose claim asks 90Gi (fits nowhere: every node is simulated and explained). The
+objects are JSON text as the API server sends its lists; one run is a fresh process that parses
+them and runs ``explain_pod``, measured by wall clock, CPU time (user + system) and peak RSS
+(the whole process: the interpreter and imports too). ``--baseline DIR``: a checkout of the
+tree to compare with (e.g. ``git archive <commit> | tar -x -C DIR``); runs alternate: baseline,
+ours, baseline, ours...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = "gpu.cdigen.dev"
+CLAIM_REQUEST = {
+    "name": "share",
+    "exactly": {
+        "deviceClassName": DRIVER,
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "capacity": {"requests": {"memory": "{memory}"}},
+    },
+}
+
+
+def _claim(name: str, uid: str, memory: str, node: str | None, device: str) -> dict:
+    request = json.loads(json.dumps(CLAIM_REQUEST).replace("{memory}", memory))
+    doc: dict = {
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    if node:
+        doc["status"] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "share", "driver": DRIVER, "pool": node, "device": device,
+                         "shareID": uid, "consumedCapacity": {"memory": memory}}
+                    ]
+                },
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+            }
+        }  # fmt: skip
+    return doc
+
+
+def make_cluster(nodes: int, out: Path) -> None:
+    """Write the cluster's JSON lists into ``out`` (made with this tree's slice builder)."""
+    import yaml
+
+    sys.path.insert(0, str(REPO))
+    from cdigen.discover import load_node
+    from plugin.dra.slices import MemoryShares, build_slices
+    from policies.device_view import device_views
+    from policies.dra.order import ordered_views
+
+    node = load_node("builtin:dgx-a100")
+    views = ordered_views(device_views(node), node)
+    template = build_slices(
+        views, driver=DRIVER, node_name="NODE", generation=1, shares=MemoryShares(1 << 20)
+    )
+    text = json.dumps(template)
+    slices, claims = [], []
+    for n in range(nodes):
+        name = f"node-{n:05}"
+        for k, body in enumerate(json.loads(text.replace('"NODE', f'"{name}'))):
+            body["metadata"] = {"name": f"{name}-{DRIVER}-{k}"}
+            slices.append(body)
+        for k in range(2):
+            uid = f"{n:08x}-0000-4000-8000-{k:012x}"
+            claims.append(_claim(f"{name}-held-{k}", uid, "3Gi", name, f"gpu-{k}"))
+    claims.append(_claim("pending-gpu", "ffffffff-0000-4000-8000-000000000000", "90Gi", None, ""))
+    classes = list(yaml.safe_load_all((REPO / "deploy/dra/deviceclasses.yaml").read_text()))
+    pod = {
+        "metadata": {"name": "pending", "namespace": "default"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "pending-gpu"}]},
+        "status": {"phase": "Pending"},
+    }
+    for what, items in (("slices", slices), ("claims", claims), ("classes", classes)):
+        (out / f"{what}.json").write_text(json.dumps({"items": items}))
+    (out / "pod.json").write_text(json.dumps(pod))
+
+
+def run_once(tree: Path, data: Path) -> dict:
+    """One measured run in this process (``--child``): parse, explain, report."""
+    sys.path.insert(0, str(tree))
+    from plugin.dra.why import Cluster, explain_pod
+
+    started, cpu0 = time.perf_counter(), time.process_time()
+    lists = {w: json.loads((data / f"{w}.json").read_bytes())["items"] for w in
+             ("slices", "claims", "classes")}  # fmt: skip
+    pod = json.loads((data / "pod.json").read_bytes())
+    claims = {}
+    for claim in lists["claims"]:
+        meta = claim.get("metadata") or {}
+        claims[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = claim
+    lines = explain_pod(Cluster(pod, claims, lists["slices"], lists["classes"]), driver=DRIVER)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak_mb, "lines": len(lines)}
+
+
+def measure(tree: Path, data: Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", str(tree), str(data)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(result.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
+    parser.add_argument("--data", type=Path, help="where the cluster's JSON goes (kept)")
+    parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_once(*args.child)))
+        return 0
+    import tempfile
+
+    data = args.data or Path(tempfile.mkdtemp(prefix="bench-why-"))
+    data.mkdir(parents=True, exist_ok=True)
+    make_cluster(args.nodes, data)
+    size_mb = sum(p.stat().st_size for p in data.glob("*.json")) / 1e6
+    print(f"{args.nodes} nodes x 8 GPUs, {2 * args.nodes} allocated claims: {size_mb:.0f} MB JSON")
+    trees = ([("baseline", args.baseline)] if args.baseline else []) + [("ours", REPO)]
+    runs: dict[str, list[dict]] = {name: [] for name, _ in trees}
+    for r in range(args.rounds):
+        for name, tree in trees:
+            result = measure(tree, data)
+            runs[name].append(result)
+            print(f"round {r + 1} {name:8}: wall {result['wall_s']:.2f} s, "
+                  f"CPU {result['cpu_s']:.2f} s, peak RSS {result['peak_mb']:.0f} MB, "
+                  f"{result['lines']} lines", flush=True)  # fmt: skip
+    for name, _ in trees:
+        med = {
+            k: statistics.median(r[k] for r in runs[name]) for k in ("wall_s", "cpu_s", "peak_mb")
+        }
+        print(f"median {name:8}: wall {med['wall_s']:.2f} s, CPU {med['cpu_s']:.2f} s, "
+              f"peak RSS {med['peak_mb']:.0f} MB")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""What ``dra why`` reads of the whole cluster for every node: the DeviceClasses, each node's
+devices from its newest ResourceSlices, and what the allocated claims hold, indexed by pool and
+read once. Malformed objects are left out and named in ``skipped``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from plugin.dra.api_objects import (
+    SHAPE_ERRORS,
+    Malformed,
+    described,
+    integer,
+    name_of,
+    obj,
+    objs,
+)
+from policies.dra.claim_docs import refuse_unchecked
+from policies.dra.claims import (
+    DeviceClass,
+    FirstFit,
+    NodeState,
+    Pick,
+    SliceDevice,
+    device_class,
+    qualify,
+    slice_devices,
+)
+
+
+def classes_of(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[DeviceClass]:
+    out = []
+    for doc in docs:
+        source = f"deviceclass {name_of(doc)[1]}"
+        try:
+            refuse_unchecked({"kind": "DeviceClass", **doc}, source)
+            obj(doc.get("spec"), "spec")
+            out.append(device_class(doc, source))
+        except SHAPE_ERRORS as exc:
+            skipped.append(f"{source} ({described(exc)})")
+    return out
+
+
+def node_devices(
+    slices: Iterable[Mapping[str, Any]], skipped: list[str]
+) -> dict[str, list[SliceDevice]]:
+    """Each node's devices, from the newest generation of each (driver, pool) published for
+    it (the scheduler ignores older generations); malformed slices are left out."""
+    read: list[tuple[str, tuple[str, str], int, Mapping[str, Any]]] = []
+    newest: dict[tuple[str, str], int] = {}
+    for body in slices:
+        try:
+            spec = obj(body.get("spec"), "spec")
+            pool = obj(spec.get("pool"), "spec.pool")
+            generation = integer(pool.get("generation"), "spec.pool.generation")
+            objs(spec.get("devices"), "spec.devices")
+        except Malformed as exc:
+            skipped.append(f"resourceslice {name_of(body)[1]} ({exc})")
+            continue
+        key = (str(spec.get("driver")), str(pool.get("name")))
+        newest[key] = max(newest.get(key, 0), generation)
+        if spec.get("nodeName"):
+            read.append((str(spec["nodeName"]), key, generation, body))
+    by_node: dict[str, list[Mapping[str, Any]]] = {}
+    for node, key, generation, body in read:
+        if generation == newest[key]:
+            by_node.setdefault(node, []).append(body)
+    out = {}
+    for node, bodies in by_node.items():
+        try:
+            out[node] = slice_devices(bodies)
+        except SHAPE_ERRORS as exc:
+            skipped.append(f"the resourceslices of node {node} ({described(exc)})")
+    return out
+
+
+# An allocated claim's results in one (driver, pool): the claim's name, the (driver, pool) and
+# (request, device, consumed capacity by qualified name) for each result there.
+Held = tuple[str, tuple[str, str], list[tuple[str, str, dict[str, int]]]]
+
+
+def held_by_pool(
+    claims: Mapping[tuple[str, str], Mapping[str, Any]], skipped: list[str]
+) -> dict[tuple[str, str], list[Held]]:
+    """What each allocated claim holds, by (driver, pool), read once for every node; a
+    malformed claim is left out and named in ``skipped``."""
+    from policies.dra.slice_devices import quantity
+
+    out: dict[tuple[str, str], list[Held]] = {}
+    for (namespace, name), doc in claims.items():
+        try:
+            status = obj(doc.get("status"), "status")
+            allocation = obj(status.get("allocation"), "status.allocation")
+            devices = obj(allocation.get("devices"), "status.allocation.devices")
+            mine: dict[tuple[str, str], list[tuple[str, str, dict[str, int]]]] = {}
+            field = "status.allocation.devices.results"
+            for n, result in enumerate(objs(devices.get("results"), field)):
+                driver = str(result.get("driver"))
+                at = f"{field}[{n}].consumedCapacity"
+                consumed = {
+                    qualify(str(k), driver): quantity(v, f"{at}.{k}")
+                    for k, v in obj(result.get("consumedCapacity"), at).items()
+                }
+                key = (driver, str(result.get("pool")))
+                entry = (str(result.get("request", "")), str(result.get("device")), consumed)
+                mine.setdefault(key, []).append(entry)
+        except SHAPE_ERRORS as exc:
+            skipped.append(f"resourceclaim {namespace}/{name} ({described(exc)})")
+            continue
+        for key, picks in mine.items():
+            out.setdefault(key, []).append((f"{namespace}/{name}", key, picks))
+    return out
+
+
+def held_on(fit: FirstFit, holders: Iterable[Held]) -> tuple[NodeState, int]:
+    """What the allocated claims ``holders`` hold of ``fit``'s devices, and how many claims
+    hold some."""
+    state = NodeState()
+    held = 0
+    for _, (driver, pool), results in holders:
+        picks = []
+        for request, name, consumed in results:
+            device = fit.by_name.get(name)
+            if device is None or (device.driver, device.pool) != (driver, pool):
+                continue
+            picks.append(Pick(request, device.name, consumed))
+        if picks:
+            held += 1
+            state.add(picks, fit.by_name)
+    return state, held

@@ -1,0 +1,54 @@
+"""The device-status WARNING says what to do for the answer the API server gave: RBAC for a
+403, nothing for a 404 (the claim is gone), never the 403 advice for another (issue 36)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from plugin.dra.status import StatusWriter
+
+
+class RefusingApi:
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+    ) -> None:
+        raise ApiException(status=self.status, reason="Refused")
+
+
+def _warning(status: int, caplog: pytest.LogCaptureFixture, name: str = "c") -> str:
+    writer = StatusWriter(
+        RefusingApi(status), driver="gpu.cdigen.dev", pool="n1", device_data=lambda _: {}
+    )
+    writer.start()
+    with caplog.at_level(logging.WARNING):
+        writer.prepared(
+            "default", name, [{"poolName": "n1", "deviceName": "gpu-0", "cdiDeviceIds": ["x"]}]
+        )
+        assert writer.wait_idle(5)
+    writer.stop()
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    return line
+
+
+def test_a_404_says_the_claim_is_gone_not_rbac(caplog: pytest.LogCaptureFixture) -> None:
+    line = _warning(404, caplog)
+    assert "deleted meanwhile" in line
+    assert "403" not in line and "rbac" not in line.lower()
+
+
+def test_a_403_points_at_rbac(caplog: pytest.LogCaptureFixture) -> None:
+    assert "deploy/dra/rbac.yaml" in _warning(403, caplog)
+
+
+def test_a_claim_name_with_escapes_is_printed_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    line = _warning(500, caplog, name="c\n\x1b[2Jforged")
+    assert "\x1b" not in line and "\n" not in line and "c\\n\\x1b[2Jforged" in line
+    assert "rbac" not in line.lower()
