@@ -6,7 +6,8 @@ import datetime
 import importlib.util
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,8 @@ def _validator(name: str) -> Any:
     return make_validator(load_schema(name))
 
 
-def field_path(parts: Any) -> str:
-    """Render a jsonschema path deque as ``gpus[2].memoryBytes`` (``<root>`` when empty)."""
+def field_path(parts: Iterable[str | int]) -> str:
+    """Render a path as ``gpus[2].memoryBytes`` (``<root>`` when empty)."""
     out = ""
     for part in parts:
         if isinstance(part, int):
@@ -99,6 +100,28 @@ def field_path(parts: Any) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out or "<root>"
+
+
+@dataclass(frozen=True)
+class SchemaProblem:
+    """One violation of a schema: where in the document (keys and list indexes, empty for the
+    document itself) and why. Rendered only where it is shown (:meth:`field`, ``str()``), so
+    a caller that puts the path under a field of its own never reads a rendered path back."""
+
+    path: tuple[str | int, ...]
+    message: str
+
+    @property
+    def field(self) -> str:
+        """The path as ``gpus[2].memoryBytes`` (``<root>`` for the document itself)."""
+        return field_path(self.path)
+
+    def field_under(self, base: str) -> str:
+        """The path below the field ``base``: ``base.gpus[2]``, ``base[0]``, ``base`` itself."""
+        return field_path((base, *self.path))
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -151,13 +174,16 @@ def _describe(error: Any) -> str:
     return str(error.message)
 
 
+def schema_problems(document: Any, name: str) -> list[SchemaProblem]:
+    """Every violation of schema ``name``, in document order."""
+    errors = sorted(_validator(name).iter_errors(document), key=lambda e: list(map(str, e.path)))
+    return [SchemaProblem(tuple(e.absolute_path), _describe(e)) for e in errors]
+
+
 def schema_errors(document: Any, name: str) -> list[str]:
-    """Every violation of schema ``name`` as ``path: why``, in document order."""
-    return [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in _errors(document, name)]
-
-
-def _errors(document: Any, name: str) -> list[Any]:
-    return sorted(_validator(name).iter_errors(document), key=lambda e: list(map(str, e.path)))
+    """Every violation of schema ``name`` as the line ``path: why``, in document order: for
+    callers that print them; one that needs the path takes :func:`schema_problems`."""
+    return [str(p) for p in schema_problems(document, name)]
 
 
 _ANNOTATIONS = frozenset(
@@ -344,9 +370,8 @@ def validate(document: Any, name: str, *, where: str) -> None:
     """
     if quick_valid(document, load_schema(name)):
         return
-    errors = _errors(document, name)
-    if errors:
-        problems = [f"{field_path(e.absolute_path)}: {_describe(e)}" for e in errors]
+    problems = schema_problems(document, name)
+    if problems:
         hint = f"see schemas/{name}.schema.json"
-        field = field_path(errors[0].absolute_path)
-        raise SchemaError(first_of(problems), where=where, hint=hint, field=field)
+        first = first_of([str(p) for p in problems])
+        raise SchemaError(first, where=where, hint=hint, field=problems[0].field)

@@ -26,7 +26,7 @@ from plugin.config import PluginConfig
 from plugin.generate_specs import write_specs
 from plugin.grpc_server import ResourceServer, stop_servers
 from plugin.kubelet import Registrar
-from plugin.kubelet_requests import RequestRecorder
+from plugin.kubelet_requests import AllocateRefused, RequestRecorder
 from plugin.labels import plugin_labels
 from plugin.layout import (
     AllocatorCache,
@@ -176,16 +176,18 @@ class Plugin:
                 policies, cache = self._policies, self._allocators
                 self._swap(plan_layout(node, self.config, policies, cache, layout.resources))
 
-    def _share(self, resource: str) -> Callable[[Sequence[str]], ShareAllocation] | None:
+    def _share(
+        self, resource: str
+    ) -> Callable[[Sequence[AdvertisedDevice]], ShareAllocation] | None:
         """Allocate's hand-out for a sharing resource, from the layout in force; None else."""
         if self.resource(resource).sharing is None:
             return None
 
-        def share(ids: Sequence[str]) -> ShareAllocation:
+        def share(devices: Sequence[AdvertisedDevice]) -> ShareAllocation:
             engine = self.layout.engine(resource)
             if engine.share is None:
-                raise KeyError(f"{resource} is no longer a sharing resource")
-            return engine.share(ids)
+                raise AllocateRefused(f"{resource} is no longer a sharing resource")
+            return engine.share(devices)
 
         return share
 

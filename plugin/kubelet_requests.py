@@ -1,5 +1,12 @@
-"""One kubelet request at a time: checking ID lists, quoting IDs, the policy's queue, and
-answers without a policy."""
+"""One kubelet request at a time: the typed request the gRPC edge checks once, quoting IDs, the
+policy's queue, and answers without a policy.
+
+Allocate and GetPreferredAllocation are checked here, once, against the devices the service
+advertises: :func:`allocation_requests` and :func:`preference_requests` turn the kubelet's
+message into typed values holding the advertised devices themselves (each with its catalogue
+entry: GPU, position, kind), or raise :class:`RequestInvalid` (``INVALID_ARGUMENT``). The layers
+after them (the policy's engine, the share hand-out, the response) take those values as they
+are and never look an ID up again."""
 
 from __future__ import annotations
 
@@ -9,12 +16,15 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypedDict
 
-from cdigen.errors import InputError
+from cdigen.errors import CdigenError, InputError
 from plugin.api import deviceplugin_pb2 as pb
+from plugin.resources import AdvertisedDevice
 
 ECHOED_ID_CHARS = 64  # an ID quoted in an error or a log line is cut to this many characters
 SUMMARY_INTERVAL_S = 60.0  # how often the per-call counts are logged at INFO (when there were any)
@@ -52,6 +62,161 @@ def id_list_problem(ids: Sequence[str], what: str) -> str | None:
         f"{what} device {short_id(twice)} is listed {counts[twice]} times: "
         "each device may appear once"
     )
+
+
+class RequestInvalid(Exception):
+    """The kubelet's request itself is malformed (answered ``INVALID_ARGUMENT``); the message
+    names the container request when there are several."""
+
+
+class AllocateRefused(CdigenError):
+    """A well-formed Allocate the plugin cannot serve with what is in force (the CDI specs, the
+    config): answered ``FAILED_PRECONDITION`` with the message."""
+
+
+@dataclass(frozen=True)
+class PreferenceRequest:
+    """One container's GetPreferredAllocation request, checked (see :func:`check_preference`).
+
+    ``candidates``: the advertised devices the answer may hold: those of the available list the
+    service advertises, in the kubelet's order, then any must-include device that list lacks;
+    ``ids`` are their IDs, in the same order (the strings the kubelet sent, kept so that no
+    layer reads them back out of the devices). ``must``: indexes into ``candidates`` of the
+    must-include devices, in the order asked. ``ignored``: available IDs the service does not
+    advertise (left out; the kubelet may list devices of an older layout). ``outside``: the
+    must-include IDs the available list lacked."""
+
+    candidates: tuple[AdvertisedDevice, ...]
+    ids: tuple[str, ...]
+    must: tuple[int, ...]
+    size: int
+    ignored: tuple[str, ...] = ()
+    outside: tuple[str, ...] = ()
+
+    @cached_property
+    def must_ids(self) -> tuple[str, ...]:
+        """The must-include devices' IDs, in the order asked."""
+        return tuple(self.ids[k] for k in self.must)
+
+
+def check_preference(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    devices: Mapping[str, AdvertisedDevice],
+    resource: str,
+) -> PreferenceRequest:
+    """One container's preferred-allocation request against the advertised ``devices`` (by ID)
+    of ``resource``; RequestInvalid saying what is malformed."""
+    if size < 1:
+        raise RequestInvalid(f"allocation size {size}: must be at least 1")
+    problem = id_list_problem(available, "available")
+    if problem is None and must_include:
+        problem = id_list_problem(must_include, "must-include")
+    if problem is not None:
+        raise RequestInvalid(problem)
+    if len(must_include) > size:
+        raise RequestInvalid(
+            f"{len(must_include)} must-include devices but the allocation size is {size}: "
+            "they cannot all be in the answer"
+        )
+    must_devices = []
+    for device_id in must_include:
+        device = devices.get(device_id)
+        if device is None:
+            raise RequestInvalid(
+                f"must-include device {short_id(device_id)} is not advertised by {resource}"
+            )
+        must_devices.append(device)
+    candidates: list[AdvertisedDevice] = []
+    ids: list[str] = []
+    ignored: list[str] = []
+    for device_id in available:
+        device = devices.get(device_id)
+        if device is None:
+            ignored.append(device_id)
+        else:
+            candidates.append(device)
+            ids.append(device_id)
+    must: tuple[int, ...] = ()
+    outside: list[str] = []
+    if must_devices:
+        # The kubelet lists its must-include devices among the available ones; NVIDIA's
+        # plugin answers with them included whatever the list says, and so do we.
+        at = {device_id: k for k, device_id in enumerate(ids)}  # IDs are unique: checked
+        for device_id, device in zip(must_include, must_devices, strict=True):
+            if device_id not in at:
+                at[device_id] = len(ids)
+                outside.append(device_id)
+                candidates.append(device)
+                ids.append(device_id)
+        must = tuple(at[device_id] for device_id in must_include)
+    if size > len(candidates):
+        raise RequestInvalid(f"allocation size {size} but {len(candidates)} device(s) available")
+    return PreferenceRequest(
+        tuple(candidates), tuple(ids), must, size, tuple(ignored), tuple(outside)
+    )
+
+
+def preference_requests(
+    request: pb.PreferredAllocationRequest, devices: Mapping[str, AdvertisedDevice], resource: str
+) -> tuple[PreferenceRequest, ...]:
+    """Every container request of a GetPreferredAllocation, checked; RequestInvalid naming the
+    container request at fault."""
+    if not request.container_requests:
+        raise RequestInvalid("no container requests")
+    out = []
+    for index, creq in enumerate(request.container_requests):
+        try:
+            out.append(
+                check_preference(  # each protobuf string read once
+                    tuple(creq.available_deviceIDs),
+                    tuple(creq.must_include_deviceIDs),
+                    int(creq.allocation_size),
+                    devices,
+                    resource,
+                )
+            )
+        except RequestInvalid as exc:
+            raise RequestInvalid(f"container request {index}: {exc}") from None
+    return tuple(out)
+
+
+def check_allocation(
+    ids: Sequence[str], devices: Mapping[str, AdvertisedDevice], resource: str
+) -> tuple[AdvertisedDevice, ...]:
+    """The advertised devices one container is allocated, in the kubelet's order;
+    RequestInvalid for an empty list, an ID listed twice or one ``resource`` does not
+    advertise."""
+    problem = id_list_problem(ids, "allocated")
+    if problem is not None:
+        raise RequestInvalid(problem)
+    out = []
+    for device_id in ids:
+        device = devices.get(device_id)
+        if device is None:
+            raise RequestInvalid(
+                f"unknown device {short_id(device_id)} for {resource} "
+                f"(advertised: {len(devices)} devices)"
+            )
+        out.append(device)
+    return tuple(out)
+
+
+def allocation_requests(
+    request: pb.AllocateRequest, devices: Mapping[str, AdvertisedDevice], resource: str
+) -> tuple[tuple[AdvertisedDevice, ...], ...]:
+    """Per container request of an Allocate, its devices, checked; RequestInvalid naming the
+    container request at fault."""
+    if not request.container_requests:
+        raise RequestInvalid("no container requests")
+    out = []
+    for index, creq in enumerate(request.container_requests):
+        try:
+            out.append(check_allocation(tuple(creq.devices_ids), devices, resource))
+        except RequestInvalid as exc:
+            raise RequestInvalid(f"container request {index}: {exc}") from None
+    return tuple(out)
 
 
 class FifoGate:
@@ -121,17 +286,16 @@ def describe_response(response: pb.ContainerAllocateResponse) -> str:
     return "; ".join(parts) or "nothing"
 
 
-def fallback_preference(
-    available: tuple[str, ...], must_include: tuple[str, ...], size: int
-) -> tuple[str, ...]:
-    """A valid answer without any policy: the must-include devices, then the first available."""
-    chosen = list(dict.fromkeys(must_include))
-    for device in available:
-        if len(chosen) >= size:
+def fallback_preference(request: PreferenceRequest) -> tuple[str, ...]:
+    """A valid answer without any policy: the must-include devices, then the first candidates
+    (the check made sure they are no more than the size, and the candidates enough)."""
+    chosen = list(request.must_ids)
+    for device_id in request.ids:
+        if len(chosen) == request.size:
             break
-        if device not in chosen:
-            chosen.append(device)
-    return tuple(chosen[:size])
+        if device_id not in chosen:
+            chosen.append(device_id)
+    return tuple(chosen)
 
 
 class CallSummary:

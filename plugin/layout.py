@@ -13,13 +13,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdigen.model import Node
 from plugin.cdi_names import capability_cdi_names
 from plugin.config import PluginConfig, ResourceConfig
+from plugin.kubelet_requests import PreferenceRequest
 from plugin.resources import (
     AdvertisedDevice,
     Resource,
@@ -28,7 +28,7 @@ from plugin.resources import (
     shared_resource,
 )
 from plugin.servicer import Preference
-from plugin.sharing import ShareAllocation, allocate_shares, share_devices
+from plugin.sharing import ShareAllocation, hand_out_shares
 
 if TYPE_CHECKING:
     from policies.allocator import Allocator
@@ -38,29 +38,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("cdigen.plugin")
 
 
-def engine_request(
-    allocator: Allocator,
-    positions: Mapping[str, int],
-    slice_ids: AbstractSet[str],
-    available: Sequence[str],
-    must_include: Sequence[str],
-    size: int,
-) -> Preference:
-    """Ask ``allocator`` for ``size`` of ``available`` with ``must_include`` among them.
+def engine_request(allocator: Allocator, request: PreferenceRequest) -> Preference:
+    """Ask ``allocator`` for ``request.size`` of the request's candidates, its must-include
+    devices among them.
 
-    The one place the plugin talks to the engine. It hands the engine device handles (each
-    device's GPU position, ``positions``, from the layout), never ID strings to parse: IDs the
-    layout does not advertise are left out, as the kubelet may list devices of an older layout.
-    ``slice_ids``: the memory slices among the devices (always packed).
+    The one place the plugin talks to the engine. The request was checked at the gRPC edge
+    (:func:`plugin.kubelet_requests.check_preference`) and holds the advertised devices: the
+    engine gets their handles (each device's GPU position, from its catalogue entry), never ID
+    strings to parse or look up again. Memory slices are always packed.
     """
-    known = [d for d in available if d in positions]
-    must: list[int] = []
-    if must_include:
-        index = {d: n for n, d in enumerate(known)}
-        must = [index[d] for d in must_include if d in index]
-    slices = bool(slice_ids) and any(d in slice_ids for d in known)
-    placed = allocator.prefer_positions([positions[d] for d in known], must, size, slices=slices)
-    chosen = tuple(known[k] for k in placed.devices)
+    candidates = request.candidates
+    # a resource's devices are all memory slices or none (and a checked request holds one)
+    slices = candidates[0].kind == "slice"
+    positions = [d.entry.position for d in candidates]  # the GPU's place, from the catalogue
+    placed = allocator.prefer_positions(positions, request.must, request.size, slices=slices)
+    chosen = tuple(request.ids[k] for k in placed.devices)
     score, fallback = int(placed.link_score), placed.fallback_reason
     if fallback:
         log.info("preferred allocation fell back: %s", fallback)
@@ -70,25 +62,16 @@ def engine_request(
 @dataclass(frozen=True)
 class Engine:
     """What decides for one resource: its policy's allocator, and for a sharing resource what
-    Allocate hands out for a set of shares. ``devices``: the resource's devices by ID."""
+    Allocate hands out for a set of shares. The devices are the layout's resource's, reaching
+    the engine inside each checked request: it keeps no list of its own."""
 
     policy: Policy
     allocator: Allocator
-    share: Callable[[Sequence[str]], ShareAllocation] | None = None
-    devices: Mapping[str, AdvertisedDevice] = dataclasses.field(default_factory=dict)
-    # what a request needs of the devices, looked up once here rather than on every call
-    positions: Mapping[str, int] = field(init=False, repr=False, compare=False)
-    slice_ids: frozenset[str] = field(init=False, repr=False, compare=False)
+    share: Callable[[Sequence[AdvertisedDevice]], ShareAllocation] | None = None
 
-    def __post_init__(self) -> None:
-        devices = self.devices.values()
-        positions = {d.id: d.gpu_position for d in devices if d.gpu_position is not None}
-        object.__setattr__(self, "positions", positions)
-        object.__setattr__(self, "slice_ids", frozenset(d.id for d in devices if d.kind == "slice"))
-
-    def prefer(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    def prefer(self, request: PreferenceRequest) -> Preference:
         """The policy's preferred devices (see :func:`engine_request`)."""
-        return engine_request(self.allocator, self.positions, self.slice_ids, available, must, size)
+        return engine_request(self.allocator, request)
 
 
 @dataclass(frozen=True)
@@ -177,18 +160,16 @@ def resource_configs(
 
 
 def _share(
-    node: Node, resource: Resource, cdi_kind: str
-) -> Callable[[Sequence[str]], ShareAllocation] | None:
+    resource: Resource, cdi_kind: str
+) -> Callable[[Sequence[AdvertisedDevice]], ShareAllocation] | None:
     sharing = resource.sharing
     if sharing is None:
         return None
     name = resource.name
-    advertised = {d.id: d for d in share_devices(node, sharing)}
 
-    def share(ids: Sequence[str]) -> ShareAllocation:
-        return allocate_shares(
-            ids, node, sharing, cdi_kind=cdi_kind, resource=name, advertised=advertised
-        )
+    def share(devices: Sequence[AdvertisedDevice]) -> ShareAllocation:
+        shares = [d.entry for d in devices]
+        return hand_out_shares(shares, sharing, cdi_kind=cdi_kind, resource=name)
 
     return share
 
@@ -259,9 +240,7 @@ def plan_layout(
         allocator = taken.get((policy.name, policy.source))
         if allocator is None:
             allocator = taken[policy.name, policy.source] = cache.get(node, policy)
-        share = _share(node, resource, config.cdi_kind)
-        by_id = {d.id: d for d in resource.devices}
-        engines[resource.name] = Engine(policy, allocator, share, by_id)
+        engines[resource.name] = Engine(policy, allocator, _share(resource, config.cdi_kind))
     return Layout(node, resources, engines)
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from cdigen.cdi import edits as cdi
-from cdigen.cdi.cache import SpecCache
+from cdigen.cdi.cache import SpecCache, UnresolvedDevices
+from plugin.kubelet_requests import AllocateRefused
 from plugin.sharing import BindMount
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class EditsLookup(Protocol):
     """Resolves fully-qualified CDI names to their merged container edits (``native``)."""
 
     def __call__(self, names: Sequence[str]) -> AllocateEdits:
-        """The merged edits of ``names``; raises KeyError naming a name the spec lacks."""
+        """The merged edits of ``names``; raises AllocateRefused naming a name the specs lack."""
         ...
 
 
@@ -83,7 +84,7 @@ class SpecEdits:
         self._warned_hooks = False
 
     def __call__(self, names: Sequence[str]) -> AllocateEdits:
-        """The merged edits of ``names``; KeyError naming the names no spec defines."""
+        """The merged edits of ``names``; AllocateRefused naming the names no spec defines."""
         state = self.cache.state()
         key = tuple(names)
         if state is not self._state:
@@ -93,9 +94,9 @@ class SpecEdits:
             return found
         try:
             merged = state.edits_for(key)
-        except KeyError as exc:
+        except UnresolvedDevices as exc:
             dirs = ", ".join(map(str, self.cache.spec_dirs))
-            raise KeyError(f"{exc.args[0]} (not defined in {dirs})") from None
+            raise AllocateRefused(f"{exc.message} (not defined in {dirs})") from None
         edits = response_edits(merged)
         if edits.hooks and not self._warned_hooks:
             self._warned_hooks = True

@@ -18,13 +18,17 @@ from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
 from plugin.kubelet_requests import (
     SUMMARY_INTERVAL_S,
+    AllocateRefused,
     CallSummary,
     FifoGate,
+    PreferenceRequest,
+    RequestInvalid,
     RequestRecorder,
+    allocation_requests,
     call_ended,
     describe_response,
     fallback_preference,
-    id_list_problem,
+    preference_requests,
     short_id,
 )
 from plugin.native_edits import EditsLookup, add_mounts, fill_native
@@ -55,28 +59,24 @@ class Preference:
     fallback: bool = False  # no set met the policy; the allocator fell back
 
 
-Preferrer = Callable[[tuple[str, ...], tuple[str, ...], int], Preference]
-# Turns the share IDs allocated to one container into what it gets; raises ShareRefused.
-ShareAllocator = Callable[[Sequence[str]], ShareAllocation]
+Preferrer = Callable[[PreferenceRequest], Preference]
+# Turns the shares allocated to one container into what it gets; raises ShareRefused.
+ShareAllocator = Callable[[Sequence[AdvertisedDevice]], ShareAllocation]
 
 
 @dataclass(frozen=True)
 class Advertised:
     """What one service advertises: read once per call, swapped whole on a new layout, so a
-    gRPC thread never sees one layout's IDs with another's names."""
+    gRPC thread never checks a request against one layout and answers from another."""
 
     devices: tuple[AdvertisedDevice, ...]
-    names: Mapping[str, tuple[str, ...]]  # device ID -> the CDI names Allocate hands out
+    by_id: Mapping[str, AdvertisedDevice]  # the same devices, by the ID the kubelet sees
 
     @classmethod
     def of(cls, devices: Sequence[AdvertisedDevice]) -> Advertised:
-        """``devices`` with their CDI names."""
+        """``devices``, indexed by ID."""
         devices = tuple(devices)
-        return cls(devices, {d.id: d.cdi_names for d in devices})
-
-
-class PreferenceFailed(Exception):
-    """The preferred-allocation request itself is invalid (reported to the kubelet)."""
+        return cls(devices, {d.id: d for d in devices})
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
@@ -174,26 +174,19 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         """One preferred set per container request, chosen by the allocation policy."""
         out = pb.PreferredAllocationResponse()
         with self._observe("GetPreferredAllocation"):
-            if not request.container_requests:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
-            for index, creq in enumerate(request.container_requests):
-                if self._recorder is not None:
+            if self._recorder is not None:
+                for creq in request.container_requests:
                     self._recorder.record(
                         creq.available_deviceIDs,
                         creq.must_include_deviceIDs,
                         int(creq.allocation_size),
                     )
-                try:
-                    chosen = self.preferred(
-                        tuple(creq.available_deviceIDs),
-                        tuple(creq.must_include_deviceIDs),
-                        int(creq.allocation_size),
-                        ended=lambda: call_ended(context),
-                    )
-                except PreferenceFailed as exc:
-                    context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT, f"container request {index}: {exc}"
-                    )
+            try:  # the one check of the request: the layers below take it as it is
+                asks = preference_requests(request, self._advertised.by_id, self.resource)
+            except RequestInvalid as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            for ask in asks:
+                chosen = self.preferred(ask, ended=lambda: call_ended(context))
                 if chosen is None:  # the call ended (client gone, server stopping) as it waited
                     context.abort(grpc.StatusCode.CANCELLED, "the call ended before its turn")
                     return out  # not reached: abort raises
@@ -201,32 +194,32 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
         return out
 
     def preferred(
-        self,
-        available: tuple[str, ...],
-        must_include: tuple[str, ...],
-        size: int,
-        ended: Callable[[], threading.Event] | None = None,
+        self, request: PreferenceRequest, ended: Callable[[], threading.Event] | None = None
     ) -> tuple[str, ...] | None:
-        """The preferred devices; unknown available IDs are left out, never an error. Raises
-        PreferenceFailed for a malformed request; None when the event ``ended`` makes was set
-        (the call was cancelled or the server stops) while the request waited for its turn at
-        the policy (it is made only when the request must wait)."""
-        candidates = self._candidates(available, must_include, size)
-        pool = set(candidates)
+        """The preferred devices for a checked request (unknown available IDs were left out,
+        never an error); None when the event ``ended`` makes was set (the call was cancelled
+        or the server stops) while the request waited for its turn at the policy (it is made
+        only when the request must wait)."""
+        self._log_request_faults(request)
         gate = self._policy_gate
         if not gate.try_acquire() and not gate.acquire(ended() if ended else threading.Event()):
             return None
         try:
-            answer = self._prefer()(candidates, must_include, size)
+            answer = self._prefer()(request)
         except Exception as exc:  # the policy must never fail the kubelet's request
             log.error("allocation policy failed (%s); answering without it", exc)
-            return fallback_preference(candidates, must_include, size)
+            return fallback_preference(request)
         finally:
             self._policy_gate.release()
         chosen = answer.devices
-        if len(chosen) != size or not set(chosen) <= pool or not set(must_include) <= set(chosen):
+        pool = set(request.ids)
+        if (
+            len(chosen) != request.size
+            or not set(chosen) <= pool
+            or not set(request.must_ids) <= set(chosen)
+        ):
             log.error("allocation policy gave an invalid answer %s; answering without it", chosen)
-            return fallback_preference(candidates, must_include, size)
+            return fallback_preference(request)
         if self._metrics is not None and answer.link_score is not None:
             self._metrics.observe_link_score(
                 self.resource, answer.link_score, fallback=answer.fallback
@@ -236,41 +229,19 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 "GetPreferredAllocation %s: available=[%s] must=[%s] size=%d -> [%s] "
                 "(link score %s%s)",
                 self.resource,
-                ",".join(candidates),
-                ",".join(must_include),
-                size,
+                ",".join(request.ids),
+                ",".join(request.must_ids),
+                request.size,
                 ",".join(chosen),
                 answer.link_score,
                 ", policy fell back" if answer.fallback else "",
             )
         return tuple(chosen)
 
-    def _candidates(
-        self, available: tuple[str, ...], must_include: tuple[str, ...], size: int
-    ) -> tuple[str, ...]:
-        """The advertised devices a preference may choose from: the known available ones,
-        then any must-include device the list lacks. PreferenceFailed for a malformed
-        request."""
-        if size < 1:
-            raise PreferenceFailed(f"allocation size {size}: must be at least 1")
-        problem = id_list_problem(available, "available")
-        if problem is None and must_include:
-            problem = id_list_problem(must_include, "must-include")
-        if problem is not None:
-            raise PreferenceFailed(problem)
-        if len(must_include) > size:
-            raise PreferenceFailed(
-                f"{len(must_include)} must-include devices but the allocation size is {size}: "
-                "they cannot all be in the answer"
-            )
-        known = self._advertised.names
-        unknown_must = [d for d in must_include if d not in known]
-        if unknown_must:
-            raise PreferenceFailed(
-                f"must-include device {short_id(unknown_must[0])} is not advertised by "
-                f"{self.resource}"
-            )
-        ignored = [d for d in available if d not in known]
+    def _log_request_faults(self, request: PreferenceRequest) -> None:
+        """One warning each for the unknown available IDs left out and the must-include
+        devices the available list lacked."""
+        ignored = request.ignored
         if ignored:
             log.warning(
                 "preferred allocation: ignoring %d unknown available ID(s): %s%s",
@@ -278,12 +249,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 ", ".join(short_id(d) for d in ignored[:LOGGED_IDS]),
                 ", …" if len(ignored) > LOGGED_IDS else "",
             )
-        candidates = tuple(d for d in available if d in known)
-        listed = set(candidates)
-        outside = [d for d in must_include if d not in listed]
+        outside = request.outside
         if outside:
-            # The kubelet lists its must-include devices among the available ones; NVIDIA's
-            # plugin answers with them included whatever the list says, and so do we.
             log.warning(
                 "preferred allocation for %s: must-include device(s) %s%s not in the request's "
                 "available list; answering with them included",
@@ -291,11 +258,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
                 ", ".join(short_id(d) for d in outside[:LOGGED_IDS]),
                 ", …" if len(outside) > LOGGED_IDS else "",
             )
-            candidates += tuple(outside)
-        pool = set(candidates)
-        if size > len(pool):
-            raise PreferenceFailed(f"allocation size {size} but {len(pool)} device(s) available")
-        return candidates
 
     def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         """For each container: the devices, handed over as the configured strategy says."""
@@ -310,62 +272,41 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def _allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
-        names = self._advertised.names
-        if not request.container_requests:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
-        for index, creq in enumerate(request.container_requests):
-            ids = list(creq.devices_ids)
-            problem = id_list_problem(ids, "allocated")
-            if problem is not None:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"container request {index}: {problem}"
-                )
-            unknown = [d for d in ids if d not in names]
-            if unknown:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"container request {index}: unknown device {short_id(unknown[0])} for "
-                    f"{self.resource} (advertised: {len(names)} devices)",
-                )
+        try:  # the one check of the request: the layers below take it as it is
+            containers = allocation_requests(request, self._advertised.by_id, self.resource)
+        except RequestInvalid as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        for index, devices in enumerate(containers):
             try:
-                response = self.container_response(ids, names)
-            except ShareRefused as exc:
+                response = self.container_response(devices)
+            except (ShareRefused, AllocateRefused) as exc:
                 context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION, f"container request {index}: {exc}"
-                )
-            except KeyError as exc:
-                context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"container request {index}: {exc.args[0] if exc.args else exc}",
                 )
             out.container_responses.append(response)
             if log.isEnabledFor(logging.DEBUG):  # INFO: CallSummary's line every minute
                 log.debug(
                     "Allocate %s: [%s] -> %s (%s)",
                     self.resource,
-                    ",".join(ids),
+                    ",".join(d.id for d in devices),
                     describe_response(response),
                     self.strategy,
                 )
         return out
 
     def container_response(
-        self, ids: Sequence[str], advertised_names: Mapping[str, tuple[str, ...]] | None = None
+        self, devices: Sequence[AdvertisedDevice]
     ) -> pb.ContainerAllocateResponse:
-        """The response for one container, following the device list strategy; shares of a
-        GPU add their limits (environment) and the MPS pipe directory (mount); the resource's
-        capability devices follow the GPUs' CDI names.
-        ``advertised_names`` is the device-to-CDI-names map the caller checked ``ids`` against
-        (default: the one in force)."""
-        shared = self._share(ids) if self._share is not None else None
+        """The response for one container's checked ``devices``, following the device list
+        strategy; shares of a GPU add their limits (environment) and the MPS pipe directory
+        (mount); the resource's capability devices follow the GPUs' CDI names. AllocateRefused
+        (or ShareRefused) when what is in force cannot serve them."""
+        shared = self._share(devices) if self._share is not None else None
         if shared is not None:
             names = list(shared.cdi_names)
-            visible = ",".join(shared.gpu_uuids)
         else:
-            by_id = advertised_names if advertised_names is not None else self._advertised.names
             # several IDs of one GPU carry the same CDI name: hand it over once
-            names = list(dict.fromkeys(n for d in ids for n in by_id[d]))  # ids: all advertised
-            visible = ",".join(ids)
+            names = list(dict.fromkeys(n for d in devices for n in d.cdi_names))
         names += [n for n in self._capability_names if n not in names]
         response = pb.ContainerAllocateResponse()
         if self.strategy == "cdi-cri":
@@ -374,15 +315,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):  # type: ignore[misc]
             key = f"{ANNOTATION_PREFIX}{PLUGIN_NAME}_{uuidlib.uuid4()}"
             response.annotations[key] = ",".join(names)
         elif self.strategy == "envvar":
-            response.envs[VISIBLE_DEVICES_ENV] = visible
+            visible = shared.gpu_uuids if shared is not None else (d.id for d in devices)
+            response.envs[VISIBLE_DEVICES_ENV] = ",".join(visible)
             if self._driver_capabilities:
                 response.envs[DRIVER_CAPABILITIES_ENV] = self._driver_capabilities
         elif self.strategy == "native":
             if self._edits is None:
-                raise KeyError("the native strategy needs CDI specs; none were loaded")
+                raise AllocateRefused("the native strategy needs CDI specs; none were loaded")
             fill_native(response, self._edits(names))
         else:  # config validation keeps this from happening
-            raise KeyError(f"unknown device list strategy {self.strategy}")
+            raise AllocateRefused(f"unknown device list strategy {self.strategy}")
         if shared is not None:
             response.envs.update(shared.env_dict())
             add_mounts(response, shared.mounts)

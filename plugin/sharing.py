@@ -3,9 +3,9 @@
 Pure functions and frozen records, no gRPC. A resource with ``sharing: {replicas: N}`` advertises
 each GPU as N devices ``<uuid>::<k>`` (time-slicing); one with ``sharing: {memorySliceMiB: M}``
 advertises floor(memory / M) devices ``<uuid>::slice-<k>`` (see :mod:`cdigen.shares`).
-:func:`allocate_shares` turns the IDs the kubelet allocated into the GPU's CDI name (once per
-GPU), the MPS limits in the environment and the MPS pipe-directory and shared-memory mounts, or
-refuses with
+:func:`hand_out_shares` turns the shares the kubelet allocated (catalogue entries, each with its
+GPU) into the GPU's CDI name (once per GPU), the MPS limits in the environment and the MPS
+pipe-directory and shared-memory mounts, or refuses with
 :class:`ShareRefused` (the service answers it with ``FAILED_PRECONDITION``).
 
 Without an MPS control daemon the limits are advisory: nothing stops a pod from using the
@@ -235,9 +235,9 @@ def share_env(
     """The environment (MPS limits) a container gets for the share IDs ``ids``, as
     :func:`allocate_shares` gives it, without touching the MPS directories: what
     ``plugin config check`` shows."""
-    advertised = {d.id: d for d in share_devices(node, sharing)}
-    per_gpu = _shares_per_gpu(ids, advertised, sharing, resource)
-    gpus = {advertised[i].gpu_uuid: advertised[i].gpu for i in ids}
+    shares = _shares_of(ids, {d.id: d for d in share_devices(node, sharing)}, sharing, resource)
+    per_gpu = _shares_per_gpu(shares, sharing, resource)
+    gpus = {e.gpu_uuid: e.gpu for e in shares}
     return _mps_env(tuple(per_gpu), per_gpu, gpus, sharing)
 
 
@@ -248,21 +248,26 @@ def allocate_shares(
     *,
     cdi_kind: str,
     resource: str,
-    advertised: Mapping[str, CatalogueEntry] | None = None,
 ) -> ShareAllocation:
-    """What a container gets for the share IDs the kubelet allocated to it.
+    """What a container gets for the share IDs ``ids`` (as a recorded request or a test names
+    them): :func:`hand_out_shares` of the shares of ``node`` they name. ShareRefused as there,
+    and for an ID that is not one of this resource's shares."""
+    advertised = {d.id: d for d in share_devices(node, sharing)}
+    shares = _shares_of(ids, advertised, sharing, resource)
+    return hand_out_shares(shares, sharing, cdi_kind=cdi_kind, resource=resource)
 
-    ``advertised``: the resource's shares by ID (:func:`share_devices`), which say each share's
-    GPU; built here when not given. Raises ShareRefused for a slice set on several GPUs, for
-    more than one replica when ``failRequestsGreaterThanOne`` is set, and for IDs that are not
-    this resource's shares.
-    """
-    if advertised is None:
-        advertised = {d.id: d for d in share_devices(node, sharing)}
-    per_gpu = _shares_per_gpu(ids, advertised, sharing, resource)
+
+def hand_out_shares(
+    shares: Sequence[CatalogueEntry], sharing: Sharing, *, cdi_kind: str, resource: str
+) -> ShareAllocation:
+    """What a container gets for the shares the kubelet allocated to it (catalogue entries,
+    each carrying its GPU). Raises ShareRefused for a slice set on several GPUs, for more than
+    one replica when ``failRequestsGreaterThanOne`` is set, and when an MPS directory is not
+    what the daemon makes."""
+    per_gpu = _shares_per_gpu(shares, sharing, resource)
     by_gpu: dict[str, CatalogueEntry] = {}  # a share of each GPU asked for
-    for device_id in ids:
-        by_gpu.setdefault(advertised[device_id].gpu_uuid, advertised[device_id])
+    for share in shares:
+        by_gpu.setdefault(share.gpu_uuid, share)
     gpus = {uuid: e.gpu for uuid, e in by_gpu.items()}
     uuids = tuple(per_gpu)
     env = _mps_env(uuids, per_gpu, gpus, sharing)
@@ -280,12 +285,11 @@ def allocate_shares(
     )
 
 
-def _shares_per_gpu(
+def _shares_of(
     ids: Sequence[str], advertised: Mapping[str, CatalogueEntry], sharing: Sharing, resource: str
-) -> dict[str, int]:
-    """GPU UUID -> how many of ``ids`` are its shares, in the order of ``ids``; ShareRefused
-    as :func:`allocate_shares` says."""
-    per_gpu: dict[str, int] = {}
+) -> tuple[CatalogueEntry, ...]:
+    """The shares ``ids`` name, looked up once; ShareRefused for an ID that names none."""
+    out = []
     for device_id in ids:
         share = advertised.get(device_id)
         if share is None:
@@ -296,11 +300,22 @@ def _shares_per_gpu(
                 if sharing.kind == "replica"
                 else "expected IDs like <uuid>::slice-0",
             )
+        out.append(share)
+    return tuple(out)
+
+
+def _shares_per_gpu(
+    shares: Sequence[CatalogueEntry], sharing: Sharing, resource: str
+) -> dict[str, int]:
+    """GPU UUID -> how many of ``shares`` are its shares, in the order of ``shares``;
+    ShareRefused as :func:`hand_out_shares` says."""
+    per_gpu: dict[str, int] = {}
+    for share in shares:
         per_gpu[share.gpu_uuid] = per_gpu.get(share.gpu_uuid, 0) + 1
     if sharing.kind == "replica":
-        if sharing.fail_requests_greater_than_one and len(ids) > 1:
+        if sharing.fail_requests_greater_than_one and len(shares) > 1:
             raise ShareRefused(
-                f"request for {resource}: {len(ids)} too large: failRequestsGreaterThanOne "
+                f"request for {resource}: {len(shares)} too large: failRequestsGreaterThanOne "
                 "allows one replica per container",
                 where=resource,
                 hint=f"ask for {resource}: 1, or use whole GPUs",
@@ -308,8 +323,8 @@ def _shares_per_gpu(
     elif len(per_gpu) > 1:
         size = sharing.memory_slice_mib
         raise ShareRefused(
-            f"no single GPU has {len(ids)} free slices ({len(ids) * (size or 0)} MiB) for one "
-            f"container; the offered slices span GPUs {', '.join(per_gpu)}",
+            f"no single GPU has {len(shares)} free slices ({len(shares) * (size or 0)} MiB) for "
+            f"one container; the offered slices span GPUs {', '.join(per_gpu)}",
             where=resource,
             hint="wait for slices to free up on one GPU, or ask for fewer",
         )

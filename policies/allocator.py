@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from cdigen.catalogue import gpu_entries, mig_entries
 from cdigen.errors import AllocationError
 from cdigen.model import Node
 from cdigen.shares import gpu_part, share_kind
@@ -57,7 +58,22 @@ __all__ = [
 log = logging.getLogger("cdigen.allocator")
 
 MEMO_LIMIT = 65536
+INDEX_NAMES = "index"  # the CDI naming strategy whose names are ``0`` and ``0:1``
 _T = TypeVar("_T")
+
+
+def _other_names(node: Node) -> dict[str, int]:
+    """GPU position by the names other than a GPU's UUID that a request may use: the GPU's
+    index, and each MIG device's UUID and CDI name ``<gpu index>:<n>`` (MIG devices count as
+    shares of their GPU). Made from the node's catalogue entries, which hold each device's GPU
+    place and MIG place as values: a name is looked up whole, never split into parts."""
+    out: dict[str, int] = {}
+    for whole in gpu_entries(node):
+        out[whole.cdi_name(INDEX_NAMES)] = whole.position
+        for entry in mig_entries(whole):
+            out[entry.uuid] = entry.position
+            out[entry.cdi_name(INDEX_NAMES)] = entry.position
+    return out
 
 
 class Allocator:
@@ -72,9 +88,7 @@ class Allocator:
         self.policy = policy if policy is not None else builtin_policy("default")
         self.topology = build_topology(node, self.policy.link_weights)
         topo = self.topology
-        self._index_ids = {str(g.index): p for p, g in enumerate(topo.gpus)}
-        # MIG devices (by UUID, or CDI-style "<gpu index>:<n>") count as shares of their GPU
-        self._index_ids.update({m.uuid: p for p, g in enumerate(topo.gpus) for m in g.mig_devices})
+        self._index_ids = _other_names(node)
         self.objective = Objective(node, self.policy, topo)
         self.unusable = self.objective.unusable
         self.selector_failures = self.objective.selector_failures
@@ -156,14 +170,13 @@ class Allocator:
         """The GPU position of an ID, else None.
 
         IDs: a GPU UUID or index, either with a replica suffix ``::n``, a MIG UUID, or a
-        CDI-style MIG name ``<gpu index>:<n>``; replicas and MIG devices map to their GPU.
+        CDI-style MIG name ``<gpu index>:<n>`` of a MIG device the node has; replicas and MIG
+        devices map to their GPU.
         """
         base = gpu_part(device_id)
         position = self.topology.position_by_uuid.get(base)
         if position is None:
             position = self._index_ids.get(base)
-        if position is None and ":" in base:
-            position = self._index_ids.get(base.split(":", 1)[0])
         return position
 
     def _solve_ids(self, request: AllocationRequest) -> AllocationAnswer:

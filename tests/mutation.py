@@ -66,6 +66,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_spec_dir_safety.py",
         "tests/unit/test_dra_files.py",
     ),
+    "plugin/kubelet_requests.py": (
+        "tests/unit/test_plugin_requests.py",
+        "tests/unit/test_plugin_service.py",
+        "tests/unit/test_plugin_layout_engine.py",
+    ),
     "cdigen/cdi/spec_service.py": (
         "tests/unit/test_spec_service.py",
         "tests/unit/test_cdi_capability_devices.py",
@@ -145,12 +150,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "left_set = left_pairs = 0",
         "0 -> 1",
     ): "without a table every candidate gets the same value (with one, both are overwritten)",
-    (
-        "plugin/layout.py",
-        "slices = bool(slice_ids) and any(d in slice_ids for d in known)",
-        "and -> or",
-    ): "a resource's devices are all memory slices or none: with slices and none of them"
-    " known, the request is for 0 devices or too large either way",
 }
 
 

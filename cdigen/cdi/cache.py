@@ -32,12 +32,22 @@ from cdigen.cdi.load import LoadedSpec, load_spec
 from cdigen.cdi.names import qualified_name
 from cdigen.cdi.specdecode import SpecLoadError
 from cdigen.cdi.specdir import DEFAULT_SPEC_DIRS, SPEC_SUFFIXES, spec_files, spec_suffix
+from cdigen.errors import CdigenError
 
 _MEMO_LIMIT = 4096  # merged edits kept per state for repeated requests (Allocate's hot path)
 
 log = logs.logger()
 
 Signature = tuple[tuple[str, int, int, int, int], ...]
+
+
+class UnresolvedDevices(CdigenError):
+    """Device names no loaded spec defines (``names``, in the order asked), as a runtime
+    refuses them: ``unresolvable CDI devices NAME, ...``."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        super().__init__(f"unresolvable CDI devices {', '.join(names)}")
 
 
 @dataclass(frozen=True)
@@ -88,15 +98,15 @@ class SpecState:
         return {f.path: f.problems[0] for f in self.files if f.problems}
 
     def edits_for(self, names: Sequence[str]) -> ContainerEdits:
-        """The merged edits ``InjectDevices`` applies for ``names``; KeyError naming every name
-        that does not resolve."""
+        """The merged edits ``InjectDevices`` applies for ``names``; UnresolvedDevices naming
+        every name that does not resolve."""
         key = tuple(names)
         memo = self._memo.get(key)
         if memo is not None:
             return memo
         missing = [n for n in key if n not in self.devices]
         if missing:
-            raise KeyError(f"unresolvable CDI devices {', '.join(missing)}")
+            raise UnresolvedDevices(tuple(missing))
         parts: list[ContainerEdits] = []
         seen: set[Path] = set()
         for name in key:
@@ -208,7 +218,8 @@ class SpecCache:
         return self.state().devices.get(name)
 
     def edits_for(self, names: Sequence[str]) -> ContainerEdits:
-        """The merged edits a runtime injects for ``names``; KeyError naming unresolved ones."""
+        """The merged edits a runtime injects for ``names``; UnresolvedDevices naming the
+        unresolved ones."""
         return self.state().edits_for(names)
 
     @property

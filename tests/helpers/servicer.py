@@ -9,6 +9,7 @@ from typing import Any
 from cdigen.model import Gpu, Node
 from plugin.agent.health import HealthBoard
 from plugin.device_plugin import ResourceServer
+from plugin.kubelet_requests import PreferenceRequest
 from plugin.registration import register
 from plugin.servicer import DevicePluginService, Preference, Preferrer, advertised_devices
 from tests.kubelet_sim import KubeletSimulator
@@ -40,10 +41,16 @@ NODE = make_node()
 UUIDS = [g.uuid for g in NODE.gpus]
 
 
-def last_two(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+def last_two(request: PreferenceRequest) -> Preference:
     """A stand-in policy with a visible preference: must-include, then the last available."""
-    rest = [d for d in reversed(available) if d not in must]
-    return Preference(tuple(list(must) + rest)[:size], link_score=0)
+    must = request.must_ids
+    rest = [d for d in reversed(request.ids) if d not in must]
+    return Preference(tuple(list(must) + rest)[: request.size], link_score=0)
+
+
+def first(request: PreferenceRequest) -> Preference:
+    """A stand-in policy: the first ``size`` candidates."""
+    return Preference(request.ids[: request.size])
 
 
 class Harness:

@@ -83,6 +83,9 @@ def test_mig_devices_count_as_shares_of_their_gpu() -> None:
     assert answer.devices == ("MIG-0-1", "MIG-3-1")  # spread: the NV2 partner of GPU 0
     assert answer.link_score == 200 and answer.fallback_reason is None
     assert allocator.position_of("3:1") == 3
+    # a CDI-style MIG name is a MIG device the node has, looked up whole: GPU 3 has no third
+    assert allocator.position_of("3:2") is None and allocator.position_of("3:") is None
+    assert allocator.position_of("3") == 3 and allocator.position_of("MIG-3-1") == 3
 
 
 def test_explain_candidates_are_ordered_and_explained() -> None:

@@ -258,9 +258,10 @@ def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
 def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
     import threading
 
-    from plugin.servicer import DevicePluginService, Preference
+    from plugin.servicer import DevicePluginService
     from tests.helpers.devices import mig as mig_device
     from tests.helpers.devices import replica
+    from tests.helpers.servicer import first
 
     shares = [replica("GPU-a", k) for k in range(2)]
     mig = mig_device("MIG-x", parent="GPU-b", index=1)
@@ -270,10 +271,10 @@ def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
         board=HealthBoard([d.id for d in (*shares, mig)]),
         cdi_kind=GPU,
         strategy="cdi-cri",
-        prefer=lambda: lambda a, m, s: Preference(a[:s]),
+        prefer=lambda: first,
         stop=threading.Event(),
     )
-    response = service.container_response(["GPU-a::0", "GPU-a::1", "MIG-x"])
+    response = service.container_response([*shares, mig])
     assert [d.name for d in response.cdi_devices] == [
         "nvidia.com/gpu=GPU-a",
         "nvidia.com/gpu=MIG-x",

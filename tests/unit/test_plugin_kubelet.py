@@ -29,9 +29,10 @@ from plugin.registration import (
     register,
     resource_name_problem,
 )
-from plugin.servicer import DevicePluginService, Preference
+from plugin.servicer import DevicePluginService
 from tests.helpers.clock import FakeClock
 from tests.helpers.devices import whole
+from tests.helpers.servicer import first
 from tests.kubelet_sim import KubeletSimulator, extended_resource_problem
 
 RESOURCE = "example.com/gpu"
@@ -47,7 +48,7 @@ def serve(plugin_dir: Path, resource: str = RESOURCE) -> ResourceServer:
             board=board,
             cdi_kind="nvidia.com/gpu",
             strategy="cdi-cri",
-            prefer=lambda: lambda a, m, s: Preference(a[:s]),
+            prefer=lambda: first,
             stop=stop,
         )
 

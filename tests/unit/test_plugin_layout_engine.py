@@ -13,8 +13,10 @@ from cdigen.model import Node
 from plugin.agent.health import with_board_health
 from plugin.config import PluginConfig, ResourceConfig
 from plugin.gpu_selector import GpuSelector
+from plugin.kubelet_requests import PreferenceRequest, RequestInvalid, check_preference
 from plugin.layout import (
     AllocatorCache,
+    Layout,
     gpus_down,
     plan_layout,
     plan_resources_for,
@@ -38,6 +40,14 @@ def _uuid(index: int) -> str:
 
 def _config(*resources: ResourceConfig, mig_strategy: str = "none") -> PluginConfig:
     return PluginConfig(node="unused", resources=resources, mig_strategy=mig_strategy)
+
+
+def _ask(
+    layout: Layout, resource: str, available: tuple[str, ...], must: tuple[str, ...], size: int
+) -> PreferenceRequest:
+    """The request as the gRPC edge checks it against ``resource``'s devices in ``layout``."""
+    devices = {d.id: d for d in layout.resource(resource).devices}
+    return check_preference(available, must, size, devices, resource)
 
 
 def _sick(node: Node, *indexes: int) -> Node:
@@ -79,17 +89,22 @@ def test_a_board_with_nothing_new_down_keeps_the_node_as_it_is() -> None:
 
 
 def test_the_engine_takes_the_devices_of_its_layout_and_ignores_others() -> None:
-    """The kubelet may list devices of an older layout: IDs this layout does not advertise are
-    left out of the answer, and a must-include one is ignored, not an error."""
+    """The kubelet may list devices of an older layout: the request checked against the layout
+    leaves available IDs it does not advertise out (the engine never sees them), and refuses a
+    must-include one; the engine answers from the devices the request holds."""
     layout = plan_layout(_node(), _config(ResourceConfig(GPU)), PolicySet())
     engine = layout.engine(GPU)
     uuids = [_uuid(i) for i in range(8)]
     stale = "GPU-00000000-dead-beef-0000-000000000000"
-    answer = engine.prefer((stale, *uuids), (), 2)
-    assert answer == engine.prefer(tuple(uuids), (), 2)
+    with_stale = _ask(layout, GPU, (stale, *uuids), (), 2)
+    assert with_stale.ignored == (stale,) and with_stale.ids == tuple(uuids)
+    answer = engine.prefer(with_stale)
+    assert answer == engine.prefer(_ask(layout, GPU, tuple(uuids), (), 2))
     assert answer.devices == (uuids[2], uuids[3]) and not answer.fallback
-    must = engine.prefer((stale, *uuids), (stale, uuids[4]), 2)
+    must = engine.prefer(_ask(layout, GPU, (stale, *uuids), (uuids[4],), 2))
     assert must.devices == (uuids[4], uuids[7]) and must.link_score == 230  # 4's best partner
+    with pytest.raises(RequestInvalid, match=f"must-include device {stale} is not advertised"):
+        _ask(layout, GPU, (stale, *uuids), (stale, uuids[4]), 2)
 
 
 def test_replicas_spread_and_memory_slices_pack() -> None:
@@ -105,10 +120,10 @@ def test_replicas_spread_and_memory_slices_pack() -> None:
     layout = plan_layout(_node(), config, PolicySet())
     assert layout.policy_names() == {SHARED: "spread", SLICED: "default"}
     replicas = [d.id for d in layout.resource(SHARED).devices]
-    two = layout.engine(SHARED).prefer(tuple(replicas), (), 2)
+    two = layout.engine(SHARED).prefer(_ask(layout, SHARED, tuple(replicas), (), 2))
     assert len({i.split("::")[0] for i in two.devices}) == 2
     slices = [d.id for d in layout.resource(SLICED).devices if d.gpu_position in (4, 7)]
-    packed = layout.engine(SLICED).prefer(tuple(slices), (), 2)
+    packed = layout.engine(SLICED).prefer(_ask(layout, SLICED, tuple(slices), (), 2))
     assert len({i.split("::")[0] for i in packed.devices}) == 1
 
 

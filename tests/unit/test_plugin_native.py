@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from cdigen.cdi.cache import SpecCache
 from cdigen.cdi.validate import spec_problems
 from cdigen.fileio import parse_document
 from plugin.api import deviceplugin_pb2 as pb
+from plugin.kubelet_requests import AllocateRefused
 from plugin.native_edits import SpecEdits, fill_native
 
 SPEC = """\
@@ -84,14 +86,14 @@ def test_response_fields_carry_the_edits(spec_dir: Path) -> None:
     assert len(mounts) == 3
 
 
-def test_unknown_name_is_a_key_error_naming_it(spec_dir: Path) -> None:
-    with pytest.raises(KeyError, match="GPU-cccc"):
+def test_unknown_name_is_refused_naming_it_and_the_spec_dirs(spec_dir: Path) -> None:
+    with pytest.raises(AllocateRefused, match=re.escape(f"GPU-cccc (not defined in {spec_dir})")):
         SpecEdits(SpecCache([spec_dir]))(["nvidia.com/gpu=GPU-cccc"])
 
 
 def test_spec_changes_are_picked_up(spec_dir: Path) -> None:
     lookup = SpecEdits(SpecCache([spec_dir]))
-    with pytest.raises(KeyError):
+    with pytest.raises(AllocateRefused):
         lookup(["nvidia.com/gpu=GPU-cccc"])
     (spec_dir / "more.yaml").write_text(
         "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"

@@ -11,6 +11,7 @@ from cdigen.discover import load_node
 from cdigen.model import Node
 from plugin.config import PluginConfig
 from plugin.device_plugin import Plugin
+from plugin.kubelet_requests import PreferenceRequest
 from policies import allocator as allocator_module
 from policies.allocator import Allocator
 from policies.policy import Policy
@@ -51,7 +52,8 @@ def test_a_reload_racing_a_layout_change_leaves_the_new_layout_in_force(
     try:
         assert plugin.layout.node == mig_node
         assert plugin.policy_for(MIG) == "pack"
-        device = plugin.resource(MIG).devices[0].id
-        assert plugin.layout.engine(MIG).prefer((device,), (), 1).devices == (device,)
+        device = plugin.resource(MIG).devices[0]
+        request = PreferenceRequest((device,), (device.id,), (), 1)
+        assert plugin.layout.engine(MIG).prefer(request).devices == (device.id,)
     finally:
         plugin.stop()

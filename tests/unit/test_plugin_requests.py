@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from plugin.api import deviceplugin_pb2 as pb
+from plugin.kubelet_requests import PreferenceRequest
 from plugin.servicer import FifoGate, Preference, short_id
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness, last_two
 
@@ -136,6 +137,8 @@ def test_a_1mb_id_in_preferred_is_short_in_errors_and_logs(
 def test_short_id_keeps_short_ids_whole() -> None:
     assert short_id(UUIDS[0]) == UUIDS[0]
     assert short_id("é" * 100) == "é" * 64 + "…(200 bytes)"
+    assert short_id("x" * 64) == "x" * 64  # 64 characters: whole; one more: cut
+    assert short_id("x" * 65) == "x" * 64 + "…(65 bytes)"
 
 
 # --- the policy under concurrent calls --------------------------------------------------------
@@ -152,7 +155,7 @@ class BlockingPolicy:
         self.most_at_once = 0
         self.calls = 0
 
-    def __call__(self, available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    def __call__(self, request: PreferenceRequest) -> Preference:
         with self._lock:
             self.running += 1
             self.calls += 1
@@ -160,7 +163,7 @@ class BlockingPolicy:
         self.started.release()
         try:
             self.release.wait(timeout=20)
-            return last_two(available, must, size)
+            return last_two(request)
         finally:
             with self._lock:
                 self.running -= 1

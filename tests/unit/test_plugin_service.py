@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import stat
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +15,12 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
-from plugin.kubelet_requests import RequestRecorder
+from plugin.kubelet_requests import (
+    AllocateRefused,
+    CallSummary,
+    PreferenceRequest,
+    RequestRecorder,
+)
 from plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
 from plugin.servicer import Preference
@@ -100,7 +108,7 @@ def test_preferred_allocation_ignores_unknown_available_ids(harness: Harness) ->
 
 
 def test_preferred_allocation_survives_a_failing_policy(harness: Harness) -> None:
-    def broken(available: tuple[str, ...], must: tuple[str, ...], size: int) -> Preference:
+    def broken(request: PreferenceRequest) -> Preference:
         raise RuntimeError("policy blew up")
 
     harness.prefer = broken
@@ -154,7 +162,7 @@ def test_allocate_native_translates_edits(tmp_path: Path) -> None:
 
 def test_native_missing_name_is_failed_precondition(tmp_path: Path) -> None:
     def edits(names: object) -> AllocateEdits:
-        raise KeyError("CDI device nvidia.com/gpu=X is not defined in /nowhere")
+        raise AllocateRefused("CDI device nvidia.com/gpu=X is not defined in /nowhere")
 
     with Harness(tmp_path, strategy="native", edits=edits) as h:
         with pytest.raises(grpc.RpcError) as info:
@@ -240,4 +248,136 @@ def test_record_requests_stops_at_its_size_limit(
     assert len((tmp_path / "requests.jsonl").read_text().splitlines()) == 1
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"--record-requests {tmp_path / 'requests.jsonl'}: recording stopped, it reached 100 bytes"
+    ]
+
+
+def test_the_policy_gets_the_request_checked_once_with_the_advertised_devices(
+    harness: Harness,
+) -> None:
+    """The request reaches the policy as the edge checked it: the advertised devices
+    themselves (GPU position from the catalogue), an unknown ID left out and named, the
+    must-include device by its place among the candidates."""
+    seen: list[PreferenceRequest] = []
+
+    def spy(request: PreferenceRequest) -> Preference:
+        seen.append(request)
+        return Preference(request.must_ids + request.ids[:1])
+
+    harness.prefer = spy
+    chosen = harness.kubelet.preferred(
+        RESOURCE, [UUIDS[3], "GPU-stranger", UUIDS[6]], 2, must_include=[UUIDS[6]]
+    )
+    assert chosen == [UUIDS[6], UUIDS[3]]
+    (request,) = seen
+    assert [(d.id, d.gpu_position) for d in request.candidates] == [(UUIDS[3], 3), (UUIDS[6], 6)]
+    assert request.must == (1,) and request.ignored == ("GPU-stranger",) and not request.outside
+
+
+@pytest.mark.parametrize(
+    ("strategy", "handed"),
+    [
+        ("envvar", f"envs=NVIDIA_VISIBLE_DEVICES={UUIDS[2]}"),
+        ("cdi-annotations", "annotations=cdi.k8s.io/cdigen_"),
+    ],
+)
+def test_the_allocate_debug_line_says_what_the_container_is_handed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, strategy: str, handed: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="cdigen")
+    with Harness(tmp_path, strategy=strategy) as h:
+        h.kubelet.allocate(RESOURCE, [[UUIDS[2]]])
+    (line,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.DEBUG and r.getMessage().startswith("Allocate ")
+    ]
+    assert line.startswith(f"Allocate {RESOURCE}: [{UUIDS[2]}] -> {handed}"), line
+    assert line.endswith(f"({strategy})")
+
+
+def test_a_call_summary_counts_times_and_errors_since_the_last_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="cdigen")
+    stop = threading.Event()
+    summary = CallSummary("Allocate r", stop, interval_s=3600)
+    try:
+        summary.record(5.0, ok=True)  # the window starts when the first call started
+        summary.record(0.25, ok=False)
+        summary.record(0.5, ok=True)
+        summary.flush()
+        summary.record(0.125, ok=True)
+        summary.flush()
+        summary.flush()  # no call since: no line
+    finally:
+        stop.set()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Allocate r")]
+    assert len(lines) == 2, lines
+    first = re.fullmatch(
+        r"Allocate r: 3 call\(s\) in ([\d.]+) s, 1 error\(s\), median 500\.0 ms, "
+        r"slowest 5000\.0 ms",
+        lines[0],
+    )
+    assert first is not None and 5.0 <= float(first[1]) < 60, lines[0]
+    second = re.fullmatch(
+        r"Allocate r: 1 call\(s\) in ([\d.]+) s, 0 error\(s\), median 125\.0 ms, "
+        r"slowest 125\.0 ms",
+        lines[1],
+    )
+    assert second is not None and 0.1 <= float(second[1]) < 60, lines[1]
+
+
+def test_record_requests_writes_a_line_that_fits_exactly_and_counts_what_the_file_held(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    line = json.dumps({"available": ["a"], "mustInclude": [], "size": 1}, separators=(",", ":"))
+    path = tmp_path / "requests.jsonl"
+    path.write_text("x" * 10)  # appended to: what is there counts against the limit
+    recorder = RequestRecorder(path, max_bytes=10 + len(line) + 1)
+    recorder.record(["a"], [], 1)  # fits to the byte
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    assert path.read_text() == "x" * 10 + line + "\n"
+    limit = 10 + len(line) + 1
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached {limit} bytes"
+    ]
+
+
+def test_record_requests_names_a_mib_limit_in_mib_and_is_quiet_once_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "requests.jsonl"
+    with path.open("wb") as f:
+        f.truncate(3 * 2**20 - 10)  # nearly full (sparse)
+    recorder = RequestRecorder(path, max_bytes=3 * 2**20)
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    recorder.record(["a"], [], 1)  # after close: nothing, and no second warning
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached 3 MiB"
+    ]
+    assert path.stat().st_size == 3 * 2**20 - 10
+
+
+def test_record_requests_file_is_0644_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        RequestRecorder(tmp_path / "requests.jsonl").close()
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "requests.jsonl").stat().st_mode) == 0o644
+
+
+def test_record_requests_stops_at_64_mib_by_default(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "requests.jsonl"
+    with path.open("wb") as f:
+        f.truncate(64 * 2**20 - 10)  # sparse: nearly the default limit
+    recorder = RequestRecorder(path)
+    recorder.record(["a"], [], 1)
+    recorder.close()
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"--record-requests {path}: recording stopped, it reached 64 MiB"
     ]

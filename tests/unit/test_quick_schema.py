@@ -16,7 +16,7 @@ from cdigen.cdi.yamlout import block_yaml
 from cdigen.discover.builtin import load_builtin
 from cdigen.fileio import dump_document
 from cdigen.nodefile import node_to_dict
-from cdigen.schemas import load_schema, quick_valid, schema_errors
+from cdigen.schemas import SchemaProblem, load_schema, quick_valid, schema_errors, schema_problems
 from tests.cdihost import build_host, make_node
 
 ODD_VALUES: list[Any] = [
@@ -135,3 +135,23 @@ def test_block_yaml_writes_what_pyyaml_writes(tmp_path: Path, hook: str | None) 
         doc = {"k": value, "l": [value], "m": [{"n": value}]}
         fast = block_yaml(doc)
         assert fast is None or fast == dump_document(doc, "yaml"), value
+
+
+def test_a_schema_problem_is_a_value_rendered_only_where_shown() -> None:
+    """A violation carries its path as keys and indexes: a caller nesting it under a field of
+    its own renders it there, never parsing ``path: why`` back."""
+    doc = {"resources": [{"name": "nvidia.com/gpu", "sharing": {"replicas": "4"}}]}
+    problems = schema_problems(doc, "plugin-config")
+    (first,) = problems
+    assert first.path == ("resources", 0, "sharing", "replicas")
+    assert first.message == 'expected integer, got "4"'
+    assert str(first) == 'resources[0].sharing.replicas: expected integer, got "4"'
+    assert first.field_under("config[2]") == "config[2].resources[0].sharing.replicas"
+    assert schema_errors(doc, "plugin-config") == [str(p) for p in problems]
+    root = SchemaProblem((), "expected object, got 3")
+    assert (root.field, root.field_under("params"), str(root)) == (
+        "<root>",
+        "params",
+        "<root>: expected object, got 3",
+    )
+    assert SchemaProblem((0, "a"), "x").field_under("items") == "items[0].a"

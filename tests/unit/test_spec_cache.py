@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cdigen.cdi.cache import SpecCache, load_state
+from cdigen.cdi.cache import SpecCache, UnresolvedDevices, load_state
 from cdigen.cdi.validate import spec_problems
 from cdigen.cli import main
 from cdigen.fileio import parse_document
@@ -313,8 +313,9 @@ def test_edits_later_wins_and_mounts_sorted(tmp_path: Path, host: Path) -> None:
     assert next(m for m in edits.mounts if m.container_path == "/etc/conf").host_path.endswith(
         "conf2"
     )
-    with pytest.raises(KeyError, match=r"acme\.com/gpu=9"):
+    with pytest.raises(UnresolvedDevices, match=r"acme\.com/gpu=9") as info:
         cache.edits_for(["acme.com/gpu=0", "acme.com/gpu=9"])
+    assert info.value.names == ("acme.com/gpu=9",)
 
 
 def test_cache_reloads_on_change_only(tmp_path: Path) -> None:
