@@ -1,0 +1,70 @@
+"""``cdigen dra why``: why a pod's ResourceClaims keep it Pending, or what they got, read from a
+live cluster (:mod:`plugin.dra.why`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
+
+
+def register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    why = dra_sub.add_parser(
+        "why",
+        help="why a pod's ResourceClaims keep it Pending, or what they got (live cluster)",
+        description="Read the pod, the ResourceClaims, ResourceSlices and DeviceClasses from the "
+        "API server; for a claim not allocated, run the scheduler's first fit (as `dra explain`) "
+        "on every node after what other claims hold there; for an allocated one, show its "
+        "devices, node and CDI device names. One screen. Exit 1 when the pod or the API server "
+        "cannot be read.",
+    )
+    why.add_argument("pod", metavar="POD", help="the pod's name")
+    why.add_argument(
+        "-n", "--namespace", default="default", help="the pod's namespace (default: default)"
+    )
+    why.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
+    why.add_argument(
+        "--api-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="give up on an API server call after this long (default 5)",
+    )
+    why.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER,
+        help=f"the driver whose CDI device names are shown (default {DEFAULT_DRIVER})",
+    )
+    why.set_defaults(func=_why)
+
+
+def _why(args: argparse.Namespace) -> int:
+    from plugin.agent.kubeapi import api_client
+    from plugin.dra.why import explain_pod, read_cluster
+
+    dns_subdomain(args.driver_name, "--driver-name")
+    dns_subdomain(args.namespace, "--namespace", example="default")
+    dns_subdomain(args.pod, "POD", 253, example="trainer-0")
+    api_timeout(args.api_timeout)
+    cluster = read_cluster(
+        api_client(args.kubeconfig), args.namespace, args.pod, timeout_s=args.api_timeout
+    )
+    for line in explain_pod(cluster, driver=args.driver_name):
+        print(line)
+    for line in _stale_lines(args, cluster):
+        print(line)
+    return 0
+
+
+def _stale_lines(args: argparse.Namespace, cluster: Any) -> list[str]:
+    """The nodes that still advertise an extended resource the pod asks for and one of the
+    driver's DeviceClasses serves (plugin.dra.stale), one line each."""
+    from plugin.agent.kubeapi import api_client
+    from plugin.dra.kube import KubeApi
+    from plugin.dra.stale import pod_stale_lines
+
+    api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    return pod_stale_lines(
+        cluster.pod, cluster.classes, cluster.slices, api.read_node, args.driver_name
+    )
