@@ -8,10 +8,41 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
+import policies.cel.limits as limits
+from policies.cel.call_args import all_ints, all_strings, function_error, no_overload
 from policies.cel.errors import type_name
-from policies.cel.functions import all_ints, all_strings, cel_equal, function_error, no_overload
+from policies.cel.operators import cel_equal
 
-# -- cel-go's strings extension (version 2)
+# -- cel-go's strings extension (version 2), with Kubernetes' size limits
+
+
+def _cel_lower_ascii(s: Any) -> Any:
+    if not isinstance(s, str):
+        return function_error(f"no such overload: {type(s).__name__}.lowerAscii()")
+    return celtypes.StringType("".join(c.lower() if c.isascii() else c for c in s))
+
+
+def _cel_split(s: Any, sep: Any, limit: Any = -1) -> Any:
+    if not isinstance(s, str) or not isinstance(sep, str):
+        return function_error("no such overload: split(string, string)")
+    count = int(limit)
+    if count == 0:
+        return celtypes.ListType([])
+    parts = str(s).split(str(sep), count - 1 if count > 0 else -1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _cel_replace(s: Any, old: Any, new: Any, limit: Any = -1) -> Any:
+    if not all(isinstance(x, str) for x in (s, old, new)):
+        return function_error("no such overload: replace(string, string, string)")
+    count = len(s) + 1 if not old else s.count(old)
+    if int(limit) >= 0:
+        count = min(count, int(limit))
+    if len(s) + count * (len(new) - len(old)) > limits.MAX_VALUE_LENGTH:
+        return function_error(
+            f"replace() would build a string over {limits.MAX_VALUE_LENGTH} characters"
+        )
+    return celtypes.StringType(str(s).replace(str(old), str(new), int(limit)))
 
 
 def _cel_upper_ascii(s: Any) -> Any:
@@ -168,6 +199,9 @@ def _cel_find_all(s: Any, pattern: Any, limit: Any = -1) -> Any:
 
 
 STRING_FUNCTIONS: dict[str, Any] = {
+    "lowerAscii": _cel_lower_ascii,
+    "split": _cel_split,
+    "replace": _cel_replace,
     "upperAscii": _cel_upper_ascii,
     "charAt": _cel_char_at,
     "indexOf": _cel_index_of,
