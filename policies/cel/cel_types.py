@@ -5,7 +5,7 @@ parameters (after cel-go's checker/types.go). :mod:`policies.cel.typecheck` chec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -168,6 +168,25 @@ def common_type(previous: CelType | None, current: CelType) -> CelType | None:
     if assignable(m, previous, current) and assignable(Bindings(), current, previous):
         return previous if less_specific(previous, current) else current
     return None
+
+
+def comprehension_variables(
+    target: CelType, names: Sequence[str]
+) -> tuple[CelType, dict[str, CelType]] | None:
+    """The key (or index) type of a comprehension's range ``target`` and its variables
+    ``names`` with their types (over a list its elements, or its indexes and elements; over a
+    map its keys, or its keys and values); None where ``target`` cannot be a range."""
+    if target.dynamic:
+        key, value = DYN, DYN
+    elif target.name == "list":
+        key, value = INT, target.params[0]
+    elif target.name == "map":
+        key, value = target.params
+    else:
+        return None
+    if len(names) == 2:
+        return key, {names[0]: key, names[1]: value}
+    return key, {names[0]: value if target.name == "list" else key}
 
 
 def comprehension_result(

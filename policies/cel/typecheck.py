@@ -37,6 +37,7 @@ from policies.cel.cel_types import (
     assignable,
     common_type,
     comprehension_result,
+    comprehension_variables,
     list_of,
     map_of,
     optional_of,
@@ -322,22 +323,14 @@ class _Checker:
         """A comprehension's type: its range gives the variables' types (a list its elements,
         or its indexes and elements; a map its keys, or its keys and values)."""
         target = self.check(target_node)
-        if target.dynamic:
-            key, value = DYN, DYN
-        elif target.name == "list":
-            key, value = INT, target.params[0]
-        elif target.name == "map":
-            key, value = target.params
-        else:
+        ranged = comprehension_variables(target, names)
+        if ranged is None:
             raise self.fail(
                 f"expression of type '{target}' cannot be range of a comprehension (must be "
                 "list, map, or dynamic)",
                 target_node,
             )
-        if len(names) == 2:
-            scope = {names[0]: key, names[1]: value}
-        else:
-            scope = {names[0]: value if target.name == "list" else key}
+        key, scope = ranged
         self.scopes.append(scope)
         try:
             types = [self.check(b) for b in bodies]
