@@ -22,11 +22,14 @@ from plugin.agent.health_watchers import Poller, SpecDirWatcher
 from plugin.agent.lifecycle import open_nvml, serve_until_signalled
 from plugin.agent.sockets import make_plugin_dir
 from plugin.agent.xid import XidHealth
+from plugin.call_records import RequestRecorder
 from plugin.config import PluginConfig
 from plugin.generate_specs import write_specs
 from plugin.grpc_server import ResourceServer, stop_servers
 from plugin.kubelet import Registrar
-from plugin.kubelet_requests import AllocateRefused, RequestRecorder
+from plugin.kubelet_requests import (
+    AllocateRefused,
+)
 from plugin.labels import plugin_labels
 from plugin.layout import (
     AllocatorCache,

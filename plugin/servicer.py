@@ -16,14 +16,12 @@ import grpc
 from plugin.agent.health import HealthBoard
 from plugin.api import deviceplugin_pb2 as pb
 from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from plugin.call_records import SUMMARY_INTERVAL_S, CallSummary, RequestRecorder
 from plugin.kubelet_requests import (
-    SUMMARY_INTERVAL_S,
     AllocateRefused,
-    CallSummary,
     FifoGate,
     PreferenceRequest,
     RequestInvalid,
-    RequestRecorder,
     allocation_requests,
     call_ended,
     describe_response,

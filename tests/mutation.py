@@ -71,6 +71,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_plugin_service.py",
         "tests/unit/test_plugin_layout_engine.py",
     ),
+    "plugin/call_records.py": ("tests/unit/test_plugin_service.py",),
     "cdigen/cdi/spec_service.py": (
         "tests/unit/test_spec_service.py",
         "tests/unit/test_cdi_capability_devices.py",

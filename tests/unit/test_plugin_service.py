@@ -15,11 +15,10 @@ import grpc
 import pytest
 
 from plugin.agent.health import SOURCE_NODE
+from plugin.call_records import CallSummary, RequestRecorder
 from plugin.kubelet_requests import (
     AllocateRefused,
-    CallSummary,
     PreferenceRequest,
-    RequestRecorder,
 )
 from plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
 from plugin.registration import socket_name
