@@ -23,6 +23,7 @@ import pytest
 from tests.helpers.doc_sessions import (
     REPO,
     Session,
+    docs,
     expected_exit,
     not_runnable,
     sessions,
@@ -50,6 +51,8 @@ def _misspelt_policy(doc: str) -> str:
 STATED_EXITS = {
     # docs/dra.md: "A field outside those is refused, exit 1, one line naming the file"
     "cdigen dra check old-claim.yaml": 1,
+    # docs/sharing.md: "(exit 1; `plugin serve` refuses the same config at start, exit 2)"
+    "cdigen plugin config check overlap.yaml --node builtin:rtx4090": 1,
 }
 # Files a session reads that its doc describes but does not show under a '# NAME' line.
 DERIVED: dict[tuple[str, str], Callable[[str], str]] = {
@@ -156,8 +159,15 @@ def _workdir(doc: str, root: Path) -> Path:
     if here.exists():
         return here
     shutil.copytree(EXAMPLES, here)
+    # as in a checkout, for a session that names the examples by their path there
+    shutil.copytree(EXAMPLES, here / EXAMPLES.relative_to(REPO))
     text = (REPO / doc).read_text(encoding="utf-8")
-    for name, content in shown_files(doc).items():
+    # a doc may run a file another doc shows (plugin.md checks sharing.md's split.yaml); its own
+    # files win
+    others = [str(p.relative_to(REPO)) for p in docs()]
+    shown = {n: c for other in others if other != doc for n, c in shown_files(other).items()}
+    shown.update(shown_files(doc))
+    for name, content in shown.items():
         (here / name).write_text(content, encoding="utf-8")
     for (of, name), make in DERIVED.items():
         if of == doc:

@@ -68,12 +68,14 @@ def sessions(paths: list[Path] | None = None) -> list[Session]:
 
 def shown_files(doc: str) -> dict[str, str]:
     """The files ``doc`` shows: each fenced block whose first line is ``# NAME.yaml`` (or
-    .json, .jsonl, .txt)."""
+    .json, .jsonl, .txt), perhaps followed by ``: what it is``."""
     text = (REPO / doc).read_text(encoding="utf-8")
     return {
         m.group(1): m.group(0).split("\n", 1)[1]
         for m in re.finditer(
-            r"(?<=^```)[a-z]*\n# ([\w.-]+\.(?:yaml|json|jsonl|txt))\n.*?(?=^```)", text, re.S | re.M
+            r"(?<=^```)[a-z]*\n# ([\w.-]+\.(?:yaml|json|jsonl|txt))(?:[ :][^\n]*)?\n.*?(?=^```)",
+            text,
+            re.S | re.M,
         )
     }
 
