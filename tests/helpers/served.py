@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -35,6 +36,9 @@ class ServedPlugin:
             ],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            # a process killed by a signal of its own (SIGABRT from a native library at exit)
+            # leaves its threads' Python stacks in the log
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},
         )
 
     def signal(self, signum: int) -> None:
@@ -44,9 +48,13 @@ class ServedPlugin:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=10)
+            code = self.proc.wait(timeout=10)
         finally:
             self._log_file.close()
+        if code < 0:  # killed by a signal: pytest shows this with the failure
+            print(f"plugin serve ended by signal {-code}; its log ends:", file=sys.stderr)
+            print(self.logs()[-4000:], file=sys.stderr)
+        return code
 
     def logs(self) -> str:
         return self.log.read_text()
