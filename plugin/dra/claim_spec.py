@@ -4,9 +4,8 @@ driver capability the claim's config asks for beyond the node-wide ones."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.driverfiles import DriverFiles
@@ -23,7 +22,7 @@ from cdigen.errors import InputError
 from cdigen.model import Gpu, Node
 from plugin.dra.checkpoint import CLAIM_CLASS
 from plugin.dra.claims import AllocatedDevice, ClaimRef
-from plugin.dra.config import claim_configs, config_for
+from plugin.dra.config import RequestConfig, config_for
 from policies.device_view import DeviceView
 
 
@@ -72,13 +71,12 @@ class ClaimSpecs:
         self._fs = fs
 
     def capabilities_asked(
-        self, ref: ClaimRef, claim: Mapping[str, Any], allocated: Sequence[AllocatedDevice]
+        self, ref: ClaimRef, configs: Sequence[RequestConfig], allocated: Sequence[AllocatedDevice]
     ) -> tuple[dict[str, tuple[str, ...]], frozenset[str]]:
-        """The capabilities beyond the node-wide ones that each request's config (GpuConfig,
-        plugin.dra.config) asks for, and those asked by name (not through ``all``, which means
-        every one offered); InputError on a bad config or a capability named that this driver
-        does not offer (--capability-devices)."""
-        configs = claim_configs(claim, ref, driver=self.driver)
+        """The capabilities beyond the node-wide ones that each request's config (``configs``,
+        decoded once by plugin.dra.config.claim_configs) asks for, and those asked by name (not
+        through ``all``, which means every one offered); InputError on a capability named that
+        this driver does not offer (--capability-devices)."""
         out: dict[str, tuple[str, ...]] = {}
         explicit: set[str] = set()
         if not configs:

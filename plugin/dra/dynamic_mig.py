@@ -26,6 +26,12 @@ from policies.device_view import DeviceView
 log = logging.getLogger(__name__)
 
 
+# the GPU and compute instance IDs the driver hands out (what mig-minors lists: gi0..gi14,
+# ci0..ci7), scanned for an instance whose ID was never recorded
+MAX_GPU_INSTANCE_IDS = 15
+MAX_COMPUTE_INSTANCE_IDS = 8
+
+
 class MigError(CdigenError):
     """NVML could not make or unmake a MIG device."""
 
@@ -282,6 +288,40 @@ class MigMaker:
             if ids == (gi, ci):
                 return mig
         return None
+
+    def destroy_at(
+        self, gpu_uuid: str, start: int, size: int, keep: Collection[tuple[str, int]] = ()
+    ) -> str:
+        """Destroy the GPU instance (and its compute instances) at memory slices ``start`` ..
+        ``start + size - 1`` of GPU ``gpu_uuid``, if there is one and its (GPU UUID, GI ID) is
+        not in ``keep``: what a plugin killed between a create and its checkpoint record left,
+        a GPU instance without its compute instance included. None there is fine. The error
+        (one line), or ""."""
+        nvml = self._nvml
+        what = f"the GPU instance at memory slices {start}-{start + size - 1} of GPU {gpu_uuid}"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            for gi_id in range(MAX_GPU_INSTANCE_IDS):
+                if (gpu_uuid, gi_id) in keep:
+                    continue
+                try:
+                    gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+                except nvml.NVMLError_NotFound:
+                    continue
+                info = nvml.nvmlGpuInstanceGetInfo(gi)
+                if (int(info.placement.start), int(info.placement.size)) != (start, size):
+                    continue
+                for ci_id in range(MAX_COMPUTE_INSTANCE_IDS):
+                    try:
+                        ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+                    except nvml.NVMLError_NotFound:
+                        continue
+                    nvml.nvmlComputeInstanceDestroy(ci)
+                nvml.nvmlGpuInstanceDestroy(gi)
+                log.info("destroyed %s (GI %d), left by a prepare that did not finish", what, gi_id)
+        except nvml.NVMLError as exc:
+            return f"destroying {what}: {_nvml_says(exc)}"
+        return ""
 
     def destroy(self, doc: MigDoc) -> str:
         """Destroy the compute and GPU instance of ``doc``; one already gone is fine. The

@@ -24,6 +24,7 @@ from plugin.agent.feature_file import FeatureFile
 from plugin.agent.health import HealthBoard, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.xid import XidHealth
+from plugin.dra.checkpoint import read_boot_id
 from plugin.dra.claims import ClaimReader
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.grpc_services import (
@@ -80,6 +81,7 @@ def _preparer(
         fs=fs,
         mps=options.mps,
         mig=mig,
+        boot_id=read_boot_id(options.proc_root),
     )
 
 

@@ -13,6 +13,7 @@ import pynvml
 import pytest
 
 from cdigen.model import Node
+from plugin.dra.checkpoint import checkpoint_bytes
 from plugin.dra.dynamic_mig import MigMaker
 from plugin.dra.prepare import claim_spec_path
 from policies.device_view import device_views
@@ -182,7 +183,10 @@ def test_a_checkpoint_with_a_damaged_mig_record_refuses_the_start(
     path = harness.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
     doc = json.loads(path.read_text())
     doc["claims"]["uid-c"]["migDevices"][0]["gi"] = "one"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc))  # edited: the checksum says so
+    with pytest.raises(InputError, match=r"its checksum does not match \(damaged or edited\)"):
+        _start(harness, nvml, tmp_path)
+    path.write_bytes(checkpoint_bytes(doc["claims"], doc["bootId"]))  # checksummed, still bad
     with pytest.raises(InputError, match=r"claims\['uid-c'\]\.migDevices\[0\]\.gi: not an ID"):
         _start(harness, nvml, tmp_path)
 

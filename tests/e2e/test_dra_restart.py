@@ -104,7 +104,8 @@ def test_a_spec_without_a_checkpoint_entry_is_removed_by_unprepare(harness: Harn
     [
         ("", "Expecting value"),  # truncated to nothing (a crash before the data reached disk)
         ('{"version": 1, "claims": {"uid-a": {"namesp', "Unterminated string"),
-        ('{"version": 2, "claims": {}}', "unknown layout"),  # a newer cdigen's layout
+        ('{"version": 3, "claims": {}}', "unknown layout"),  # a newer cdigen's layout
+        ('{"version": 2, "claims": {}, "checksum": "sha256:00"}', "checksum does not match"),
     ],
 )
 def test_a_damaged_or_newer_checkpoint_refuses_the_start(

@@ -1,0 +1,62 @@
+"""The two-phase checkpoint's file: layout 2 (checksum, boot ID) written and read back, and
+layout 1, what cdigen wrote before (tests/fixtures/dra/checkpoint-v1.json, written by main's
+code at d8a930e), still loaded, its claims as completed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdigen.errors import InputError
+from plugin.dra.checkpoint import (
+    COMPLETED,
+    checkpoint_bytes,
+    load_checkpoint,
+    read_boot_id,
+)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "dra" / "checkpoint-v1.json"
+FIXTURE_CDI = Path("/tmp/cdigen-v1-fixture/cdi")  # the CDI dir it was written with
+DRIVER = "gpu.cdigen.dev"
+
+
+def test_a_checkpoint_written_by_the_previous_layout_loads_as_completed_claims() -> None:
+    loaded = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER)
+    assert loaded.boot_id is None
+    assert {c["state"] for c in loaded.claims.values()} == {COMPLETED}
+    made = {m["device"]: m["gi"] for c in loaded.claims.values() for m in c["migDevices"]}
+    assert made == {"gpu-1-3g-40gb-at-4": 1, "gpu-1-1g-10gb-at-0": 2}
+
+
+def test_layout_2_round_trips_with_its_boot_id(tmp_path: Path) -> None:
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(checkpoint_bytes(claims, "boot-1"))
+    again = load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
+    assert again.claims == claims and again.boot_id == "boot-1"
+    assert json.loads(path.read_text())["version"] == 2
+
+
+@pytest.mark.parametrize("cut", [1, 100, -2])
+def test_a_truncated_or_flipped_layout_2_is_refused_with_one_line(tmp_path: Path, cut: int) -> None:
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    data = checkpoint_bytes(claims, "boot-1")
+    path = tmp_path / "checkpoint.json"
+    # -2: one number changed, still JSON of the right shape: the checksum says no
+    data = data.replace(b'"gi": 1', b'"gi": 3', 1) if cut == -2 else data[:cut]
+    path.write_bytes(data)
+    with pytest.raises(InputError) as caught:
+        load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message
+    assert ("checksum" in message) == (cut == -2)
+
+
+def test_the_boot_id_is_read_from_the_proc_root_given(tmp_path: Path) -> None:
+    assert read_boot_id(tmp_path) is None
+    where = tmp_path / "sys" / "kernel" / "random"
+    where.mkdir(parents=True)
+    (where / "boot_id").write_text("3f2c7a9e-0d1b-4c55-9f1e-2a6b8c0d4e11\n")
+    assert read_boot_id(tmp_path) == "3f2c7a9e-0d1b-4c55-9f1e-2a6b8c0d4e11"
