@@ -443,6 +443,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                                  "metadata": {}, "items": items})  # fmt: skip
             elif path == SLICES and method == "POST":
                 body = self._body()
+                if not isinstance(body.get("metadata"), dict):  # a client killed mid-send
+                    return self._status(400, "BadRequest", "the body has no metadata")
                 name = body["metadata"]["name"]
                 with api.lock:
                     if name in api.slices:
@@ -460,6 +462,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                         gone = api.slices.pop(name)
                         return self._send(200, gone)
                     body = self._body()
+                    if not isinstance(body.get("metadata"), dict):  # a client killed mid-send
+                        return self._status(400, "BadRequest", "the body has no metadata")
                     sent = body["metadata"].get("resourceVersion")
                     held = api.slices[name]["metadata"]["resourceVersion"]
                     if sent and sent != held:
