@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from cdigen.errors import InputError
 from cdigen.fileio import read_text, same_dir
 from plugin.dra.claims import ClaimRef, kind_of, quoted
 from plugin.dra.dynamic_mig import MigDoc, mig_doc_problem
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_VERSION = 2
 LOADED_VERSIONS = (1, 2)  # 1: before the two phases (no state, checksum or boot ID)
@@ -266,6 +269,22 @@ def remove_spec(path: str | Path) -> str:
         pass
     except OSError as exc:
         return f"cannot remove {path}: {exc.strerror}"
+    return ""
+
+
+def remove_unknown_spec(spec_dir: Path, driver: str, uid: str) -> str:
+    """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
+    checked one). The error, or ""."""
+    for path in (
+        claim_spec_path(spec_dir, driver, uid),
+        legacy_claim_spec_path(spec_dir, driver, uid),
+    ):
+        if not os.path.lexists(path):
+            continue
+        error = remove_spec(path)
+        if error:
+            return error
+        log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
     return ""
 
 

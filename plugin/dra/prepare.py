@@ -1,36 +1,29 @@
 """NodePrepareResources / NodeUnprepareResources: claims -> transient CDI specs, checkpointed.
 
-Each claim is planned, then applied: its config decoded once, its devices, capabilities, MPS
-settings and MIG placements computed as one frozen value with no side effect
-(:class:`ClaimPlan`), then the side effects made in order, each recorded in the two-phase
-checkpoint (plugin.dra.checkpoint) before a crash could strand it. Calls are serialized (one
-lock) and idempotent: preparing a prepared claim returns what the first call returned,
-unpreparing an unknown claim is a success. A restarted plugin rolls back the claims left
-half-prepared and finishes the unprepares begun; after a reboot (a new boot ID) the MIG devices
-are gone, and a claim that had some is prepared again at the kubelet's next call, as is one whose
-spec is gone (a tmpfs CDI dir). An undo that fails stays in the checkpoint and is tried again at
-every call and at start: never dropped.
+Each claim is planned (plugin.dra.plan: no side effect), then applied: the side effects made in
+order, each recorded in the two-phase checkpoint (plugin.dra.checkpoint) before a crash could
+strand it. Calls are serialized (one lock) and idempotent: preparing a prepared claim returns
+what the first call returned, unpreparing an unknown claim is a success. A restarted plugin rolls
+back the claims left half-prepared and finishes the unprepares begun; after a reboot (a new boot
+ID) a claim that had MIG devices is prepared again at the kubelet's next call, as is one whose
+spec is gone (a tmpfs CDI dir). A failed undo stays in the checkpoint, tried again at every call
+and at start: never dropped.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
-from cdigen.cdi.names import qualified_name
-from cdigen.cdi.spec import (
-    SpecOptions,
-)
+from cdigen.cdi.spec import SpecOptions
 from cdigen.cdi.write import write_claim_spec
-from cdigen.errors import CdigenError, InputError
+from cdigen.errors import CdigenError
 from cdigen.fileio import atomic_write, remove_temp_files
 from cdigen.model import Node
 from plugin.dra.checkpoint import (
@@ -39,32 +32,19 @@ from plugin.dra.checkpoint import (
     UNPREPARING,
     ClaimDoc,
     DeviceDoc,
-    PlacementDoc,
     checkpoint_bytes,
     claim_spec_path,
     claim_spec_prefix,
-    legacy_claim_spec_path,
     load_checkpoint,
     remove_spec,
+    remove_unknown_spec,
     spec_present,
 )
-from plugin.dra.claim_spec import (
-    ClaimSpecs,
-    claim_capability_name,
-    claim_device_name,
-    claim_kind,
-)
-from plugin.dra.claims import (
-    AllocatedDevice,
-    ClaimReader,
-    ClaimRef,
-    allocated_devices,
-    kind_of,
-    quoted,
-)
-from plugin.dra.config import claim_configs, claim_sharing
+from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name
+from plugin.dra.claims import ClaimReader, ClaimRef, kind_of
 from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
-from plugin.dra.mps import MpsSettings, claim_limits
+from plugin.dra.mps import MpsSettings
+from plugin.dra.plan import ClaimPlan, device_doc, plan_claim
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
@@ -72,21 +52,6 @@ log = logging.getLogger(__name__)
 # A claim's error goes into the kubelet's pod events: one line, at most this long.
 MAX_ERROR_CHARS = 300
 NO_MIG_MAKER = "no NVML to destroy MIG devices with"
-
-
-@dataclass(frozen=True)
-class ClaimPlan:
-    """What preparing one claim does, computed from the claim and the node alone (no side
-    effect, so it can be computed again): its devices and their views, the capabilities each
-    request asks for, the MPS settings, and the MIG placements it makes."""
-
-    allocated: tuple[AllocatedDevice, ...]
-    views: tuple[DeviceView, ...]
-    extra: dict[str, tuple[str, ...]]  # request -> capabilities beyond the node-wide ones
-    explicit: frozenset[str]  # those asked for by name
-    env: tuple[str, ...]
-    mounts: tuple[dict[str, Any], ...]
-    placements: tuple[PlacementDoc, ...]
 
 
 @dataclass(frozen=True)
@@ -231,62 +196,21 @@ class Preparer:
                 if error:
                     return PrepareResult(error=error)
             try:
-                plan = self._plan(ref, claim)
+                plan = plan_claim(
+                    ref,
+                    claim,
+                    driver=self.driver,
+                    pool=self.pool,
+                    views=self._views,
+                    specs=self._specs,
+                    mps=self._mps,
+                    held=self._claims,
+                    can_make_migs=self._mig is not None,
+                )
                 return PrepareResult(tuple(self._apply(ref, plan)))
             except CdigenError as exc:
                 log.warning("claim %s: %s", ref.shown, exc)
                 return PrepareResult(error=str(exc))
-
-    def _plan(self, ref: ClaimRef, claim: Mapping[str, Any]) -> ClaimPlan:
-        """What preparing the claim will do, computed without a side effect: its devices, their
-        views, the capabilities and MPS settings its config asks for, and the MIG placements."""
-        allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
-        where = f"ResourceClaim {ref.namespace}/{ref.name}"
-        configs = claim_configs(claim, ref, driver=self.driver)
-        extra, explicit = self._specs.capabilities_asked(ref, configs, allocated)
-        views: list[DeviceView] = []
-        for result in allocated:
-            view = self._views.get(result.device)
-            if view is None:
-                raise InputError(
-                    f"device {quoted(result.device)} of pool {self.pool!r} is not offered by "
-                    "this node",
-                    where=where,
-                    hint="the node's devices changed since the claim was allocated",
-                )
-            self._refuse_if_held(ref, result)
-            views.append(view)
-        if views:
-            sharing = claim_sharing(configs, [r.request for r in allocated], where)
-            env, mounts = claim_limits(allocated, self._views, self._mps, sharing, where=where)
-        else:
-            env, mounts = [], []
-        placements = tuple(
-            PlacementDoc(
-                device=v.name,
-                gpuUUID=v.gpu.uuid,
-                start=v.placement.start,
-                size=v.placement.profile.memory_slices,
-            )
-            for v in views
-            if v.placement is not None
-        )
-        if placements and self._mig is None:
-            raise InputError(
-                f"device {placements[0]['device']!r} is a MIG placement, and this plugin cannot "
-                "make MIG devices (no NVML)",
-                where=where,
-                hint="serve --mig-strategy dynamic with NVML (--node nvml)",
-            )
-        return ClaimPlan(
-            allocated=tuple(allocated),
-            views=tuple(views),
-            extra=extra,
-            explicit=explicit,
-            env=tuple(env),
-            mounts=tuple(mounts),
-            placements=placements,
-        )
 
     def _apply(self, ref: ClaimRef, plan: ClaimPlan) -> list[DeviceDoc]:
         """Carry out ``plan``: record it (PrepareStarted, with the placements it will make)
@@ -354,7 +278,10 @@ class Preparer:
             complete_cap_nodes(spec, made)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
             write_claim_spec(spec, path, within=self._spec_dir)
-        devices = [self._device_doc(ref.uid, r, extra.get(r.request, ())) for r in plan.allocated]
+        devices = [
+            device_doc(self.driver, self.pool, ref.uid, r, extra.get(r.request, ()))
+            for r in plan.allocated
+        ]
         doc["devices"] = devices
         doc["state"] = COMPLETED
         self._save()
@@ -421,35 +348,6 @@ class Preparer:
         if pending:
             self._save_quietly()
 
-    def _device_doc(
-        self, uid: str, result: AllocatedDevice, capabilities: Sequence[str]
-    ) -> DeviceDoc:
-        """What the kubelet is told of one prepared device: its CDI IDs in the claim's spec."""
-        kind = claim_kind(self.driver)
-        return {
-            "requestNames": [result.request] if result.request else [],
-            "poolName": self.pool,
-            "deviceName": result.device,
-            "cdiDeviceIds": [
-                qualified_name(kind, claim_device_name(uid, result)),
-                *(qualified_name(kind, claim_capability_name(uid, c)) for c in capabilities),
-            ],
-            "shareId": result.share_id,
-        }
-
-    def _refuse_if_held(self, ref: ClaimRef, result: AllocatedDevice) -> None:
-        for uid, other in self._claims.items():
-            if uid == ref.uid or result.device not in other["shareable"]:
-                continue
-            if result.shareable and other["shareable"][result.device]:
-                continue
-            raise InputError(
-                f"device {result.device!r} is already prepared for claim "
-                f"{other['namespace']}/{other['name']} ({uid})",
-                where=f"ResourceClaim {ref.namespace}/{ref.name}",
-                hint="a device is shared only when both claims were allocated it for sharing",
-            )
-
     # ------------------------------------------------------------------ unprepare
 
     def unprepare(self, ref: ClaimRef) -> str:
@@ -472,7 +370,7 @@ class Preparer:
             done = self._claims.get(ref.uid)
             if done is None:
                 # a spec written before a crash kept it out of the checkpoint, or nothing
-                return self._remove_unknown_spec(ref.uid)
+                return remove_unknown_spec(self._spec_dir, self.driver, ref.uid)
             if done["state"] == COMPLETED:
                 done["state"] = UNPREPARING  # recorded before anything is destroyed
                 try:
@@ -489,21 +387,6 @@ class Preparer:
                 return error
             log.info("unprepared claim %s", ref.shown)
             return ""
-
-    def _remove_unknown_spec(self, uid: str) -> str:
-        """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
-        checked one). The error, or ""."""
-        for path in (
-            claim_spec_path(self._spec_dir, self.driver, uid),
-            legacy_claim_spec_path(self._spec_dir, self.driver, uid),
-        ):
-            if not os.path.lexists(path):
-                continue
-            error = remove_spec(path)
-            if error:
-                return error
-            log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
-        return ""
 
     def _save_quietly(self) -> None:
         """:meth:`_save`, a failure logged (the next save writes the same)."""

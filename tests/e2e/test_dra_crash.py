@@ -23,7 +23,7 @@ import grpc
 import pynvml
 import pytest
 
-from plugin.dra.prepare import claim_spec_path
+from plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim

@@ -361,7 +361,7 @@ BAD_SHAPES = {
 def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
     tmp_path: Path, doc: Any, words: str
 ) -> None:
-    from plugin.dra.prepare import load_checkpoint
+    from plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(doc))
@@ -373,7 +373,7 @@ def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
 
 
 def test_a_good_checkpoint_loads(tmp_path: Path) -> None:
-    from plugin.dra.prepare import load_checkpoint
+    from plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(GOOD))

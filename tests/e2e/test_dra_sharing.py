@@ -20,10 +20,10 @@ import yaml
 from cdigen.discover import load_node
 from plugin.agent.kubeapi import api_client
 from plugin.agent.xid import xid_reason
+from plugin.dra.checkpoint import claim_spec_path
 from plugin.dra.kube import KubeApi
 from plugin.dra.kubelet_plugin import DraPlugin
 from plugin.dra.mps import MpsSettings
-from plugin.dra.prepare import claim_spec_path
 from plugin.dra.slices import MemoryShares
 from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
 from tests.cdihost import FakeHost, build_host
