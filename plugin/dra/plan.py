@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.cdi.names import qualified_name
+from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
 from plugin.dra.checkpoint import ClaimDoc, DeviceDoc, PlacementDoc
 from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name, claim_device_name, claim_kind
@@ -33,7 +34,7 @@ class ClaimPlan:
     extra: Mapping[str, tuple[str, ...]]
     explicit: frozenset[str]
     env: tuple[str, ...]
-    mounts: tuple[Mapping[str, Any], ...]
+    mounts: tuple[MountDoc, ...]
     placements: tuple[PlacementDoc, ...]
 
 
@@ -68,7 +69,7 @@ def plan_claim(
         _refuse_if_held(ref, result, held)
         found.append(view)
     env: Sequence[str] = ()
-    mounts: Sequence[Mapping[str, Any]] = ()
+    mounts: Sequence[MountDoc] = ()
     if found:
         sharing = claim_sharing(configs, [r.request for r in allocated], where)
         env, mounts = claim_limits(allocated, views, mps, sharing, where=where)

@@ -231,3 +231,48 @@ def test_a_gpu_instance_made_by_hand_keeps_the_placements_over_it_out(
     }
     assert not {"gpu-1-3g-40gb-at-0", "gpu-1-1g-10gb-at-3", "gpu-1-7g-80gb-at-0"} & published
     assert any("not made for a claim, holds memory slices 0-3" in r.message for r in caplog.records)
+
+
+def _boot(tmp_path: Path, boot_id: str) -> None:
+    where = tmp_path / "proc" / "sys" / "kernel" / "random"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "boot_id").write_text(boot_id + "\n")
+
+
+def test_after_a_reboot_a_claim_with_mig_devices_is_prepared_again(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """The boot ID in the checkpoint tells a reboot, which took the MIG devices with it: the
+    claim's spec goes, and the kubelet's next prepare makes its MIG device again."""
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-b", PLACEMENT, "gpu-0")
+    assert harness.kubelet.prepare([ref]).claims["uid-b"].error == ""
+    harness.stop()
+    nvml.instances.clear()  # the reboot
+    nvml.node = dataclasses.replace(
+        nvml.node, gpus=(nvml.node.gpus[0], dataclasses.replace(nvml.node.gpus[1], mig_devices=()))
+    )
+    _boot(tmp_path, "boot-2")
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").exists()
+    assert _checkpoint(harness)["uid-b"]["migDevices"] == []  # type: ignore[index]
+    assert harness.kubelet.prepare([ref]).claims["uid-b"].error == ""
+    (made,) = nvml.node.gpus[1].mig_devices
+    spec = claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").read_text()
+    assert f'nvidia-cap{made.cap_minors[1]}"' in spec and len(nvml.instances) == 1
+    assert harness.kubelet.unprepare([ref]).claims["uid-b"].error == ""
+    assert nvml.instances == {} and _checkpoint(harness) == {}
+
+
+def test_the_same_boot_keeps_the_prepared_claim_as_it_was(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-s", PLACEMENT)
+    before = harness.kubelet.prepare([ref]).claims["uid-s"]
+    harness.stop()
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert claim_spec_path(harness.cdi_dir, DRIVER, "uid-s").exists()
+    assert harness.kubelet.prepare([ref]).claims["uid-s"] == before and len(nvml.instances) == 1
