@@ -122,8 +122,10 @@ def _explain(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from plugin.dra.slices import MemoryShares, build_slices
     from policies.device_view import device_views
-    from policies.dra.claims import FirstFit, NodeState, load_manifests, slice_devices
+    from policies.dra.claim_docs import load_manifests
+    from policies.dra.claims import FirstFit, NodeState
     from policies.dra.order import ordered_views
+    from policies.dra.slice_devices import slice_devices
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in _shipped_classes()]

@@ -16,19 +16,15 @@ from typing import Any
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, shortened
 from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
 from policies.cel.quantity import format_bytes
-from policies.dra.claim_docs import refuse_unchecked
-from policies.dra.claims import (
+from policies.dra.claim_docs import (
     Claim,
     DeviceClass,
-    FirstFit,
-    NodeState,
-    Pick,
-    SliceDevice,
     claim_from_doc,
     device_class,
-    qualify,
-    slice_devices,
+    refuse_unchecked,
 )
+from policies.dra.claims import FirstFit, NodeState, Pick
+from policies.dra.slice_devices import SliceDevice, qualify, slice_devices
 
 SCREEN_LINES = 25
 _GROUPS_PER_NODE = 3  # reasons shown per node, the devices sharing one reason on one line

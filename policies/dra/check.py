@@ -18,7 +18,8 @@ from typing import Any
 
 from policies.cel import CelCompileError, compile_expression
 from policies.device_view import published_attribute_names, published_capacity_names
-from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, read_claim_documents
+from policies.dra.claim_docs import read_claim_documents
+from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 
