@@ -291,12 +291,11 @@ class FirstFit:
 
     def _failure(self, claim: Claim, state: NodeState) -> str:
         for request in claim.requests:
-            fits = [
-                d
-                for d in self.devices
-                if not self.mismatch(request, d) and not self.consumption(request, d, state, [])[1]
-            ]
-            need = len(fits) if request.mode == "All" else request.count
+            matching = [d for d in self.devices if not self.mismatch(request, d)]
+            fits = [d for d in matching if not self.consumption(request, d, state, [])[1]]
+            # All needs every matching device, a held one included (as the scheduler: the
+            # claim waits for it), so the count is of those matching, not of those free
+            need = len(matching) if request.mode == "All" else request.count
             if len(fits) < need or not fits:
                 return (
                     f"request {request.name!r}: {len(fits)} device(s) match and fit, {need} needed"
