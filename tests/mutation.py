@@ -75,6 +75,33 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_mig_resources.py",
         "tests/unit/test_cdi_spec.py",
     ),
+    "policies/dra/claims.py": (
+        "tests/unit/test_dra_first_fit.py",
+        "tests/unit/test_dra_claims.py",
+        "tests/unit/test_cel_scheduler_cases.py",
+        "tests/unit/test_dra_topology.py",
+    ),
+    "plugin/dra/prepare.py": (
+        "tests/e2e/test_dra_dynamic_mig.py",
+        "tests/e2e/test_dra_restart.py",
+        "tests/e2e/test_dra.py",
+        "tests/e2e/test_dra_capabilities.py",
+        # the kills at every step, for one placement (the other cases take minutes)
+        "tests/e2e/test_dra_crash.py::test_a_kill_at_every_step_of_prepare_leaves_nothing_"
+        "stranded[one-placement]",
+        "tests/e2e/test_dra_crash.py::test_a_kill_at_every_step_of_unprepare_leaves_nothing_"
+        "stranded[one-placement]",
+    ),
+    "plugin/dra/checkpoint.py": (
+        "tests/unit/test_dra_checkpoint.py",
+        "tests/unit/test_dra_files.py",
+        "tests/e2e/test_dra_hostile.py::test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load",
+        "tests/e2e/test_dra_hostile.py::test_a_good_checkpoint_loads",
+        "tests/e2e/test_dra_hostile.py::test_a_checkpoint_entry_naming_a_file_outside_the_cdi_dir_"
+        "is_refused_at_load",
+        "tests/e2e/test_dra_restart.py",
+        "tests/e2e/test_dra_dynamic_mig.py",
+    ),
     "plugin/layout.py": (
         "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",

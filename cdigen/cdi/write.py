@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdigen import logs
 from cdigen.cdi.names import qualified_name, spec_file_name, split_kind
@@ -234,6 +235,9 @@ def write_claim_spec(spec: SpecDoc, target: Path, *, within: Path) -> WriteResul
 # node; checking them is most of a claim spec's check, so each distinct one is checked once.
 _CHECKED_EDITS: dict[str, None] = {}
 _CHECKED_EDITS_MAX = 64
+# the edits objects checked, by id, each held so that its id is not reused: a builder that
+# shares one edits object between claims (plugin.dra.claim_spec) skips even the encoding
+_CHECKED_OBJECTS: dict[int, object] = {}
 
 
 def _checked_claim_text(spec: SpecDoc, *, where: str) -> str:
@@ -241,22 +245,27 @@ def _checked_claim_text(spec: SpecDoc, *, where: str) -> str:
     spec-wide ``containerEdits`` once per distinct content (CDI has no rule that joins the two
     parts, so both valid is the whole valid).
 
-    One line by json's C encoder (the YAML representer, or json with indent, was most of the
-    time of NodePrepareResources: benchmarks/bench_dra.py); the edits are encoded apart, so
-    their text is also the key of what was checked.
+    One line by json's C encoder, the whole spec in one call (the YAML representer, or json
+    with indent, was most of the time of NodePrepareResources: benchmarks/bench_dra.py); the
+    edits' own encoding is the key of what was checked.
     """
-    rest = {k: v for k, v in spec.items() if k != "containerEdits"}
-    rest_text = json.dumps(rest)
     edits = spec.get("containerEdits")
     if not edits:
         check_spec(spec, where=where)
-        return rest_text + "\n"
-    edits_text = json.dumps(edits)
-    if edits_text in _CHECKED_EDITS:
-        check_spec(rest, where=where)
+    elif _CHECKED_OBJECTS.get(id(edits)) is edits:  # the very object checked before
+        check_spec({k: v for k, v in spec.items() if k != "containerEdits"}, where=where)
     else:
-        check_spec(spec, where=where)
-        if len(_CHECKED_EDITS) >= _CHECKED_EDITS_MAX:
-            _CHECKED_EDITS.pop(next(iter(_CHECKED_EDITS)), None)
-        _CHECKED_EDITS[edits_text] = None
-    return '{"containerEdits": ' + edits_text + ", " + rest_text[1:] + "\n"
+        key = json.dumps(edits)
+        if key in _CHECKED_EDITS:
+            check_spec({k: v for k, v in spec.items() if k != "containerEdits"}, where=where)
+        else:
+            check_spec(spec, where=where)
+            _remember(_CHECKED_EDITS, key, None)
+        _remember(_CHECKED_OBJECTS, id(edits), edits)
+    return json.dumps(spec) + "\n"
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= _CHECKED_EDITS_MAX:
+        cache.pop(next(iter(cache)), None)
+    cache[key] = value

@@ -124,6 +124,7 @@ class MigMaker:
     def __init__(self, nvml: Any, proc_root: str | Path = "/proc") -> None:
         self._nvml = nvml
         self._proc_root = Path(proc_root)
+        self._minors: dict[tuple[int, ...], int] = {}  # read_mig_minors', read when first needed
 
     def geometries(self, gpus: Iterable[Gpu]) -> dict[str, MigGeometry]:
         """How each MIG-enabled GPU of ``gpus`` partitions, by UUID, as NVML tells it (the
@@ -257,8 +258,12 @@ class MigMaker:
         """The MIG device NVML now lists for GI ``gi``, CI ``ci``, with its nvidia-caps minors."""
         nvml, gpu = self._nvml, view.gpu
         assert view.placement is not None
-        minors = read_mig_minors(self._proc_root)
+        # the driver writes mig-minors once, at load: read again only when a minor is missing
+        minors = self._minors
         caps = (minors.get((gpu.minor, gi)), minors.get((gpu.minor, gi, ci)))
+        if caps[0] is None or caps[1] is None:
+            minors = self._minors = read_mig_minors(self._proc_root)
+            caps = (minors.get((gpu.minor, gi)), minors.get((gpu.minor, gi, ci)))
         if caps[0] is None or caps[1] is None:
             raise MigError(
                 f"no nvidia-caps minors for GI {gi} CI {ci} of GPU minor {gpu.minor} in "

@@ -42,7 +42,7 @@ from plugin.dra.checkpoint import (
 )
 from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name
 from plugin.dra.claims import ClaimReader, ClaimRef, kind_of
-from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
+from plugin.dra.dynamic_mig import MadeMig, MigMaker
 from plugin.dra.mps import MpsSettings
 from plugin.dra.plan import ClaimPlan, device_doc, plan_claim
 from policies.device_view import DeviceView
@@ -229,11 +229,12 @@ class Preparer:
             "migDevices": [],
         }
         self._claims[ref.uid] = doc
-        try:
-            self._save()
-        except CdigenError:  # nothing done yet, and nothing recorded: not prepared
-            del self._claims[ref.uid]
-            raise
+        if plan.placements:  # MIG devices a crash could strand: the plan on disk first
+            try:
+                self._save()
+            except CdigenError:  # nothing done yet, and nothing recorded: not prepared
+                del self._claims[ref.uid]
+                raise
         try:
             return self._carry_out(ref, plan, doc, path)
         except BaseException:
@@ -259,23 +260,20 @@ class Preparer:
             assert self._mig is not None  # the plan refuses placements without it
             one = self._mig.create(view)
             made.append(one)
+            # saved with the claim; a crash before leaves it where the saved plan's rollback looks
             doc.setdefault("migDevices", []).append(one.doc)
-            self._save()
             views[n] = replace(view, entry=replace(view.entry, mig=one.mig))
         extra = plan.extra
         if views:
             asked = ordered_capabilities(c for caps in extra.values() for c in caps)
-            spec = self._specs.build(ref, views, asked, plan.explicit)
+            spec = self._specs.build(
+                ref, views, asked, plan.explicit, env=plan.env, mounts=plan.mounts, made=made
+            )
             names = {d["name"] for d in spec["devices"]}
             extra = {
                 request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in names)
                 for request, caps in extra.items()
             }
-            if plan.env:
-                edits = spec.setdefault("containerEdits", {})
-                edits["env"] = [*edits.get("env", []), *plan.env]
-                edits["mounts"] = [*edits.get("mounts", []), *plan.mounts]
-            complete_cap_nodes(spec, made)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
             write_claim_spec(spec, path, within=self._spec_dir)
         devices = [
@@ -303,7 +301,7 @@ class Preparer:
             if error:
                 return error
             recorded.pop(0)
-        if doc["state"] != COMPLETED:  # the plan may have made what it did not record
+        if doc["state"] == STARTED:  # the plan may have made what it did not record
             keep = self._made_by_others(uid)
             for placement in doc.get("placements", []):
                 error = (
@@ -371,8 +369,8 @@ class Preparer:
             if done is None:
                 # a spec written before a crash kept it out of the checkpoint, or nothing
                 return remove_unknown_spec(self._spec_dir, self.driver, ref.uid)
-            if done["state"] == COMPLETED:
-                done["state"] = UNPREPARING  # recorded before anything is destroyed
+            if done["state"] == COMPLETED and done.get("migDevices"):
+                done["state"] = UNPREPARING  # recorded before a MIG device is destroyed
                 try:
                     self._save()
                 except CdigenError as exc:
