@@ -276,3 +276,26 @@ def test_the_same_boot_keeps_the_prepared_claim_as_it_was(
     _start(harness, nvml, tmp_path, node=nvml.node)
     assert claim_spec_path(harness.cdi_dir, DRIVER, "uid-s").exists()
     assert harness.kubelet.prepare([ref]).claims["uid-s"] == before and len(nvml.instances) == 1
+
+
+def test_a_failed_undo_is_kept_logged_and_tried_again_at_the_next_call(
+    harness: Harness, nvml: MigNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.fail["nvmlGpuInstanceCreateComputeInstance"] = {
+        1: pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    }
+    nvml.fail["nvmlGpuInstanceDestroy"] = {1: pynvml.NVML_ERROR_IN_USE}
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-u", PLACEMENT)
+    assert "NVMLError_InsufficientResources" in harness.kubelet.prepare([ref]).claims["uid-u"].error
+    assert len(nvml.instances) == 1, "the GPU instance could not be destroyed"
+    assert _checkpoint(harness)["uid-u"]["state"] == "PrepareStarted"  # type: ignore[index]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("undoing a prepare that failed" in e and "NVMLError_InUse" in e for e in errors)
+    del nvml.fail["nvmlGpuInstanceDestroy"]
+    other = harness.claim("other", "uid-o", "gpu-0")
+    assert harness.kubelet.prepare([other]).claims["uid-o"].error == ""  # retried on the way
+    assert nvml.instances == {} and "uid-u" not in _checkpoint(harness)
+    del nvml.fail["nvmlGpuInstanceCreateComputeInstance"]
+    assert harness.kubelet.prepare([ref]).claims["uid-u"].error == ""  # the kubelet's retry
+    assert len(nvml.instances) == 1

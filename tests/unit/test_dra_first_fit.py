@@ -207,3 +207,20 @@ def test_a_shared_device_is_picked_once_per_claim_and_its_policy_bounds_requests
     state = NodeState(consumed={"s": {f"{DRIVER}/memory": 20 * GIB}})
     five = _claim({"capacity": {"requests": {"memory": "5Gi"}}})
     assert dict(fit.explain(five, state)[1]) == {"s": "needs memory 5Gi, 4Gi left"}
+
+
+def test_explain_tells_a_device_held_by_another_claim_from_one_already_picked() -> None:
+    fit = _fit(*FOUR)
+    state = NodeState(exclusive={"g0"})
+    assert fit.consumption(_claim({}).requests[0], fit.by_name["g0"], state, []) == (
+        {},
+        "held by another claim",
+    )
+    allocation = fit.allocate(_claim({}), state)
+    assert allocation.devices == ("g1",)
+    request = _claim({}).requests[0]
+    assert fit.consumption(request, fit.by_name["g1"], NodeState(), allocation.picks) == (
+        {},
+        "already picked",
+    )
+    assert dict(fit.explain(_claim({}), state)[1])["g0"] == "held by another claim"
