@@ -224,3 +224,9 @@ def test_explain_tells_a_device_held_by_another_claim_from_one_already_picked() 
         "already picked",
     )
     assert dict(fit.explain(_claim({}), state)[1])["g0"] == "held by another claim"
+
+
+def test_enough_devices_that_break_a_constraint_is_said_as_such() -> None:
+    fit = _fit(_device("g0", 0), _device("g1", 0))
+    claim = _claim({"count": 2}, constraints=[{"distinctAttribute": "numa"}])
+    assert fit.allocate(claim).error == "no set of devices satisfies the claim's constraints"
