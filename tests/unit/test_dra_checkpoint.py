@@ -45,7 +45,9 @@ def test_a_truncated_or_flipped_layout_2_is_refused_with_one_line(tmp_path: Path
     data = checkpoint_bytes(claims, "boot-1")
     path = tmp_path / "checkpoint.json"
     # -2: one number changed, still JSON of the right shape: the checksum says no
-    data = data.replace(b'"gi": 1', b'"gi": 3', 1) if cut == -2 else data[:cut]
+    changed = data.replace(b'"gi":1,', b'"gi":3,', 1)
+    assert changed != data
+    data = changed if cut == -2 else data[:cut]
     path.write_bytes(data)
     with pytest.raises(InputError) as caught:
         load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
