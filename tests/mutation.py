@@ -112,6 +112,25 @@ MODULES: dict[str, tuple[str, ...]] = {
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (
+        "policies/dra/claims.py",
+        "if n > 0 and slots[n - 1] is request:",
+        "0 -> 1",
+    ): "speed only: the second device of a request then searches from the first device, not"
+    " after the last pick; a device picked already is refused ('already picked') and the"
+    " constraints hold or fail for a set whatever its order, so the first set found is the"
+    " same (its sorted order is the first of its orders tried)",
+    (
+        "policies/dra/claims.py",
+        "last = picks[-1].device",
+        "1 -> 0",
+    ): "speed only, as above: the search then starts after the request's first pick instead of"
+    " its last, tries orders of sets it would skip, and finds the same first set",
+    (
+        "policies/dra/claims.py",
+        "start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1",
+        "1 -> 0",
+    ): "speed only: the search starts at the last pick itself, which is refused as already picked",
+    (
         "policies/fast_path.py",
         "if avail.bit_count() != len(bits) or not 0 < size <= len(bits):",
         "< -> <=",
