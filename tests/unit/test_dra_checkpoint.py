@@ -62,3 +62,31 @@ def test_the_boot_id_is_read_from_the_proc_root_given(tmp_path: Path) -> None:
     where.mkdir(parents=True)
     (where / "boot_id").write_text("3f2c7a9e-0d1b-4c55-9f1e-2a6b8c0d4e11\n")
     assert read_boot_id(tmp_path) == "3f2c7a9e-0d1b-4c55-9f1e-2a6b8c0d4e11"
+
+
+def test_a_boot_id_longer_than_any_the_kernel_writes_is_not_believed(tmp_path: Path) -> None:
+    where = tmp_path / "sys" / "kernel" / "random"
+    where.mkdir(parents=True)
+    (where / "boot_id").write_text("b" * 64 + "\n")
+    assert read_boot_id(tmp_path) == "b" * 64
+    (where / "boot_id").write_text("b" * 65 + "\n")
+    assert read_boot_id(tmp_path) is None
+    (where / "boot_id").write_text("bad\x00id\n")
+    assert read_boot_id(tmp_path) is None
+
+
+def test_the_checksum_is_of_the_content_not_of_the_key_order(tmp_path: Path) -> None:
+    """A checkpoint rewritten with its keys in another order (by a JSON tool) still loads."""
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    doc = json.loads(checkpoint_bytes(claims, "boot-1"))
+
+    def reversed_keys(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: reversed_keys(value[k]) for k in reversed(list(value))}
+        if isinstance(value, list):
+            return [reversed_keys(v) for v in value]
+        return value
+
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps(reversed_keys(doc), indent=2))
+    assert load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER).claims == claims
