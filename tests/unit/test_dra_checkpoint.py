@@ -90,3 +90,37 @@ def test_the_checksum_is_of_the_content_not_of_the_key_order(tmp_path: Path) -> 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(reversed_keys(doc), indent=2))
     assert load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER).claims == claims
+
+
+def test_an_unreadable_checkpoint_keeps_the_readers_hint_or_gets_the_checkpoints(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    fifo, binary = tmp_path / "fifo", tmp_path / "binary"
+    os.mkfifo(fifo)
+    binary.write_bytes(b"\xff\xfe")
+    with pytest.raises(InputError) as caught:
+        load_checkpoint(fifo, spec_dir=FIXTURE_CDI, driver=DRIVER)
+    assert caught.value.hint == "give the path of a regular file"
+    with pytest.raises(InputError) as caught:
+        load_checkpoint(binary, spec_dir=FIXTURE_CDI, driver=DRIVER)
+    assert "not UTF-8" in caught.value.message
+    assert (caught.value.hint or "").startswith("move it away only after unpreparing its claims")
+
+
+def test_a_half_prepared_claim_with_a_placement_at_slice_0_round_trips(tmp_path: Path) -> None:
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    (uid, claim) = next(iter(claims.items()))
+    claim["state"] = "PrepareStarted"
+    claim["placements"] = [
+        {"device": "gpu-1-7g-80gb-at-0", "gpuUUID": "GPU-1", "start": 0, "size": 8}
+    ]
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(checkpoint_bytes(claims, None))
+    again = load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER).claims[uid]
+    assert again["state"] == "PrepareStarted" and again["placements"][0]["start"] == 0
+    claim["placements"][0]["start"] = -1
+    path.write_bytes(checkpoint_bytes(claims, None))
+    with pytest.raises(InputError, match=r"\.placements\[0\]\.start: .*not a non-negative"):
+        load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
