@@ -150,6 +150,7 @@ def test_a_restarted_plugin_destroys_the_mig_device_at_unprepare(
     assert PLACEMENT in _published(harness)
     assert harness.kubelet.prepare([ref]).claims["uid-r"] == before
     assert len(nvml.instances) == 1, "preparing again makes nothing new"
+    assert nvml.node.gpus[1].mig_devices == (made,), "nor destroys and makes it again"
     assert harness.kubelet.unprepare([ref]).claims["uid-r"].error == ""
     assert nvml.instances == {} and nvml.node.gpus[1].mig_devices == ()
     assert _checkpoint(harness) == {}

@@ -149,3 +149,25 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_holds_nothing(
     checkpoint.rmdir()
     assert _ids(harness.kubelet.prepare([ref]), "uid-a") == [[f"k8s.{DRIVER}/claim=uid-a-gpu-0"]]
     assert _checkpointed(harness) == {"uid-a"}
+
+
+def test_a_prepared_claim_is_answered_from_the_checkpoint_without_reading_it_again(
+    harness: Harness,
+) -> None:
+    """With its spec there (or none needed: no device of ours), a prepared claim's second
+    prepare answers from the checkpoint: no claim read, no spec written again."""
+    from tests.fake_apiserver import allocated_claim
+
+    harness.start()
+    ref = harness.claim("a", "uid-a", "gpu-0")
+    foreign = {"request": "nic", "driver": "net.example.com", "pool": "p", "device": "nic-0"}
+    harness.api.add_claim(allocated_claim("n", "uid-n", [foreign]))
+    none = ("default", "uid-n", "n")
+    first = harness.kubelet.prepare([ref, none])
+    assert first.claims["uid-a"].error == "" and first.claims["uid-n"].error == ""
+    spec = claim_spec_path(harness.cdi_dir, DRIVER, "uid-a")
+    written = spec.stat().st_ino
+    reads = len([r for r in harness.api.requests if "/resourceclaims/" in r[1]])
+    assert harness.kubelet.prepare([ref, none]) == first
+    assert len([r for r in harness.api.requests if "/resourceclaims/" in r[1]]) == reads
+    assert spec.stat().st_ino == written

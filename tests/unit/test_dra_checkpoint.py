@@ -124,3 +124,17 @@ def test_a_half_prepared_claim_with_a_placement_at_slice_0_round_trips(tmp_path:
     path.write_bytes(checkpoint_bytes(claims, None))
     with pytest.raises(InputError, match=r"\.placements\[0\]\.start: .*not a non-negative"):
         load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
+
+
+def test_a_share_id_string_loads_and_a_number_does_not(tmp_path: Path) -> None:
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    device = next(iter(claims.values()))["devices"][0]
+    device["shareId"] = "6f1c"
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(checkpoint_bytes(claims, None))
+    loaded = load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    assert next(iter(loaded.values()))["devices"][0]["shareId"] == "6f1c"
+    device["shareId"] = 7  # type: ignore[typeddict-item]
+    path.write_bytes(checkpoint_bytes(claims, None))
+    with pytest.raises(InputError, match=r"shareId: a number, not a string or null"):
+        load_checkpoint(path, spec_dir=FIXTURE_CDI, driver=DRIVER)
