@@ -110,6 +110,19 @@ MODULES: dict[str, tuple[str, ...]] = {
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (
+        "plugin/dra/checkpoint.py",
+        "raw = f.read(100)",
+        "100 -> 101",
+    ): "a boot ID longer than 64 characters is refused, so reading 100 or 101 bytes of a longer"
+    " file gives None alike (the kernel writes 37)",
+    (
+        "plugin/dra/checkpoint.py",
+        'return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)',
+        "True -> False",
+    ): "two mutants share this key: sort_keys (killed: a file with its keys reordered must load)"
+    " and ensure_ascii, equivalent: the checksum is computed the same way on both sides from the"
+    " parsed object, and json gives the same object for an escape and the raw character",
+    (
         "policies/dra/claims.py",
         "if n > 0 and slots[n - 1] is request:",
         "0 -> 1",
