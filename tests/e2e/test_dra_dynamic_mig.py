@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pynvml
@@ -244,11 +245,14 @@ def test_after_a_reboot_a_claim_with_mig_devices_is_prepared_again(
     harness: Harness, nvml: MigNvml, tmp_path: Path
 ) -> None:
     """The boot ID in the checkpoint tells a reboot, which took the MIG devices with it: the
-    claim's spec goes, and the kubelet's next prepare makes its MIG device again."""
+    claim's spec goes, and the kubelet's next prepare makes its MIG device again; a claim of a
+    whole GPU keeps its spec."""
     _boot(tmp_path, "boot-1")
     _start(harness, nvml, tmp_path)
-    ref = harness.claim("mig", "uid-b", PLACEMENT, "gpu-0")
-    assert harness.kubelet.prepare([ref]).claims["uid-b"].error == ""
+    ref = harness.claim("mig", "uid-b", PLACEMENT)
+    whole = harness.claim("whole", "uid-w", "gpu-0")
+    answers = harness.kubelet.prepare([ref, whole]).claims
+    assert answers["uid-b"].error == "" and answers["uid-w"].error == ""
     harness.stop()
     nvml.instances.clear()  # the reboot
     nvml.node = dataclasses.replace(
@@ -257,13 +261,67 @@ def test_after_a_reboot_a_claim_with_mig_devices_is_prepared_again(
     _boot(tmp_path, "boot-2")
     _start(harness, nvml, tmp_path, node=nvml.node)
     assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").exists()
+    assert claim_spec_path(harness.cdi_dir, DRIVER, "uid-w").exists()
     assert _checkpoint(harness)["uid-b"]["migDevices"] == []  # type: ignore[index]
     assert harness.kubelet.prepare([ref]).claims["uid-b"].error == ""
     (made,) = nvml.node.gpus[1].mig_devices
     spec = claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").read_text()
     assert f'nvidia-cap{made.cap_minors[1]}"' in spec and len(nvml.instances) == 1
     assert harness.kubelet.unprepare([ref]).claims["uid-b"].error == ""
-    assert nvml.instances == {} and _checkpoint(harness) == {}
+    assert nvml.instances == {} and set(_checkpoint(harness)) == {"uid-w"}
+
+
+def test_a_reboot_after_an_older_cdigen_wrote_the_mig_records_prepares_again_too(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """A claim recorded by layout 1 has MIG devices and no planned placements."""
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-o", PLACEMENT)
+    assert harness.kubelet.prepare([ref]).claims["uid-o"].error == ""
+    harness.stop()
+    path = harness.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    del doc["claims"]["uid-o"]["placements"]
+    path.write_bytes(checkpoint_bytes(doc["claims"], "boot-1"))
+    nvml.instances.clear()
+    nvml.node = dataclasses.replace(
+        nvml.node, gpus=(nvml.node.gpus[0], dataclasses.replace(nvml.node.gpus[1], mig_devices=()))
+    )
+    _boot(tmp_path, "boot-2")
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-o").exists()
+    assert harness.kubelet.prepare([ref]).claims["uid-o"].error == ""
+    assert len(nvml.instances) == 1
+
+
+def test_two_calls_for_one_claim_at_once_make_its_mig_device_once(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """The kubelet may call again while a prepare waits for the API server: the second call
+    answers from the first one's checkpoint entry, it does not undo and make it again."""
+    import threading
+
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-t", PLACEMENT)
+    harness.api.hang.add("claims")  # both calls wait in the claim read
+    answers: list[object] = []
+    calls = [
+        threading.Thread(target=lambda: answers.append(harness.kubelet.prepare([ref])))
+        for _ in range(2)
+    ]
+    for call in calls:
+        call.start()
+    deadline = time.monotonic() + 10
+    while len([r for r in harness.api.requests if "resourceclaims/mig" in r[1]]) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    harness.api.release.set()
+    for call in calls:
+        call.join(10)
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert nvml.calls.count("nvmlDeviceCreateGpuInstanceWithPlacement") == 1
+    assert nvml.calls.count("nvmlGpuInstanceDestroy") == 0
 
 
 def test_the_same_boot_keeps_the_prepared_claim_as_it_was(

@@ -54,7 +54,9 @@ def test_after_a_restart_prepare_answers_the_same_and_unprepare_clears_spec_and_
     assert _checkpointed(harness) == set()
 
 
-def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(harness: Harness) -> None:
+def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     """/var/run/cdi is a tmpfs: after a reboot the checkpoint (under /var/lib/kubelet) still
     lists the claim, and the kubelet prepares it again for the restarted pod. Answering from the
     checkpoint alone would hand the runtime CDI IDs it cannot resolve."""
@@ -67,6 +69,7 @@ def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(harness: Harnes
     shutil.rmtree(harness.cdi_dir)
     harness.start()
     assert _ids(harness.kubelet.prepare([ref]), "uid-k") == before
+    assert any("is gone; preparing it again" in r.getMessage() for r in caplog.records)
     assert json.loads(path.read_text()) == spec
     assert harness.kubelet.unprepare([ref]).claims["uid-k"].error == ""
     assert not path.exists()
