@@ -9,6 +9,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -358,3 +359,48 @@ def test_a_failed_undo_is_kept_logged_and_tried_again_at_the_next_call(
     del nvml.fail["nvmlGpuInstanceCreateComputeInstance"]
     assert harness.kubelet.prepare([ref]).claims["uid-u"].error == ""  # the kubelet's retry
     assert len(nvml.instances) == 1
+
+
+def test_a_claim_allocated_a_placement_another_holds_fails_and_leaves_the_other_alone(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """A stale allocation names a placement with the very memory slices a prepared claim's MIG
+    device sits on (3g.40gb and 4g.40gb both take slices 0-3): the create fails, and the undo
+    of that claim's plan does not take the other claim's device."""
+    _start(harness, nvml, tmp_path)
+    first = harness.claim("first", "uid-1", "gpu-1-4g-40gb-at-0")
+    assert harness.kubelet.prepare([first]).claims["uid-1"].error == ""
+    (held,) = nvml.node.gpus[1].mig_devices
+    second = harness.claim("second", "uid-2", "gpu-1-3g-40gb-at-0")
+    assert "InsufficientResources" in harness.kubelet.prepare([second]).claims["uid-2"].error
+    assert nvml.node.gpus[1].mig_devices == (held,) and "uid-2" not in _checkpoint(harness)
+
+
+class _SecondComputeInstanceFails(MigNvml):
+    """The compute instance of a second GPU instance on a GPU cannot be made."""
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        if len(self.instances) > 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return super().nvmlGpuInstanceCreateComputeInstance(gpuInstance, profileId)
+
+
+def test_unprepare_of_a_half_prepared_claim_undoes_its_unrecorded_gpu_instance_too(
+    harness: Harness, host: FakeHost, tmp_path: Path
+) -> None:
+    """Two placements: the second's compute instance fails and no GPU instance can be destroyed,
+    so the claim stays half-prepared with one MIG device recorded and a bare GPU instance at its
+    other placement. The kubelet's unprepare, once NVML lets go, takes both."""
+    nvml = _SecondComputeInstanceFails(host.node)
+    nvml.nvmlInit()
+    nvml.write_mig_minors(tmp_path / "proc")
+    nvml.fail["nvmlGpuInstanceDestroy"] = {1: pynvml.NVML_ERROR_IN_USE}
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("two", "uid-2p", PLACEMENT, "gpu-1-1g-10gb-at-0")
+    assert "InsufficientResources" in harness.kubelet.prepare([ref]).claims["uid-2p"].error
+    assert len(nvml.instances) == 2
+    kept = _checkpoint(harness)["uid-2p"]
+    assert kept["state"] == "PrepareStarted" and len(kept["migDevices"]) == 1  # type: ignore[index]
+    del nvml.fail["nvmlGpuInstanceDestroy"]
+    assert harness.kubelet.unprepare([ref]).claims["uid-2p"].error == ""
+    assert nvml.instances == {} and _checkpoint(harness) == {}
