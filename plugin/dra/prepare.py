@@ -103,6 +103,7 @@ class Preparer:
         loaded = load_checkpoint(checkpoint, spec_dir=spec_dir, driver=driver)
         self._claims: dict[str, ClaimDoc] = loaded.claims
         self._boot_id = boot_id  # this boot's (/proc/sys/kernel/random/boot_id), if known
+        self._unsaved = False  # the last save failed
         # what a kill -9 during a write left: only our own temp files, never another writer's
         remove_temp_files(spec_dir, lambda: log, f".{claim_spec_prefix(driver)}")
         remove_temp_files(checkpoint.parent, lambda: log, f".{checkpoint.name}.")
@@ -112,9 +113,8 @@ class Preparer:
             self._retry_undos()  # roll back the half-prepared, finish the half-unprepared
 
     def _after_reboot(self) -> None:
-        """The node rebooted since the checkpoint was written: the MIG devices went with it.
-        Claims that had some lose their spec, so that the kubelet's next prepare makes them
-        again; half-done ones need no MIG undo any more."""
+        """A reboot since the checkpoint was written took the MIG devices: claims that had some
+        lose their spec (the kubelet's next prepare makes them again)."""
         for uid, doc in list(self._claims.items()):
             if not doc.get("migDevices") and not doc.get("placements"):
                 continue
@@ -240,12 +240,9 @@ class Preparer:
         except BaseException:
             error = self._undo(ref.uid, doc)
             if error:
-                log.error(
-                    "claim %s: undoing a prepare that failed: %s; kept in the checkpoint as "
-                    "half-prepared, tried again at the next call and at start",
-                    ref.shown,
-                    error,
-                )
+                log.error("claim %s: undoing a prepare that failed: %s; kept in the checkpoint as "
+                          "half-prepared, tried again at the next call and at start",
+                          ref.shown, error)  # fmt: skip
             self._save_quietly()
             raise
 
@@ -283,11 +280,8 @@ class Preparer:
         doc["devices"] = devices
         doc["state"] = COMPLETED
         self._save()
-        log.info(
-            "prepared claim %s: %s",
-            ref.shown,
-            ", ".join(d["deviceName"] for d in devices) or "no devices of ours",
-        )
+        shown = ", ".join(d["deviceName"] for d in devices) or "no devices of ours"
+        log.info("prepared claim %s: %s", ref.shown, shown)
         return devices
 
     def _undo(self, uid: str, doc: ClaimDoc) -> str:
@@ -303,14 +297,10 @@ class Preparer:
             recorded.pop(0)
         if doc["state"] == STARTED:  # the plan may have made what it did not record
             keep = self._made_by_others(uid)
-            for placement in doc.get("placements", []):
-                error = (
-                    self._mig.destroy_at(
-                        placement["gpuUUID"], placement["start"], placement["size"], keep
-                    )
-                    if self._mig
-                    else NO_MIG_MAKER
-                )
+            for at in doc.get("placements", []):
+                if self._mig is None:
+                    return NO_MIG_MAKER
+                error = self._mig.destroy_at(at["gpuUUID"], at["start"], at["size"], keep)
                 if error:
                     return error
             doc["placements"] = []
@@ -366,9 +356,8 @@ class Preparer:
         with self._lock:
             self._retry_undos(but=ref.uid)
             done = self._claims.get(ref.uid)
-            if done is None:
-                # a spec written before a crash kept it out of the checkpoint, or nothing
-                return remove_unknown_spec(self._spec_dir, self.driver, ref.uid)
+            if done is None:  # a spec a crash kept out of the checkpoint, or nothing
+                return self._saved() or remove_unknown_spec(self._spec_dir, self.driver, ref.uid)
             if done["state"] == COMPLETED and done.get("migDevices"):
                 done["state"] = UNPREPARING  # recorded before a MIG device is destroyed
                 try:
@@ -386,6 +375,16 @@ class Preparer:
             log.info("unprepared claim %s", ref.shown)
             return ""
 
+    def _saved(self) -> str:
+        """ "" when the file holds what memory does, else a save's error (the kubelet retries
+        an unprepare whose save failed: the claim is gone from memory, not yet from the file)."""
+        try:
+            if self._unsaved:
+                self._save()
+        except CdigenError as exc:
+            return exc.message
+        return ""
+
     def _save_quietly(self) -> None:
         """:meth:`_save`, a failure logged (the next save writes the same)."""
         try:
@@ -394,4 +393,6 @@ class Preparer:
             log.error("cannot write the checkpoint: %s", exc)
 
     def _save(self) -> None:
+        self._unsaved = True
         atomic_write(self._checkpoint, checkpoint_bytes(self._claims, self._boot_id), mode=0o600)
+        self._unsaved = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,14 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_holds_nothing(
     checkpoint.rmdir()
     assert _ids(harness.kubelet.prepare([ref]), "uid-a") == [[f"k8s.{DRIVER}/claim=uid-a-gpu-0"]]
     assert _checkpointed(harness) == {"uid-a"}
+    assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600  # root's alone, whatever the umask
+    # unprepare whose checkpoint write fails: the kubelet hears it and retries
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    assert "write failed" in harness.kubelet.unprepare([ref]).claims["uid-a"].error
+    checkpoint.rmdir()
+    assert harness.kubelet.unprepare([ref]).claims["uid-a"].error == ""
+    assert _checkpointed(harness) == set()
 
 
 def test_a_prepared_claim_is_answered_from_the_checkpoint_without_reading_it_again(
