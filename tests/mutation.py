@@ -85,6 +85,8 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_dra_prepare_errors.py",
         "tests/e2e/test_dra_dynamic_mig.py",
         "tests/e2e/test_dra_restart.py",
+        "tests/e2e/test_dra_sharing.py",
+        "tests/e2e/test_dra_capabilities.py",
         # the kills at every step of a prepare, for one placement (the rest take minutes)
         "tests/e2e/test_dra_crash.py::test_a_kill_at_every_step_of_prepare_leaves_nothing_"
         "stranded[one-placement]",
