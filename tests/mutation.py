@@ -112,6 +112,23 @@ MODULES: dict[str, tuple[str, ...]] = {
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (
+        "plugin/dra/prepare.py",
+        "self._unsaved = False  # the last save failed",
+        "False -> True",
+    ): "speed only: an unprepare of an unknown claim then writes the checkpoint once more, with"
+    " what memory holds, which is what the file holds",
+    (
+        "plugin/dra/prepare.py",
+        "self._unsaved = False",
+        "False -> True",
+    ): "speed only, as above: the next unprepare of an unknown claim writes the same content",
+    (
+        "plugin/dra/prepare.py",
+        'shown = ", ".join(d["deviceName"] for d in devices) or "no devices of ours"',
+        "or -> and",
+    ): "only the text of the INFO line 'prepared claim ...' (log arguments are left alone by the"
+    " run; this one is made on the line before)",
+    (
         "plugin/dra/checkpoint.py",
         "raw = f.read(100)",
         "100 -> 101",
