@@ -22,11 +22,6 @@ EXACT_LIMIT = 16
 WITHIN_LIMIT = 8
 
 
-def popcount(mask: int) -> int:
-    """How many bits ``mask`` has set."""
-    return mask.bit_count()
-
-
 def bits(mask: int) -> list[int]:
     """The set bits of ``mask``, lowest first."""
     out = []

@@ -81,6 +81,33 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_mig_resources.py",
         "tests/unit/test_cdi_spec.py",
     ),
+    "policies/dra/claims.py": (
+        "tests/unit/test_dra_first_fit.py",
+        "tests/unit/test_dra_claims.py",
+        "tests/unit/test_cel_scheduler_cases.py",
+        "tests/unit/test_dra_topology.py",
+    ),
+    "plugin/dra/prepare.py": (
+        "tests/unit/test_dra_prepare_errors.py",
+        "tests/e2e/test_dra_dynamic_mig.py",
+        "tests/e2e/test_dra_restart.py",
+        "tests/e2e/test_dra_sharing.py",
+        "tests/e2e/test_dra_capabilities.py",
+        # the kills at every step of a prepare, for one placement (the rest take minutes)
+        "tests/e2e/test_dra_crash.py::test_a_kill_at_every_step_of_prepare_leaves_nothing_"
+        "stranded[one-placement]",
+        "tests/e2e/test_dra.py",
+    ),
+    "plugin/dra/checkpoint.py": (
+        "tests/unit/test_dra_checkpoint.py",
+        "tests/unit/test_dra_files.py",
+        "tests/e2e/test_dra_hostile.py::test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load",
+        "tests/e2e/test_dra_hostile.py::test_a_good_checkpoint_loads",
+        "tests/e2e/test_dra_hostile.py::test_a_checkpoint_entry_naming_a_file_outside_the_cdi_dir_"
+        "is_refused_at_load",
+        "tests/e2e/test_dra_restart.py",
+        "tests/e2e/test_dra_dynamic_mig.py",
+    ),
     "plugin/layout.py": (
         "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",
@@ -90,6 +117,55 @@ MODULES: dict[str, tuple[str, ...]] = {
 
 # (module, the mutated line as written, the mutation) -> why no test can tell it apart
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (
+        "plugin/dra/prepare.py",
+        "self._unsaved = False  # the last save failed",
+        "False -> True",
+    ): "speed only: an unprepare of an unknown claim then writes the checkpoint once more, with"
+    " what memory holds, which is what the file holds",
+    (
+        "plugin/dra/prepare.py",
+        "self._unsaved = False",
+        "False -> True",
+    ): "speed only, as above: the next unprepare of an unknown claim writes the same content",
+    (
+        "plugin/dra/prepare.py",
+        'shown = ", ".join(d["deviceName"] for d in devices) or "no devices of ours"',
+        "or -> and",
+    ): "only the text of the INFO line 'prepared claim ...' (log arguments are left alone by the"
+    " run; this one is made on the line before)",
+    (
+        "plugin/dra/checkpoint.py",
+        "raw = f.read(100)",
+        "100 -> 101",
+    ): "a boot ID longer than 64 characters is refused, so reading 100 or 101 bytes of a longer"
+    " file gives None alike (the kernel writes 37)",
+    (
+        "plugin/dra/checkpoint.py",
+        'return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)',
+        "True -> False",
+    ): "two mutants share this key: sort_keys (killed: a file with its keys reordered must load)"
+    " and ensure_ascii, equivalent: the checksum is computed the same way on both sides from the"
+    " parsed object, and json gives the same object for an escape and the raw character",
+    (
+        "policies/dra/claims.py",
+        "if n > 0 and slots[n - 1] is request:",
+        "0 -> 1",
+    ): "speed only: the second device of a request then searches from the first device, not"
+    " after the last pick; a device picked already is refused ('already picked') and the"
+    " constraints hold or fail for a set whatever its order, so the first set found is the"
+    " same (its sorted order is the first of its orders tried)",
+    (
+        "policies/dra/claims.py",
+        "last = picks[-1].device",
+        "1 -> 0",
+    ): "speed only, as above: the search then starts after the request's first pick instead of"
+    " its last, tries orders of sets it would skip, and finds the same first set",
+    (
+        "policies/dra/claims.py",
+        "start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1",
+        "1 -> 0",
+    ): "speed only: the search starts at the last pick itself, which is refused as already picked",
     (
         "policies/fast_path.py",
         "if avail.bit_count() != len(bits) or not 0 < size <= len(bits):",

@@ -73,7 +73,7 @@ def register_check(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import CheckFailed
     from policies.dra.check import NodeDevices, Published, check_files
-    from policies.dra.claims import load_manifests
+    from policies.dra.claim_docs import load_manifests
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in shipped_classes()]

@@ -1,22 +1,42 @@
 """The checkpoint of prepared claims, and where their transient specs live.
 
-Every prepared claim is kept in the checkpoint file, so that a restarted plugin still unprepares
-claims prepared before it (their specs, and the MIG devices made for them).
+Every claim is kept in the checkpoint file in two phases: its plan (the devices, and the MIG
+placements it will make) is recorded before any side effect, as ``PrepareStarted``; each MIG
+device as it is made; the claim as ``PrepareCompleted`` once its spec is written. Unprepare
+records ``UnprepareStarted`` before it destroys anything. A restarted plugin rolls back every
+claim left half-prepared and finishes every unprepare begun, so that no MIG device is stranded,
+and still unprepares the claims prepared before it.
+
+Layout version 2 carries the boot ID (``/proc/sys/kernel/random/boot_id``: a new one is a
+reboot, which took the MIG devices with it) and a SHA-256 over the rest, so that a damaged file
+is refused rather than half believed; version 1 (what cdigen wrote before: no phases, no
+checksum, no boot ID) still loads, its claims as completed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from cdigen.errors import InputError
 from cdigen.fileio import read_text, same_dir
 from plugin.dra.claims import ClaimRef, kind_of, quoted
 from plugin.dra.dynamic_mig import MigDoc, mig_doc_problem
 
-CHECKPOINT_VERSION = 1
+log = logging.getLogger(__name__)
+
+CHECKPOINT_VERSION = 2
+LOADED_VERSIONS = (1, 2)  # 1: before the two phases (no state, checksum or boot ID)
+STARTED: Literal["PrepareStarted"] = "PrepareStarted"
+COMPLETED: Literal["PrepareCompleted"] = "PrepareCompleted"
+UNPREPARING: Literal["UnprepareStarted"] = "UnprepareStarted"
+State = Literal["PrepareStarted", "PrepareCompleted", "UnprepareStarted"]
+STATES: tuple[State, ...] = (STARTED, COMPLETED, UNPREPARING)
 CLAIM_CLASS = "claim"
 CHECKPOINT_HINT = (
     "move it away only after unpreparing its claims by hand (their specs are in the CDI dir, "
@@ -36,8 +56,19 @@ class PreparedDeviceDoc(TypedDict):
     consumedCapacity: NotRequired[dict[str, str]]
 
 
+class PlacementDoc(TypedDict):
+    """A MIG placement a claim's plan makes: the GPU and the memory slices (first, how many)
+    of its GPU instance, which identify it before NVML gives it an ID (instances never
+    overlap)."""
+
+    device: str
+    gpuUUID: str
+    start: int
+    size: int
+
+
 class ClaimDoc(TypedDict):
-    """A prepared claim in the checkpoint."""
+    """A claim in the checkpoint (version 1 had no ``state``: all were completed)."""
 
     namespace: str
     name: str
@@ -45,6 +76,44 @@ class ClaimDoc(TypedDict):
     shareable: dict[str, bool]
     specPath: str
     migDevices: NotRequired[list[MigDoc]]  # made for the claim (--mig-strategy dynamic)
+    state: NotRequired[State]
+    placements: NotRequired[list[PlacementDoc]]  # the plan's, recorded before they are made
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint file holds: the claims by UID and the boot it was written in."""
+
+    claims: dict[str, ClaimDoc]
+    boot_id: str | None
+
+
+def read_boot_id(proc_root: str | Path) -> str | None:
+    """This boot's ID from ``<proc_root>/sys/kernel/random/boot_id``; None when unreadable."""
+    try:
+        with open(Path(proc_root) / "sys" / "kernel" / "random" / "boot_id", "rb") as f:
+            raw = f.read(100)
+    except OSError:
+        return None
+    text = raw.decode("ascii", "replace").strip()
+    return text if text and text.isprintable() and len(text) <= 64 else None
+
+
+def checkpoint_bytes(claims: dict[str, ClaimDoc], boot_id: str | None) -> bytes:
+    """The file's content: layout 2, with the SHA-256 of the rest (canonical JSON)."""
+    body: dict[str, Any] = {"version": CHECKPOINT_VERSION, "bootId": boot_id, "claims": claims}
+    body["checksum"] = _checksum(body)
+    # compact: json's C encoder (an indent takes the pure-Python one, most of a save's CPU)
+    return _canonical(body).encode()
+
+
+def _canonical(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    rest = {k: v for k, v in body.items() if k != "checksum"}
+    return "sha256:" + hashlib.sha256(_canonical(rest).encode()).hexdigest()
 
 
 def claim_spec_path(spec_dir: Path, driver: str, uid: str) -> Path:
@@ -79,8 +148,8 @@ def spec_path_problem(path: str, spec_dir: Path, driver: str, uid: str) -> str |
     return None
 
 
-def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, ClaimDoc]:
-    """The prepared claims in the checkpoint at ``path`` ({} when there is none).
+def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> Checkpoint:
+    """The claims in the checkpoint at ``path`` (none when there is no file).
 
     A checkpoint that cannot be read, is not one we wrote or names a spec outside ``spec_dir``
     is an InputError naming the file (one line): starting empty would leak the specs and device
@@ -88,7 +157,7 @@ def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, Cla
     at most CDIGEN_MAX_INPUT_BYTES, UTF-8) and checked field by field.
     """
     if not os.path.lexists(path):
-        return {}
+        return Checkpoint({}, None)
     try:
         text = read_text(path, what="checkpoint")
     except InputError as exc:
@@ -101,10 +170,16 @@ def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, Cla
         raise _bad_checkpoint(path, f"it is not JSON ({' '.join(str(exc).split())[:80]})") from None
     if not isinstance(doc, dict):
         raise _bad_checkpoint(path, f"it is {kind_of(doc)}, not an object")
-    if doc.get("version") != CHECKPOINT_VERSION:
-        raise _bad_checkpoint(
-            path, f"unknown layout (version {quoted(doc.get('version'), 40)}, not 1)"
-        )
+    version = doc.get("version")
+    if version not in LOADED_VERSIONS or isinstance(version, bool):
+        raise _bad_checkpoint(path, f"unknown layout (version {quoted(version, 40)}, not 1 or 2)")
+    boot_id = None
+    if version == 2:
+        if doc.get("checksum") != _checksum(doc):
+            raise _bad_checkpoint(path, "its checksum does not match (damaged or edited)")
+        boot_id = doc.get("bootId")
+        if boot_id is not None and not isinstance(boot_id, str):
+            raise _bad_checkpoint(path, f"bootId is {kind_of(boot_id)}, not a string")
     claims = doc.get("claims")
     if not isinstance(claims, dict):
         raise _bad_checkpoint(path, f"claims is {kind_of(claims)}, not an object")
@@ -113,7 +188,7 @@ def load_checkpoint(path: Path, *, spec_dir: Path, driver: str) -> dict[str, Cla
         if problem:
             raise _bad_checkpoint(path, f"claims[{quoted(uid, 60)}]{problem}")
     out: dict[str, ClaimDoc] = claims
-    return out
+    return Checkpoint(out, boot_id)
 
 
 def _bad_checkpoint(path: Path, problem: str) -> InputError:
@@ -157,6 +232,29 @@ def _claim_doc_problem(uid: str, claim: Any, spec_dir: Path, driver: str) -> str
         problem = mig_doc_problem(doc)
         if problem:
             return f".migDevices[{index}]{problem}"
+    state = claim.setdefault("state", COMPLETED)  # layout 1: every claim was completed
+    if state not in STATES:
+        return f".state: {quoted(state, 40)}, not one of {', '.join(STATES)}"
+    placements = claim.get("placements", [])
+    if not isinstance(placements, list):
+        return f".placements: {kind_of(placements)}, not a list"
+    for index, doc in enumerate(placements):
+        problem = _placement_doc_problem(doc)
+        if problem:
+            return f".placements[{index}]{problem}"
+    return None
+
+
+def _placement_doc_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict):
+        return f": {kind_of(doc)}, not an object"
+    for key in ("device", "gpuUUID"):
+        if not isinstance(doc.get(key), str):
+            return f".{key}: {kind_of(doc.get(key))}, not a string"
+    for key in ("start", "size"):
+        value = doc.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f".{key}: {kind_of(value)}, not a non-negative integer"
     return None
 
 
@@ -189,6 +287,22 @@ def remove_spec(path: str | Path) -> str:
         pass
     except OSError as exc:
         return f"cannot remove {path}: {exc.strerror}"
+    return ""
+
+
+def remove_unknown_spec(spec_dir: Path, driver: str, uid: str) -> str:
+    """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
+    checked one). The error, or ""."""
+    for path in (
+        claim_spec_path(spec_dir, driver, uid),
+        legacy_claim_spec_path(spec_dir, driver, uid),
+    ):
+        if not os.path.lexists(path):
+            continue
+        error = remove_spec(path)
+        if error:
+            return error
+        log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
     return ""
 
 

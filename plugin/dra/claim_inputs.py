@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
     from policies.device_view import DeviceView
-    from policies.dra.claims import SliceDevice
+    from policies.dra.slice_devices import SliceDevice
 
 
 def shipped_classes() -> list[Path]:
@@ -34,8 +34,8 @@ def node_devices(
     naming its flag)."""
     from plugin.dra.slices import build_slices
     from policies.device_view import device_views
-    from policies.dra.claims import slice_devices
     from policies.dra.order import ordered_views
+    from policies.dra.slice_devices import slice_devices
 
     views = ordered_views(device_views(node, mig_strategy=mig_strategy), node)
     shares_problem(shares, views)

@@ -1,29 +1,29 @@
-"""The transient CDI spec of one claim and the names in it: cdigen's generator on a node
-holding only the claim's devices, each renamed to a name unique to the claim, plus a device per
-driver capability the claim's config asks for beyond the node-wide ones."""
+"""The transient CDI spec of one claim and the names in it, built for the claim: a device per
+allocated device named for the claim, a device per driver capability its config asks for beyond
+the node-wide ones, the common edits (the driver's files, as ``generate`` makes them) with the
+claim's MPS settings, and the lowest cdiVersion of that content."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
+from cdigen.cdi import devnodes
 from cdigen.cdi.capabilities import ordered_capabilities
+from cdigen.cdi.devnodes import DeviceNodeInfo
+from cdigen.cdi.driveredits import driver_edits, edits_beyond
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name
-from cdigen.cdi.spec import (
-    SpecOptions,
-    build_spec,
-    extra_capabilities,
-    missing_capability_devices,
-)
-from cdigen.cdi.types import SpecDoc
+from cdigen.cdi.spec import SpecOptions, extra_capabilities, node_doc
+from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, MountDoc, SpecDoc
+from cdigen.cdi.version import minimum_version
 from cdigen.errors import InputError
-from cdigen.model import Gpu, Node
+from cdigen.model import Node
 from plugin.dra.checkpoint import CLAIM_CLASS, claim_vendor
 from plugin.dra.claims import AllocatedDevice, ClaimRef
-from plugin.dra.config import claim_configs, config_for
+from plugin.dra.config import RequestConfig, config_for
+from plugin.dra.dynamic_mig import MadeMig, complete_cap_nodes
 from policies.device_view import DeviceView
 
 
@@ -32,15 +32,25 @@ def claim_kind(driver: str) -> str:
     return f"{claim_vendor(driver)}/{CLAIM_CLASS}"
 
 
+def claim_name(uid: str, name: str) -> str:
+    """The CDI device name of ``name`` (a device of the pool, or a capability device) in
+    claim ``uid``'s transient spec: unique to the claim, since every claim spec shares one kind."""
+    return f"{uid}-{name}"
+
+
 def claim_device_name(uid: str, result: AllocatedDevice) -> str:
     """The CDI device name of one allocated device in its claim's transient spec."""
-    return f"{uid}-{result.device}"
+    return claim_name(uid, result.device)
 
 
 def claim_capability_name(uid: str, capability: str) -> str:
-    """The CDI device name of a capability device in claim ``uid``'s transient spec (unique to
-    the claim: every claim spec shares one kind), e.g. ``<uid>-capability-graphics``."""
-    return f"{uid}-{capability_device_name(capability)}"
+    """The CDI device name of a capability device in claim ``uid``'s transient spec, e.g.
+    ``<uid>-capability-graphics``."""
+    return claim_name(uid, capability_device_name(capability))
+
+
+# distinct (capabilities asked, control nodes) whose common edits a ClaimSpecs keeps
+EDIT_CACHE_MAX = 16
 
 
 class ClaimSpecs:
@@ -70,15 +80,18 @@ class ClaimSpecs:
         )
         self._driver_files = driver_files
         self._fs = fs
+        self._edit_cache: dict[
+            tuple[tuple[str, ...], tuple[DeviceNodeInfo, ...]],
+            tuple[ContainerEditsDoc, dict[str, ContainerEditsDoc]],
+        ] = {}
 
     def capabilities_asked(
-        self, ref: ClaimRef, claim: Mapping[str, Any], allocated: Sequence[AllocatedDevice]
+        self, ref: ClaimRef, configs: Sequence[RequestConfig], allocated: Sequence[AllocatedDevice]
     ) -> tuple[dict[str, tuple[str, ...]], frozenset[str]]:
-        """The capabilities beyond the node-wide ones that each request's config (GpuConfig,
-        plugin.dra.config) asks for, and those asked by name (not through ``all``, which means
-        every one offered); InputError on a bad config or a capability named that this driver
-        does not offer (--capability-devices)."""
-        configs = claim_configs(claim, ref, driver=self.driver)
+        """The capabilities beyond the node-wide ones that each request's config (``configs``,
+        decoded once by plugin.dra.config.claim_configs) asks for, and those asked by name (not
+        through ``all``, which means every one offered); InputError on a capability named that
+        this driver does not offer (--capability-devices)."""
         out: dict[str, tuple[str, ...]] = {}
         explicit: set[str] = set()
         if not configs:
@@ -116,37 +129,92 @@ class ClaimSpecs:
         views: Sequence[DeviceView],
         capabilities: tuple[str, ...] = (),
         explicit: frozenset[str] = frozenset(),
+        *,
+        env: Sequence[str] = (),
+        mounts: Sequence[MountDoc] = (),
+        made: Sequence[MadeMig] = (),
     ) -> SpecDoc:
-        """The transient spec of one claim: cdigen's generator on a node holding only the
-        claim's devices, each renamed to a name unique to the claim, and a device per asked
-        capability (what it adds to the common edits), renamed alike. InputError when the
-        driver root has no files for a capability in ``explicit`` (asked for by name)."""
-        uid = ref.uid
-        gpus: dict[int, Gpu] = {}
-        for view in views:
-            gpu = gpus.get(view.gpu.index)
-            if view.mig is None:
-                gpus[view.gpu.index] = replace(view.gpu, mig_enabled=False, mig_devices=())
-            elif gpu is None:
-                gpus[view.gpu.index] = replace(view.gpu, mig_devices=(view.mig,))
-            else:
-                gpus[view.gpu.index] = replace(gpu, mig_devices=(*gpu.mig_devices, view.mig))
-        sub_node = replace(self.node, gpus=tuple(gpus.values()), links=())
-        options = replace(self.options, capability_devices=capabilities)
-        spec = build_spec(sub_node, options, self._driver_files, self._fs)
-        missing = [c for c in missing_capability_devices(spec, options) if c in explicit]
+        """The transient spec of one claim, built for it: a device per view named for the
+        claim (its device nodes: the GPU's, then its DRM nodes or its MIG device's nvidia-caps
+        nodes), a device per asked capability (what it adds to the common edits), the common
+        edits with the claim's MPS ``env`` and ``mounts``, the nvidia-caps nodes of the MIG
+        devices ``made`` completed, and then the lowest cdiVersion that content needs.
+        InputError when the driver root has no files for a capability in ``explicit`` (asked
+        for by name)."""
+        uid, opts = ref.uid, self.options
+        devices: list[DeviceDoc] = [
+            {
+                "name": claim_name(uid, view.name),
+                "containerEdits": {"deviceNodes": self._device_nodes(view)},
+            }
+            for view in views
+        ]
+        control = tuple(devnodes.control_nodes(opts.dev_root, self._fs))
+        edits, beyond = self._edits(capabilities, control)
+        missing = [c for c in capabilities if c not in beyond and c in explicit]
         if missing:
             raise InputError(
-                f"the driver root {options.driver_root} has no files for driver capabilities "
+                f"the driver root {opts.driver_root} has no files for driver capabilities "
                 f"{', '.join(missing)}",
                 where=f"ResourceClaim {ref.namespace}/{ref.name}",
                 hint="install the driver's libraries for them on this node, or drop them from "
                 "the claim's config",
             )
-        by_uuid = {v.uuid: f"{uid}-{v.name}" for v in views}
         for cap in capabilities:
-            by_uuid[capability_device_name(cap)] = claim_capability_name(uid, cap)
-        spec["devices"] = [
-            {**d, "name": by_uuid[d["name"]]} for d in spec["devices"] if d["name"] in by_uuid
-        ]
+            if cap in beyond:
+                devices.append(
+                    {"name": claim_capability_name(uid, cap), "containerEdits": beyond[cap]}
+                )
+        common = edits  # shared between claims (never changed): checked once at the write
+        if env:
+            common = {
+                **edits,
+                "env": [*edits.get("env", []), *env],
+                "mounts": [*edits.get("mounts", []), *mounts],
+            }
+        spec: SpecDoc = {
+            "cdiVersion": "",
+            "kind": claim_kind(self.driver),
+            "devices": devices,
+            "containerEdits": common,
+        }
+        complete_cap_nodes(spec, made)
+        spec["cdiVersion"] = minimum_version(spec)  # of the whole content, MPS edits included
         return spec
+
+    def _device_nodes(self, view: DeviceView) -> list[DeviceNodeDoc]:
+        opts, fs, gpu = self.options, self._fs, view.gpu
+        paths = [f"/dev/nvidia{gpu.minor}"]
+        if view.mig is None:  # DRM nodes only where they exist (the runtime refuses a missing one)
+            paths += [
+                p
+                for p in devnodes.drm_nodes(opts.sysfs_root, gpu.pci_bus_id, fs)
+                if devnodes.node_exists(opts.dev_root, p, fs)
+            ]
+        else:
+            paths += [f"/dev/nvidia-caps/nvidia-cap{n}" for n in view.mig.cap_minors]
+        return [node_doc(devnodes.device_node(opts.dev_root, p, fs)) for p in paths]
+
+    def _edits(
+        self, capabilities: tuple[str, ...], control: tuple[DeviceNodeInfo, ...]
+    ) -> tuple[ContainerEditsDoc, dict[str, ContainerEditsDoc]]:
+        """The common edits, and what each capability with files adds to them: the same for
+        every claim while the control nodes are (kept per capabilities and control nodes; the
+        driver's files are scanned once at start). Shared: never changed by a caller."""
+        key = (capabilities, control)
+        found = self._edit_cache.get(key)
+        if found is None:
+            opts, docs = self.options, [node_doc(n) for n in control]
+            edits = driver_edits(self._driver_files, opts.capabilities, opts.hook_path, docs)
+            beyond: dict[str, ContainerEditsDoc] = {}
+            for cap in capabilities:
+                full = driver_edits(
+                    self._driver_files, (*opts.capabilities, cap), opts.hook_path, docs
+                )
+                extra = edits_beyond(full, edits)
+                if extra.get("mounts") or extra.get("hooks") or extra.get("deviceNodes"):
+                    beyond[cap] = extra
+            if len(self._edit_cache) >= EDIT_CACHE_MAX:
+                self._edit_cache.pop(next(iter(self._edit_cache)))
+            found = self._edit_cache[key] = (edits, beyond)
+        return found

@@ -26,6 +26,12 @@ from policies.device_view import DeviceView
 log = logging.getLogger(__name__)
 
 
+# the GPU and compute instance IDs the driver hands out (what mig-minors lists: gi0..gi14,
+# ci0..ci7), scanned for an instance whose ID was never recorded
+MAX_GPU_INSTANCE_IDS = 15
+MAX_COMPUTE_INSTANCE_IDS = 8
+
+
 class MigError(CdigenError):
     """NVML could not make or unmake a MIG device."""
 
@@ -118,6 +124,7 @@ class MigMaker:
     def __init__(self, nvml: Any, proc_root: str | Path = "/proc") -> None:
         self._nvml = nvml
         self._proc_root = Path(proc_root)
+        self._minors: dict[tuple[int, ...], int] = {}  # read_mig_minors', read when first needed
 
     def geometries(self, gpus: Iterable[Gpu]) -> dict[str, MigGeometry]:
         """How each MIG-enabled GPU of ``gpus`` partitions, by UUID, as NVML tells it (the
@@ -251,8 +258,12 @@ class MigMaker:
         """The MIG device NVML now lists for GI ``gi``, CI ``ci``, with its nvidia-caps minors."""
         nvml, gpu = self._nvml, view.gpu
         assert view.placement is not None
-        minors = read_mig_minors(self._proc_root)
+        # the driver writes mig-minors once, at load: read again only when a minor is missing
+        minors = self._minors
         caps = (minors.get((gpu.minor, gi)), minors.get((gpu.minor, gi, ci)))
+        if caps[0] is None or caps[1] is None:
+            minors = self._minors = read_mig_minors(self._proc_root)
+            caps = (minors.get((gpu.minor, gi)), minors.get((gpu.minor, gi, ci)))
         if caps[0] is None or caps[1] is None:
             raise MigError(
                 f"no nvidia-caps minors for GI {gi} CI {ci} of GPU minor {gpu.minor} in "
@@ -282,6 +293,40 @@ class MigMaker:
             if ids == (gi, ci):
                 return mig
         return None
+
+    def destroy_at(
+        self, gpu_uuid: str, start: int, size: int, keep: Collection[tuple[str, int]] = ()
+    ) -> str:
+        """Destroy the GPU instance (and its compute instances) at memory slices ``start`` ..
+        ``start + size - 1`` of GPU ``gpu_uuid``, if there is one and its (GPU UUID, GI ID) is
+        not in ``keep``: what a plugin killed between a create and its checkpoint record left,
+        a GPU instance without its compute instance included. None there is fine. The error
+        (one line), or ""."""
+        nvml = self._nvml
+        what = f"the GPU instance at memory slices {start}-{start + size - 1} of GPU {gpu_uuid}"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            for gi_id in range(MAX_GPU_INSTANCE_IDS):
+                if (gpu_uuid, gi_id) in keep:
+                    continue
+                try:
+                    gi = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+                except nvml.NVMLError_NotFound:
+                    continue
+                info = nvml.nvmlGpuInstanceGetInfo(gi)
+                if (int(info.placement.start), int(info.placement.size)) != (start, size):
+                    continue
+                for ci_id in range(MAX_COMPUTE_INSTANCE_IDS):
+                    try:
+                        ci = nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+                    except nvml.NVMLError_NotFound:
+                        continue
+                    nvml.nvmlComputeInstanceDestroy(ci)
+                nvml.nvmlGpuInstanceDestroy(gi)
+                log.info("destroyed %s (GI %d), left by a prepare that did not finish", what, gi_id)
+        except nvml.NVMLError as exc:
+            return f"destroying {what}: {_nvml_says(exc)}"
+        return ""
 
     def destroy(self, doc: MigDoc) -> str:
         """Destroy the compute and GPU instance of ``doc``; one already gone is fine. The

@@ -72,7 +72,8 @@ def register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser
 def _explain(args: argparse.Namespace) -> int:
     from cdigen.discover.cli import _load
     from cdigen.errors import InputError
-    from policies.dra.claims import FirstFit, NodeState, load_manifests
+    from policies.dra.claim_docs import load_manifests
+    from policies.dra.claims import FirstFit, NodeState
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in shipped_classes()]

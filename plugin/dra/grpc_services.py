@@ -75,7 +75,7 @@ class DraService:
         for ref in _claim_refs(request):
             error = response.claims[ref.uid].error = self._preparer.unprepare(ref)
             if not error and self._status is not None:
-                self._status.unprepared(ref.namespace, ref.name)
+                self._status.unprepared(ref.namespace, ref.name, ref.uid)
 
     def _prepare(self, request: Any) -> Any:
         pb = self._pb
@@ -88,7 +88,7 @@ class DraService:
                 answer.error = result.error
                 continue
             if self._status is not None:
-                self._status.prepared(ref.namespace, ref.name, result.devices)
+                self._status.prepared(ref.namespace, ref.name, ref.uid, result.devices)
             for device in result.devices:
                 entry = answer.devices.add(
                     request_names=device["requestNames"],

@@ -100,15 +100,23 @@ class KubeApi:
         return self._minor
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[Mapping[str, Any]],
+        manager: str,
     ) -> None:
-        """Server-side apply of ``status.devices`` of one ResourceClaim as field manager
-        ``manager`` (the driver): the entries it applied before and not now go away, other
-        drivers' stay. An ApiException for a non-2xx answer."""
+        """Server-side apply of ``status.devices`` of the ResourceClaim ``namespace/name``
+        whose UID is ``uid``, as field manager ``manager`` (the driver): the entries it applied
+        before and not now go away, other drivers' stay. The UID in the applied object is the
+        precondition: a claim re-created under the name has another UID, and the API server
+        refuses the write (422, ``metadata.uid`` is immutable) instead of writing the old
+        claim's devices onto it. An ApiException for a non-2xx answer."""
         body = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "status": {"devices": [dict(d) for d in devices]},
         }
         path = (

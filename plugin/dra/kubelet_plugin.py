@@ -25,6 +25,7 @@ from plugin.agent.feature_file import FeatureFile
 from plugin.agent.health import HealthBoard, node_reasons
 from plugin.agent.kubeapi import api_error
 from plugin.agent.xid import XidHealth
+from plugin.dra.checkpoint import read_boot_id
 from plugin.dra.claims import ClaimReader
 from plugin.dra.cli_args import shares_problem
 from plugin.dra.dynamic_mig import MigMaker
@@ -84,6 +85,7 @@ def _preparer(
         if options.memory_shares
         else options.mps,
         mig=mig,
+        boot_id=read_boot_id(options.proc_root),
     )
 
 

@@ -68,7 +68,9 @@ def _dra_pods(args: argparse.Namespace) -> int:
     )
     if args.cdi_dir:
         options = replace(options, cdi_dir=Path(args.cdi_dir))
-    claims = load_checkpoint(options.checkpoint, spec_dir=options.cdi_dir, driver=options.driver)
+    claims = load_checkpoint(
+        options.checkpoint, spec_dir=options.cdi_dir, driver=options.driver
+    ).claims
     node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
     entries = {e.dra_name: e for e in catalogue(node, mig_strategy=args.mig_strategy)}
     return print_holdings(args, dra_holdings(asked_containers(args), claims, entries))

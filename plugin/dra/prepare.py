@@ -1,67 +1,57 @@
 """NodePrepareResources / NodeUnprepareResources: claims -> transient CDI specs, checkpointed.
 
-Calls are serialized (one lock) and idempotent: preparing a prepared claim returns what the
-first call returned, unpreparing an unknown claim is a success. Every prepared claim is kept in
-a checkpoint file, so that a restarted plugin still unprepares claims prepared before it; a
-prepared claim whose spec is gone (a tmpfs CDI dir after a reboot) is prepared again.
+Each claim is planned (plugin.dra.plan: no side effect), then applied: the side effects made in
+order, each recorded in the two-phase checkpoint (plugin.dra.checkpoint) before a crash could
+strand it. Calls are serialized (one lock) and idempotent: preparing a prepared claim returns
+what the first call returned, unpreparing an unknown claim is a success. A restarted plugin rolls
+back the claims left half-prepared and finishes the unprepares begun; after a reboot (a new boot
+ID) a claim that had MIG devices is prepared again at the kubelet's next call, as is one whose
+spec is gone (a tmpfs CDI dir). A failed undo stays in the checkpoint, tried again at every call
+and at start: never dropped.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
-from cdigen.cdi.names import qualified_name
-from cdigen.cdi.spec import (
-    SpecOptions,
-)
+from cdigen.cdi.spec import SpecOptions
 from cdigen.cdi.write import write_claim_spec
-from cdigen.errors import CdigenError, InputError
+from cdigen.errors import CdigenError
 from cdigen.fileio import atomic_write, remove_temp_files
 from cdigen.model import Node
 from plugin.dra.checkpoint import (
-    CHECKPOINT_VERSION,
+    COMPLETED,
+    STARTED,
+    UNPREPARING,
     ClaimDoc,
     PreparedDeviceDoc,
+    checkpoint_bytes,
     claim_spec_path,
     claim_spec_prefix,
-    legacy_claim_spec_path,
     load_checkpoint,
     remove_spec,
+    remove_unknown_spec,
     spec_present,
 )
-from plugin.dra.claim_spec import (
-    ClaimSpecs,
-    claim_capability_name,
-    claim_device_name,
-    claim_kind,
-)
-from plugin.dra.claims import (
-    AllocatedDevice,
-    ClaimReader,
-    ClaimRef,
-    allocated_devices,
-    kind_of,
-    quoted,
-)
-from plugin.dra.config import claim_configs, claim_sharing
-from plugin.dra.dynamic_mig import MadeMig, MigMaker, complete_cap_nodes
-from plugin.dra.mps import MpsSettings, claim_limits
+from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name
+from plugin.dra.claims import ClaimReader, ClaimRef, kind_of
+from plugin.dra.dynamic_mig import MadeMig, MigMaker
+from plugin.dra.mps import MpsSettings
+from plugin.dra.plan import ClaimPlan, device_doc, plan_claim
 from policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
 
 # A claim's error goes into the kubelet's pod events: one line, at most this long.
 MAX_ERROR_CHARS = 300
+NO_MIG_MAKER = "no NVML to destroy MIG devices with"
 
 
 @dataclass(frozen=True)
@@ -96,6 +86,7 @@ class Preparer:
         fs: HostFS,
         mps: MpsSettings | None = None,
         mig: MigMaker | None = None,
+        boot_id: str | None = None,
     ) -> None:
         self.driver = driver
         self._mig = mig  # makes the MIG device of an allocated placement
@@ -109,12 +100,34 @@ class Preparer:
         )
         self._mps = mps or MpsSettings()
         self._lock = threading.Lock()
-        self._claims: dict[str, ClaimDoc] = load_checkpoint(
-            checkpoint, spec_dir=spec_dir, driver=driver
-        )
+        loaded = load_checkpoint(checkpoint, spec_dir=spec_dir, driver=driver)
+        self._claims: dict[str, ClaimDoc] = loaded.claims
+        self._boot_id = boot_id  # this boot's (/proc/sys/kernel/random/boot_id), if known
+        self._unsaved = False  # the last save failed
         # what a kill -9 during a write left: only our own temp files, never another writer's
         remove_temp_files(spec_dir, lambda: log, f".{claim_spec_prefix(driver)}")
         remove_temp_files(checkpoint.parent, lambda: log, f".{checkpoint.name}.")
+        with self._lock:
+            if loaded.boot_id is not None and boot_id is not None and loaded.boot_id != boot_id:
+                self._after_reboot()
+            self._retry_undos()  # roll back the half-prepared, finish the half-unprepared
+
+    def _after_reboot(self) -> None:
+        """A reboot since the checkpoint was written took the MIG devices: claims that had some
+        lose their spec (the kubelet's next prepare makes them again)."""
+        for uid, doc in list(self._claims.items()):
+            if not doc.get("migDevices") and not doc.get("placements"):
+                continue
+            doc["migDevices"], doc["placements"] = [], []
+            if doc["state"] != COMPLETED:
+                continue  # rolled back (its spec removed) by _retry_undos
+            error = remove_spec(doc["specPath"]) if doc["specPath"] else ""
+            log.warning(
+                "claim %s/%s (%s): the node rebooted, its MIG devices are gone; prepared "
+                "again at the kubelet's next call%s",
+                doc["namespace"], doc["name"], uid, f" ({error})" if error else "",
+            )  # fmt: skip
+        self._save_quietly()
 
     def set_devices(self, node: Node, views: Sequence[DeviceView]) -> None:
         """A new layout: prepare from now on against these devices."""
@@ -155,7 +168,7 @@ class Preparer:
     def _prepare(self, ref: ClaimRef) -> PrepareResult:
         with self._lock:
             done = self._claims.get(ref.uid)
-            if done is not None and spec_present(done):
+            if done is not None and done["state"] == COMPLETED and spec_present(done):
                 return PrepareResult(tuple(done["devices"]))
         try:
             claim = self._reader.read_claim(ref.namespace, ref.name)
@@ -167,175 +180,161 @@ class Preparer:
                 f"sent {kind_of(claim)}, not an object"
             )
         with self._lock:
+            self._retry_undos(but=ref.uid)
             done = self._claims.get(ref.uid)
             if done is not None:
-                if spec_present(done):  # prepared by a concurrent duplicate call
-                    return PrepareResult(tuple(done["devices"]))
-                # the CDI dir lost the spec (a tmpfs after a reboot): write it again
-                log.warning(
-                    "claim %s/%s (%s): its spec %s is gone; writing it again",
-                    ref.namespace,
-                    ref.name,
-                    ref.uid,
-                    done["specPath"],
-                )
-                error = self._destroy_migs(done)  # made again below
+                if done["state"] == COMPLETED and spec_present(done):
+                    return PrepareResult(tuple(done["devices"]))  # a concurrent duplicate call
+                if done["state"] == COMPLETED:  # the CDI dir lost the spec (a tmpfs, a reboot)
+                    log.warning(
+                        "claim %s: its spec %s is gone; preparing it again",
+                        ref.shown,
+                        done["specPath"],
+                    )
+                error = self._undo(ref.uid, done)  # half-prepared, or unpreparing: undone first
+                self._save_quietly()
                 if error:
                     return PrepareResult(error=error)
-                self._save_quietly()  # the checkpoint no longer names them
             try:
-                return PrepareResult(tuple(self._prepare_locked(ref, claim)))
+                plan = plan_claim(
+                    ref,
+                    claim,
+                    driver=self.driver,
+                    pool=self.pool,
+                    views=self._views,
+                    specs=self._specs,
+                    mps=self._mps,
+                    held=self._claims,
+                    can_make_migs=self._mig is not None,
+                )
+                return PrepareResult(tuple(self._apply(ref, plan)))
             except CdigenError as exc:
-                log.warning("claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, exc)
+                log.warning("claim %s: %s", ref.shown, exc)
                 return PrepareResult(error=str(exc))
 
-    def _prepare_locked(self, ref: ClaimRef, claim: Mapping[str, Any]) -> list[PreparedDeviceDoc]:
-        allocated = allocated_devices(claim, ref, driver=self.driver, pool=self.pool)
-        extra, explicit = self._specs.capabilities_asked(ref, claim, allocated)
-        views: list[DeviceView] = []
-        for result in allocated:
-            view = self._views.get(result.device)
-            if view is None:
-                raise InputError(
-                    f"device {quoted(result.device)} of pool {self.pool!r} is not offered by "
-                    "this node",
-                    where=f"ResourceClaim {ref.namespace}/{ref.name}",
-                    hint="the node's devices changed since the claim was allocated",
-                )
-            self._refuse_if_held(ref, result)
-            views.append(view)
-        made = self._make_migs(ref, views)
+    def _apply(self, ref: ClaimRef, plan: ClaimPlan) -> list[PreparedDeviceDoc]:
+        """Carry out ``plan``: record it (PrepareStarted, with the placements it will make)
+        before any side effect, make each MIG device and record it, write the spec, and record
+        the claim as PrepareCompleted. A failure undoes what was made; an undo that fails too
+        keeps the claim half-prepared in the checkpoint, tried again later, never dropped."""
+        path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
+        doc: ClaimDoc = {
+            "namespace": ref.namespace,
+            "name": ref.name,
+            "devices": [],
+            "shareable": {r.device: r.shareable for r in plan.allocated},
+            "specPath": str(path) if plan.views else "",
+            "state": STARTED,
+            "placements": list(plan.placements),
+            "migDevices": [],
+        }
+        self._claims[ref.uid] = doc
+        if plan.placements:  # MIG devices a crash could strand: the plan on disk first
+            try:
+                self._save()
+            except CdigenError:  # nothing done yet, and nothing recorded: not prepared
+                del self._claims[ref.uid]
+                raise
         try:
-            return self._prepare_views(ref, claim, allocated, extra, explicit, views, made)
-        except BaseException:  # nothing half-made stays: the MIG devices made go again
-            for one in made:
-                error = self._mig.destroy(one.doc) if self._mig else ""
-                if error:
-                    log.error("claim %s: %s", ref.shown, error)
+            return self._carry_out(ref, plan, doc, path)
+        except BaseException:
+            error = self._undo(ref.uid, doc)
+            if error:
+                log.error("claim %s: undoing a prepare that failed: %s; kept in the checkpoint as "
+                          "half-prepared, tried again at the next call and at start",
+                          ref.shown, error)  # fmt: skip
+            self._save_quietly()
             raise
 
-    def _make_migs(self, ref: ClaimRef, views: list[DeviceView]) -> list[MadeMig]:
-        """Make the MIG device of each placement in ``views`` and put it in its view's place;
-        MigError (with those made destroyed) when one cannot be made."""
+    def _carry_out(
+        self, ref: ClaimRef, plan: ClaimPlan, doc: ClaimDoc, path: Path
+    ) -> list[PreparedDeviceDoc]:
+        views = list(plan.views)
         made: list[MadeMig] = []
         for n, view in enumerate(views):
             if view.placement is None:
                 continue
-            try:
-                if self._mig is None:
-                    raise InputError(
-                        f"device {view.name!r} is a MIG placement, and this plugin cannot make "
-                        "MIG devices (no NVML)",
-                        where=f"ResourceClaim {ref.namespace}/{ref.name}",
-                        hint="serve --mig-strategy dynamic with NVML (--node nvml)",
-                    )
-                one = self._mig.create(view)
-            except CdigenError:
-                for earlier in made:
-                    assert self._mig is not None
-                    self._mig.destroy(earlier.doc)
-                raise
+            assert self._mig is not None  # the plan refuses placements without it
+            one = self._mig.create(view)
             made.append(one)
+            # saved with the claim; a crash before leaves it where the saved plan's rollback looks
+            doc.setdefault("migDevices", []).append(one.doc)
             views[n] = replace(view, entry=replace(view.entry, mig=one.mig))
-        return made
-
-    def _destroy_migs(self, done: ClaimDoc) -> str:
-        """Destroy the MIG devices made for a prepared claim. The first error, or ""."""
-        for doc in done.get("migDevices", []):
-            error = self._mig.destroy(doc) if self._mig else "no NVML to destroy MIG devices with"
-            if error:
-                return error
-        done["migDevices"] = []
-        return ""
-
-    def _prepare_views(
-        self,
-        ref: ClaimRef,
-        claim: Mapping[str, Any],
-        allocated: Sequence[AllocatedDevice],
-        extra: dict[str, tuple[str, ...]],
-        explicit: frozenset[str],
-        views: list[DeviceView],
-        migs: Sequence[MadeMig],
-    ) -> list[PreparedDeviceDoc]:
-        """Write the claim's spec for ``views`` (placements already made) and checkpoint it."""
-        path = claim_spec_path(self._spec_dir, self.driver, ref.uid)
+        extra = plan.extra
         if views:
             asked = ordered_capabilities(c for caps in extra.values() for c in caps)
-            spec = self._specs.build(ref, views, asked, explicit)
-            made = {d["name"] for d in spec["devices"]}
+            spec = self._specs.build(
+                ref, views, asked, plan.explicit, env=plan.env, mounts=plan.mounts, made=made
+            )
+            names = {d["name"] for d in spec["devices"]}
             extra = {
-                request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in made)
+                request: tuple(c for c in caps if claim_capability_name(ref.uid, c) in names)
                 for request, caps in extra.items()
             }
-            where = f"ResourceClaim {ref.namespace}/{ref.name}"
-            configs = claim_configs(claim, ref, driver=self.driver)
-            sharing = claim_sharing(configs, [r.request for r in allocated], where)
-            env, mounts = claim_limits(allocated, self._views, self._mps, sharing, where=where)
-            if env:
-                edits = spec.setdefault("containerEdits", {})
-                edits["env"] = [*edits.get("env", []), *env]
-                edits["mounts"] = [*edits.get("mounts", []), *mounts]
-            complete_cap_nodes(spec, migs)
             # within: the (checked) UID makes one file name; the write is refused anywhere else
             write_claim_spec(spec, path, within=self._spec_dir)
-        devices = [self._device_doc(ref.uid, r, extra.get(r.request, ())) for r in allocated]
-        self._claims[ref.uid] = {
-            "namespace": ref.namespace,
-            "name": ref.name,
-            "devices": devices,
-            "shareable": {r.device: r.shareable for r in allocated},
-            "specPath": str(path) if views else "",
-        }
-        if migs:
-            self._claims[ref.uid]["migDevices"] = [one.doc for one in migs]
-        try:
-            self._save()
-        except CdigenError:  # not kept across a restart: not prepared (the kubelet retries)
-            del self._claims[ref.uid]
-            if views:
-                remove_spec(path)
-            raise
-        log.info(
-            "prepared claim %s/%s (%s): %s",
-            ref.namespace,
-            ref.name,
-            ref.uid,
-            ", ".join(d["deviceName"] for d in devices) or "no devices of ours",
-        )
+        devices = [
+            device_doc(self.driver, self.pool, ref.uid, r, extra.get(r.request, ()))
+            for r in plan.allocated
+        ]
+        doc["devices"] = devices
+        doc["state"] = COMPLETED
+        self._save()
+        shown = ", ".join(d["deviceName"] for d in devices) or "no devices of ours"
+        log.info("prepared claim %s: %s", ref.shown, shown)
         return devices
 
-    def _device_doc(
-        self, uid: str, result: AllocatedDevice, capabilities: Sequence[str]
-    ) -> PreparedDeviceDoc:
-        """What the kubelet is told of one prepared device: its CDI IDs in the claim's spec."""
-        kind = claim_kind(self.driver)
-        doc: PreparedDeviceDoc = {
-            "requestNames": [result.request] if result.request else [],
-            "poolName": self.pool,
-            "deviceName": result.device,
-            "cdiDeviceIds": [
-                qualified_name(kind, claim_device_name(uid, result)),
-                *(qualified_name(kind, claim_capability_name(uid, c)) for c in capabilities),
-            ],
-            "shareId": result.share_id,
-        }
-        if result.consumed:  # what the claim was given of a shared device (attribution)
-            doc["consumedCapacity"] = dict(result.consumed)
-        return doc
+    def _undo(self, uid: str, doc: ClaimDoc) -> str:
+        """Undo what a claim holds: destroy the MIG devices recorded for it and those its plan
+        may have made before it could record them, remove its spec, forget it (the caller
+        saves). The first error, with the claim kept (what is already undone is recorded
+        gone), or ""."""
+        recorded = doc.setdefault("migDevices", [])
+        while recorded:
+            error = self._mig.destroy(recorded[0]) if self._mig else NO_MIG_MAKER
+            if error:
+                return error
+            recorded.pop(0)
+        if doc["state"] == STARTED:  # the plan may have made what it did not record
+            keep = self._made_by_others(uid)
+            for at in doc.get("placements", []):
+                if self._mig is None:
+                    return NO_MIG_MAKER
+                error = self._mig.destroy_at(at["gpuUUID"], at["start"], at["size"], keep)
+                if error:
+                    return error
+            doc["placements"] = []
+        error = remove_spec(doc["specPath"]) if doc["specPath"] else ""
+        if error:
+            return error
+        del self._claims[uid]
+        return ""
 
-    def _refuse_if_held(self, ref: ClaimRef, result: AllocatedDevice) -> None:
-        for uid, other in self._claims.items():
-            if uid == ref.uid or result.device not in other["shareable"]:
-                continue
-            if result.shareable and other["shareable"][result.device]:
-                continue
-            raise InputError(
-                f"device {result.device!r} is already prepared for claim "
-                f"{other['namespace']}/{other['name']} ({uid})",
-                where=f"ResourceClaim {ref.namespace}/{ref.name}",
-                hint="a device is shared only when both claims were allocated it for sharing",
-            )
+    def _made_by_others(self, uid: str) -> frozenset[tuple[str, int]]:
+        return frozenset(
+            (m["gpuUUID"], m["gi"])
+            for other, claim in self._claims.items()
+            if other != uid
+            for m in claim.get("migDevices", [])
+        )
+
+    def _retry_undos(self, but: str = "") -> None:
+        """Try again to undo the claims left half-prepared or half-unprepared (an undo that
+        failed before); each failure logged, the claim kept."""
+        pending = [
+            (uid, doc)
+            for uid, doc in self._claims.items()
+            if doc["state"] != COMPLETED and uid != but
+        ]
+        for uid, doc in pending:
+            error = self._undo(uid, doc)
+            if error:
+                log.error("claim %s/%s (%s): undo still fails: %s", doc["namespace"],
+                          doc["name"], uid, error)  # fmt: skip
+            else:
+                log.info("claim %s/%s (%s): undone", doc["namespace"], doc["name"], uid)
+        if pending:
+            self._save_quietly()
 
     # ------------------------------------------------------------------ unprepare
 
@@ -355,37 +354,35 @@ class Preparer:
 
     def _unprepare(self, ref: ClaimRef) -> str:
         with self._lock:
+            self._retry_undos(but=ref.uid)
             done = self._claims.get(ref.uid)
-            if done is None:
-                # a spec written before a crash kept it out of the checkpoint, or nothing
-                return self._remove_unknown_spec(ref.uid)
-            error = self._destroy_migs(done)
-            if error:
-                return error
-            error = remove_spec(done["specPath"]) if done["specPath"] else ""
-            if error:
-                return error
-            del self._claims[ref.uid]
+            if done is None:  # a spec a crash kept out of the checkpoint, or nothing
+                return self._saved() or remove_unknown_spec(self._spec_dir, self.driver, ref.uid)
+            if done["state"] == COMPLETED and done.get("migDevices"):
+                done["state"] = UNPREPARING  # recorded before a MIG device is destroyed
+                try:
+                    self._save()
+                except CdigenError as exc:
+                    done["state"] = COMPLETED
+                    return exc.message
+            error = self._undo(ref.uid, done)
             try:
                 self._save()
             except CdigenError as exc:
-                return exc.message
-            log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
-            return ""
-
-    def _remove_unknown_spec(self, uid: str) -> str:
-        """Remove the spec a claim the checkpoint does not know may have left (``uid`` is a
-        checked one). The error, or ""."""
-        for path in (
-            claim_spec_path(self._spec_dir, self.driver, uid),
-            legacy_claim_spec_path(self._spec_dir, self.driver, uid),
-        ):
-            if not os.path.lexists(path):
-                continue
-            error = remove_spec(path)
+                return error or exc.message
             if error:
                 return error
-            log.info("removed %s, left by claim %s without a checkpoint entry", path, uid)
+            log.info("unprepared claim %s", ref.shown)
+            return ""
+
+    def _saved(self) -> str:
+        """ "" when the file holds what memory does, else a save's error (the kubelet retries
+        an unprepare whose save failed: the claim is gone from memory, not yet from the file)."""
+        try:
+            if self._unsaved:
+                self._save()
+        except CdigenError as exc:
+            return exc.message
         return ""
 
     def _save_quietly(self) -> None:
@@ -396,7 +393,6 @@ class Preparer:
             log.error("cannot write the checkpoint: %s", exc)
 
     def _save(self) -> None:
-        doc = {"version": CHECKPOINT_VERSION, "claims": self._claims}
-        atomic_write(
-            self._checkpoint, json.dumps(doc, indent=1, sort_keys=True).encode(), mode=0o600
-        )
+        self._unsaved = True
+        atomic_write(self._checkpoint, checkpoint_bytes(self._claims, self._boot_id), mode=0o600)
+        self._unsaved = False

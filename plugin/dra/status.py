@@ -3,13 +3,17 @@ device the driver prepared, its data (UUID, PCI bus ID, CDI names) and a ``Ready
 that ``kubectl get resourceclaim -o yaml`` says what the claim got. Removed again at unprepare.
 
 Written by a background thread, so that prepare never waits for the API server: the kubelet
-has its answer first, the status follows. A server that refuses (no RBAC for
-``resourceclaims/status``, an older API) is one WARNING per kind of answer, never a claim's error;
-a server without the DRAResourceClaimDeviceStatus feature keeps the claim as it was.
+has its answer first, the status follows. Each write carries the claim's UID: a claim deleted,
+or deleted and re-created under its name, before the write is left alone (one DEBUG line). A
+server that refuses (no RBAC for ``resourceclaims/status``, or, from 1.36, for
+``associated-node:patch`` on ``resourceclaims/driver``; an older API) is one WARNING per kind of
+answer naming the permission, never a claim's error; a server without the
+DRAResourceClaimDeviceStatus feature keeps the claim as it was.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -30,9 +34,14 @@ class StatusApi(Protocol):
     """The one API call the writer needs (plugin.dra.kube.KubeApi has it)."""
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[Mapping[str, Any]],
+        manager: str,
     ) -> None:
-        """Apply ``status.devices`` as ``manager``."""
+        """Apply ``status.devices`` as ``manager`` to the claim only while its UID is ``uid``."""
         ...
 
 
@@ -72,7 +81,7 @@ class StatusWriter:
         self._driver = driver
         self._pool = pool
         self._device_data = device_data
-        self._queue: queue.Queue[tuple[str, str, list[dict[str, Any]]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[str, str, str, list[dict[str, Any]]] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._said: set[str] = set()  # the kinds of refusal already logged
 
@@ -89,8 +98,10 @@ class StatusWriter:
             self._thread.join(timeout=0.5)
             self._thread = None
 
-    def prepared(self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]]) -> None:
-        """Queue the status of a claim just prepared (``devices``: the prepare answer's)."""
+    def prepared(
+        self, namespace: str, name: str, uid: str, devices: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Queue the status of the claim just prepared (``devices``: the prepare answer's)."""
         now = time.time()
         entries = [
             device_status(
@@ -105,11 +116,11 @@ class StatusWriter:
             )
             for d in devices
         ]
-        self._queue.put((namespace, name, entries))
+        self._queue.put((namespace, name, uid, entries))
 
-    def unprepared(self, namespace: str, name: str) -> None:
-        """Queue the removal of this driver's entries from a claim's status."""
-        self._queue.put((namespace, name, []))
+    def unprepared(self, namespace: str, name: str, uid: str) -> None:
+        """Queue the removal of this driver's entries from the claim's status."""
+        self._queue.put((namespace, name, uid, []))
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until everything queued has been tried (tests), or the timeout."""
@@ -130,19 +141,36 @@ class StatusWriter:
             finally:
                 self._queue.task_done()
 
-    def _write(self, namespace: str, name: str, entries: list[dict[str, Any]]) -> None:
+    def _write(self, namespace: str, name: str, uid: str, entries: list[dict[str, Any]]) -> None:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._api.apply_claim_status(namespace, name, entries, self._driver)
+            self._api.apply_claim_status(namespace, name, uid, entries, self._driver)
         except ApiException as exc:
-            if exc.status == 404 and not entries:
-                return  # the claim is gone with its pod: nothing to clear
-            self._refused(f"HTTP {exc.status}", namespace, name, api_error(exc), exc.status)
+            causes = _causes(exc)
+            if exc.status == 404 or (exc.status in (409, 422) and "metadata.uid" in causes):
+                # gone with its pod, or re-created under the name: not the claim prepared
+                log.debug(
+                    "device status of claim %s/%s (UID %s) not written: %s",
+                    printable(namespace),
+                    printable(name),
+                    printable(uid),
+                    "the claim is gone" if exc.status == 404 else "the claim was replaced",
+                )
+                return
+            if exc.status == 422 and "status.devices" in causes:
+                hint = (
+                    "give the plugin associated-node:patch on resourceclaims/driver for "
+                    f"resourceNames [{self._driver}] (Kubernetes 1.36, "
+                    "DRAResourceClaimGranularStatusAuthorization; deploy/dra/rbac.yaml)"
+                )
+            else:
+                hint = _refusal_hint(exc.status)
+            self._refused(f"HTTP {exc.status}", namespace, name, api_error(exc), hint)
         except Exception as exc:  # the API server may be away: the status is informational
-            self._refused(type(exc).__name__, namespace, name, api_error(exc), None)
+            self._refused(type(exc).__name__, namespace, name, api_error(exc), _refusal_hint(None))
 
-    def _refused(self, kind: str, namespace: str, name: str, why: str, status: int | None) -> None:
+    def _refused(self, kind: str, namespace: str, name: str, why: str, hint: str) -> None:
         if kind in self._said:
             log.debug("device status of claim %s/%s not written: %s", namespace, name, why)
             return
@@ -153,7 +181,7 @@ class StatusWriter:
             printable(namespace),
             printable(name),
             why,
-            _refusal_hint(status),
+            hint,
         )
 
 
@@ -161,8 +189,19 @@ def _refusal_hint(status: int | None) -> str:
     """What to do about a status write the API server refused with HTTP ``status``."""
     if status in (401, 403):
         return "give the plugin patch on resourceclaims/status (deploy/dra/rbac.yaml)"
-    if status == 404:
-        return "the claim was deleted meanwhile (its pod is gone): nothing to do"
     if status == 409:
         return "the claim changed meanwhile; its next prepare writes the status again"
     return "the API server may be away or overloaded; the next prepare writes the status again"
+
+
+def _causes(exc: Any) -> set[str]:
+    """The ``field`` of each cause in an API error's Status ``details`` (empty when none)."""
+    try:
+        doc = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return set()
+    details = doc.get("details") if isinstance(doc, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    if not isinstance(causes, list):
+        return set()
+    return {str(c.get("field")) for c in causes if isinstance(c, dict) and c.get("field")}

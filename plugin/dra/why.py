@@ -25,13 +25,12 @@ from plugin.dra.api_objects import (
     seq,
 )
 from plugin.dra.why_nodes import classes_of, held_by_pool, held_on, node_devices
-from policies.dra.claim_docs import refuse_unchecked
-from policies.dra.claims import (
+from policies.dra.claim_docs import (
     Claim,
-    FirstFit,
-    NodeState,
     claim_from_doc,
+    refuse_unchecked,
 )
+from policies.dra.claims import FirstFit, NodeState
 
 SCREEN_LINES = 25
 _GROUPS_PER_NODE = 3  # reasons shown per node, the devices sharing one reason on one line

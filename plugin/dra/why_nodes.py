@@ -16,17 +16,9 @@ from plugin.dra.api_objects import (
     obj,
     objs,
 )
-from policies.dra.claim_docs import refuse_unchecked
-from policies.dra.claims import (
-    DeviceClass,
-    FirstFit,
-    NodeState,
-    Pick,
-    SliceDevice,
-    device_class,
-    qualify,
-    slice_devices,
-)
+from policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
+from policies.dra.claims import FirstFit, NodeState, Pick
+from policies.dra.slice_devices import SliceDevice, qualify, slice_devices
 
 
 def classes_of(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[DeviceClass]:

@@ -25,18 +25,15 @@ from typing import Any
 from cdigen.errors import InputError
 from policies.cel import CelCompileError, compile_expression
 from policies.device_view import published_attribute_names, published_capacity_names
-from policies.dra.claims import (
-    DEVICE_VARIABLES,
-    STANDARD_DOMAIN,
+from policies.dra.claim_docs import (
     Claim,
     DeviceClass,
-    FirstFit,
-    NodeState,
-    SliceDevice,
     claim_from_doc,
     device_class,
     read_claim_documents,
 )
+from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, FirstFit, NodeState
+from policies.dra.slice_devices import SliceDevice
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 

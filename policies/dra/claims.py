@@ -11,7 +11,7 @@ the real one does. It is a simulator for tests and ``cdigen dra explain``: it an
 scheduler's first fit would pick on a free (or given) node, not where pods go in a cluster.
 
 The manifests are read by :mod:`policies.dra.claim_docs`, the slices' devices by
-:mod:`policies.dra.slice_devices`; their names are re-exported here.
+:mod:`policies.dra.slice_devices`: import their names from there.
 """
 
 from __future__ import annotations
@@ -24,53 +24,8 @@ from typing import Any
 from cdigen.errors import InputError
 from cdigen.sizes import quantity_text
 from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
-from policies.dra.claim_docs import (
-    Claim,
-    Constraint,
-    DeviceClass,
-    Request,
-    Selector,
-    Toleration,
-    claim_from_doc,
-    device_class,
-    load_manifests,
-    read_claim_documents,
-    read_documents,
-)
-from policies.dra.slice_devices import (
-    TAINT_EFFECTS,
-    CapacityPolicy,
-    SliceDevice,
-    Taint,
-    qualify,
-    slice_devices,
-)
-
-__all__ = [
-    "DEVICE_VARIABLES",
-    "STANDARD_DOMAIN",
-    "TAINT_EFFECTS",
-    "Allocation",
-    "CapacityPolicy",
-    "Claim",
-    "Constraint",
-    "DeviceClass",
-    "FirstFit",
-    "NodeState",
-    "Pick",
-    "Request",
-    "Selector",
-    "SliceDevice",
-    "Taint",
-    "Toleration",
-    "claim_from_doc",
-    "device_class",
-    "load_manifests",
-    "qualify",
-    "read_claim_documents",
-    "read_documents",
-    "slice_devices",
-]
+from policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
+from policies.dra.slice_devices import CapacityPolicy, SliceDevice, qualify
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 DEVICE_VARIABLES = frozenset({"device"})
@@ -364,12 +319,11 @@ class FirstFit:
 
     def _failure(self, claim: Claim, state: NodeState) -> str:
         for request in claim.requests:
-            fits = [
-                d
-                for d in self.devices
-                if not self.mismatch(request, d) and not self.consumption(request, d, state, [])[1]
-            ]
-            need = len(fits) if request.mode == "All" else request.count
+            matching = [d for d in self.devices if not self.mismatch(request, d)]
+            fits = [d for d in matching if not self.consumption(request, d, state, [])[1]]
+            # All needs every matching device, a held one included (as the scheduler: the
+            # claim waits for it), so the count is of those matching, not of those free
+            need = len(matching) if request.mode == "All" else request.count
             if len(fits) < need or not fits:
                 return (
                     f"request {request.name!r}: {len(fits)} device(s) match and fit, {need} needed"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plugin.agent.xid import xid_reason
-from plugin.dra.prepare import claim_spec_path
+from plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import allocated_claim

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
 
 from cdigen.model import Node
+from plugin.dra.checkpoint import checkpoint_bytes, claim_spec_path
 from plugin.dra.dynamic_mig import MigMaker
-from plugin.dra.prepare import claim_spec_path
 from policies.device_view import device_views
 from tests.cdihost import CAPS_MAJOR, FakeHost, build_host, make_node
 from tests.fakes.fake_mig import MigNvml, cap_minor
@@ -150,6 +152,7 @@ def test_a_restarted_plugin_destroys_the_mig_device_at_unprepare(
     assert PLACEMENT in _published(harness)
     assert harness.kubelet.prepare([ref]).claims["uid-r"] == before
     assert len(nvml.instances) == 1, "preparing again makes nothing new"
+    assert nvml.node.gpus[1].mig_devices == (made,), "nor destroys and makes it again"
     assert harness.kubelet.unprepare([ref]).claims["uid-r"].error == ""
     assert nvml.instances == {} and nvml.node.gpus[1].mig_devices == ()
     assert _checkpoint(harness) == {}
@@ -182,7 +185,10 @@ def test_a_checkpoint_with_a_damaged_mig_record_refuses_the_start(
     path = harness.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
     doc = json.loads(path.read_text())
     doc["claims"]["uid-c"]["migDevices"][0]["gi"] = "one"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc))  # edited: the checksum says so
+    with pytest.raises(InputError, match=r"its checksum does not match \(damaged or edited\)"):
+        _start(harness, nvml, tmp_path)
+    path.write_bytes(checkpoint_bytes(doc["claims"], doc["bootId"]))  # checksummed, still bad
     with pytest.raises(InputError, match=r"claims\['uid-c'\]\.migDevices\[0\]\.gi: not an ID"):
         _start(harness, nvml, tmp_path)
 
@@ -228,3 +234,173 @@ def test_a_gpu_instance_made_by_hand_keeps_the_placements_over_it_out(
     }
     assert not {"gpu-1-3g-40gb-at-0", "gpu-1-1g-10gb-at-3", "gpu-1-7g-80gb-at-0"} & published
     assert any("not made for a claim, holds memory slices 0-3" in r.message for r in caplog.records)
+
+
+def _boot(tmp_path: Path, boot_id: str) -> None:
+    where = tmp_path / "proc" / "sys" / "kernel" / "random"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "boot_id").write_text(boot_id + "\n")
+
+
+def test_after_a_reboot_a_claim_with_mig_devices_is_prepared_again(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """The boot ID in the checkpoint tells a reboot, which took the MIG devices with it: the
+    claim's spec goes, and the kubelet's next prepare makes its MIG device again; a claim of a
+    whole GPU keeps its spec."""
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-b", PLACEMENT)
+    whole = harness.claim("whole", "uid-w", "gpu-0")
+    answers = harness.kubelet.prepare([ref, whole]).claims
+    assert answers["uid-b"].error == "" and answers["uid-w"].error == ""
+    harness.stop()
+    nvml.instances.clear()  # the reboot
+    nvml.node = dataclasses.replace(
+        nvml.node, gpus=(nvml.node.gpus[0], dataclasses.replace(nvml.node.gpus[1], mig_devices=()))
+    )
+    _boot(tmp_path, "boot-2")
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").exists()
+    assert claim_spec_path(harness.cdi_dir, DRIVER, "uid-w").exists()
+    assert _checkpoint(harness)["uid-b"]["migDevices"] == []  # type: ignore[index]
+    assert harness.kubelet.prepare([ref]).claims["uid-b"].error == ""
+    (made,) = nvml.node.gpus[1].mig_devices
+    spec = claim_spec_path(harness.cdi_dir, DRIVER, "uid-b").read_text()
+    assert f'nvidia-cap{made.cap_minors[1]}"' in spec and len(nvml.instances) == 1
+    assert harness.kubelet.unprepare([ref]).claims["uid-b"].error == ""
+    assert nvml.instances == {} and set(_checkpoint(harness)) == {"uid-w"}
+
+
+def test_a_reboot_after_an_older_cdigen_wrote_the_mig_records_prepares_again_too(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """A claim recorded by layout 1 has MIG devices and no planned placements."""
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-o", PLACEMENT)
+    assert harness.kubelet.prepare([ref]).claims["uid-o"].error == ""
+    harness.stop()
+    path = harness.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    del doc["claims"]["uid-o"]["placements"]
+    path.write_bytes(checkpoint_bytes(doc["claims"], "boot-1"))
+    nvml.instances.clear()
+    nvml.node = dataclasses.replace(
+        nvml.node, gpus=(nvml.node.gpus[0], dataclasses.replace(nvml.node.gpus[1], mig_devices=()))
+    )
+    _boot(tmp_path, "boot-2")
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert not claim_spec_path(harness.cdi_dir, DRIVER, "uid-o").exists()
+    assert harness.kubelet.prepare([ref]).claims["uid-o"].error == ""
+    assert len(nvml.instances) == 1
+
+
+def test_two_calls_for_one_claim_at_once_make_its_mig_device_once(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """The kubelet may call again while a prepare waits for the API server: the second call
+    answers from the first one's checkpoint entry, it does not undo and make it again."""
+    import threading
+
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-t", PLACEMENT)
+    harness.api.hang.add("claims")  # both calls wait in the claim read
+    answers: list[object] = []
+    calls = [
+        threading.Thread(target=lambda: answers.append(harness.kubelet.prepare([ref])))
+        for _ in range(2)
+    ]
+    for call in calls:
+        call.start()
+    deadline = time.monotonic() + 10
+    while len([r for r in harness.api.requests if "resourceclaims/mig" in r[1]]) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    harness.api.release.set()
+    for call in calls:
+        call.join(10)
+    assert len(answers) == 2 and answers[0] == answers[1]
+    assert nvml.calls.count("nvmlDeviceCreateGpuInstanceWithPlacement") == 1
+    assert nvml.calls.count("nvmlGpuInstanceDestroy") == 0
+
+
+def test_the_same_boot_keeps_the_prepared_claim_as_it_was(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    _boot(tmp_path, "boot-1")
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-s", PLACEMENT)
+    before = harness.kubelet.prepare([ref]).claims["uid-s"]
+    harness.stop()
+    _start(harness, nvml, tmp_path, node=nvml.node)
+    assert claim_spec_path(harness.cdi_dir, DRIVER, "uid-s").exists()
+    assert harness.kubelet.prepare([ref]).claims["uid-s"] == before and len(nvml.instances) == 1
+
+
+def test_a_failed_undo_is_kept_logged_and_tried_again_at_the_next_call(
+    harness: Harness, nvml: MigNvml, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.fail["nvmlGpuInstanceCreateComputeInstance"] = {
+        1: pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    }
+    nvml.fail["nvmlGpuInstanceDestroy"] = {1: pynvml.NVML_ERROR_IN_USE}
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("mig", "uid-u", PLACEMENT)
+    assert "NVMLError_InsufficientResources" in harness.kubelet.prepare([ref]).claims["uid-u"].error
+    assert len(nvml.instances) == 1, "the GPU instance could not be destroyed"
+    assert _checkpoint(harness)["uid-u"]["state"] == "PrepareStarted"  # type: ignore[index]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("undoing a prepare that failed" in e and "NVMLError_InUse" in e for e in errors)
+    del nvml.fail["nvmlGpuInstanceDestroy"]
+    other = harness.claim("other", "uid-o", "gpu-0")
+    assert harness.kubelet.prepare([other]).claims["uid-o"].error == ""  # retried on the way
+    assert nvml.instances == {} and "uid-u" not in _checkpoint(harness)
+    del nvml.fail["nvmlGpuInstanceCreateComputeInstance"]
+    assert harness.kubelet.prepare([ref]).claims["uid-u"].error == ""  # the kubelet's retry
+    assert len(nvml.instances) == 1
+
+
+def test_a_claim_allocated_a_placement_another_holds_fails_and_leaves_the_other_alone(
+    harness: Harness, nvml: MigNvml, tmp_path: Path
+) -> None:
+    """A stale allocation names a placement with the very memory slices a prepared claim's MIG
+    device sits on (3g.40gb and 4g.40gb both take slices 0-3): the create fails, and the undo
+    of that claim's plan does not take the other claim's device."""
+    _start(harness, nvml, tmp_path)
+    first = harness.claim("first", "uid-1", "gpu-1-4g-40gb-at-0")
+    assert harness.kubelet.prepare([first]).claims["uid-1"].error == ""
+    (held,) = nvml.node.gpus[1].mig_devices
+    second = harness.claim("second", "uid-2", "gpu-1-3g-40gb-at-0")
+    assert "InsufficientResources" in harness.kubelet.prepare([second]).claims["uid-2"].error
+    assert nvml.node.gpus[1].mig_devices == (held,) and "uid-2" not in _checkpoint(harness)
+
+
+class _SecondComputeInstanceFails(MigNvml):
+    """The compute instance of a second GPU instance on a GPU cannot be made."""
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
+        if len(self.instances) > 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return super().nvmlGpuInstanceCreateComputeInstance(gpuInstance, profileId)
+
+
+def test_unprepare_of_a_half_prepared_claim_undoes_its_unrecorded_gpu_instance_too(
+    harness: Harness, host: FakeHost, tmp_path: Path
+) -> None:
+    """Two placements: the second's compute instance fails and no GPU instance can be destroyed,
+    so the claim stays half-prepared with one MIG device recorded and a bare GPU instance at its
+    other placement. The kubelet's unprepare, once NVML lets go, takes both."""
+    nvml = _SecondComputeInstanceFails(host.node)
+    nvml.nvmlInit()
+    nvml.write_mig_minors(tmp_path / "proc")
+    nvml.fail["nvmlGpuInstanceDestroy"] = {1: pynvml.NVML_ERROR_IN_USE}
+    _start(harness, nvml, tmp_path)
+    ref = harness.claim("two", "uid-2p", PLACEMENT, "gpu-1-1g-10gb-at-0")
+    assert "InsufficientResources" in harness.kubelet.prepare([ref]).claims["uid-2p"].error
+    assert len(nvml.instances) == 2
+    kept = _checkpoint(harness)["uid-2p"]
+    assert kept["state"] == "PrepareStarted" and len(kept["migDevices"]) == 1  # type: ignore[index]
+    del nvml.fail["nvmlGpuInstanceDestroy"]
+    assert harness.kubelet.unprepare([ref]).claims["uid-2p"].error == ""
+    assert nvml.instances == {} and _checkpoint(harness) == {}

@@ -17,6 +17,7 @@ import pytest
 
 from cdigen.errors import InputError
 from cdigen.nodefile import dump_node
+from plugin.dra.checkpoint import checkpoint_bytes
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.fake_apiserver import FakeApiServer, allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
@@ -126,7 +127,8 @@ def test_a_checkpoint_entry_naming_a_file_outside_the_cdi_dir_is_refused_at_load
     harness.stop()
     doc = json.loads(checkpoint.read_text())
     doc["claims"]["uid-a"]["specPath"] = str(harness.cdi_dir / ".." / "escape" / "victim.yaml")
-    checkpoint.write_text(json.dumps(doc))
+    # checksummed again, as a hostile writer would: the field check is what refuses it
+    checkpoint.write_bytes(checkpoint_bytes(doc["claims"], doc["bootId"]))
     before = _tree(tmp_path, harness.cdi_dir)
     with pytest.raises(InputError) as caught:
         harness.start()
@@ -344,7 +346,13 @@ BAD_SHAPES = {
         "specPath",
     ),
     "claims-list": ({"version": 1, "claims": []}, "claims is a list"),
-    "version-2": ({"version": 2, "claims": {}}, "unknown layout (version 2, not 1)"),
+    "version-3": ({"version": 3, "claims": {}}, "unknown layout (version 3, not 1 or 2)"),
+    "version-2-unsummed": ({"version": 2, "claims": {}}, "its checksum does not match"),
+    "state-unknown": (_wrong(GOOD, "claims", "uid-a", "state", value="Done"), ".state: 'Done'"),
+    "placement-start": (
+        _wrong(GOOD, "claims", "uid-a", "placements", value=[{"device": "d", "gpuUUID": "G"}]),
+        ".placements[0].start: null",
+    ),
     "top-list": ([], "a list, not an object"),
 }
 
@@ -353,7 +361,7 @@ BAD_SHAPES = {
 def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
     tmp_path: Path, doc: Any, words: str
 ) -> None:
-    from plugin.dra.prepare import load_checkpoint
+    from plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(doc))
@@ -365,11 +373,12 @@ def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
 
 
 def test_a_good_checkpoint_loads(tmp_path: Path) -> None:
-    from plugin.dra.prepare import load_checkpoint
+    from plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(GOOD))
-    assert load_checkpoint(path, spec_dir=tmp_path / "cdi", driver=DRIVER) == GOOD["claims"]
+    loaded = load_checkpoint(path, spec_dir=tmp_path / "cdi", driver=DRIVER)
+    assert loaded.claims == {"uid-a": {**GOOD_ENTRY, "state": "PrepareCompleted"}}
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 
 from cdigen.errors import InputError
-from plugin.dra.prepare import claim_spec_path
+from plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.helpers.dra import DRIVER, Harness
@@ -54,7 +55,9 @@ def test_after_a_restart_prepare_answers_the_same_and_unprepare_clears_spec_and_
     assert _checkpointed(harness) == set()
 
 
-def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(harness: Harness) -> None:
+def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     """/var/run/cdi is a tmpfs: after a reboot the checkpoint (under /var/lib/kubelet) still
     lists the claim, and the kubelet prepares it again for the restarted pod. Answering from the
     checkpoint alone would hand the runtime CDI IDs it cannot resolve."""
@@ -67,6 +70,7 @@ def test_a_wiped_cdi_dir_gets_the_spec_of_a_claim_prepared_again(harness: Harnes
     shutil.rmtree(harness.cdi_dir)
     harness.start()
     assert _ids(harness.kubelet.prepare([ref]), "uid-k") == before
+    assert any("is gone; preparing it again" in r.getMessage() for r in caplog.records)
     assert json.loads(path.read_text()) == spec
     assert harness.kubelet.unprepare([ref]).claims["uid-k"].error == ""
     assert not path.exists()
@@ -104,7 +108,8 @@ def test_a_spec_without_a_checkpoint_entry_is_removed_by_unprepare(harness: Harn
     [
         ("", "Expecting value"),  # truncated to nothing (a crash before the data reached disk)
         ('{"version": 1, "claims": {"uid-a": {"namesp', "Unterminated string"),
-        ('{"version": 2, "claims": {}}', "unknown layout"),  # a newer cdigen's layout
+        ('{"version": 3, "claims": {}}', "unknown layout"),  # a newer cdigen's layout
+        ('{"version": 2, "claims": {}, "checksum": "sha256:00"}', "checksum does not match"),
     ],
 )
 def test_a_damaged_or_newer_checkpoint_refuses_the_start(
@@ -148,3 +153,37 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_claim_and_holds_nothing(
     checkpoint.rmdir()
     assert _ids(harness.kubelet.prepare([ref]), "uid-a") == [[f"k8s.{DRIVER}/claim=uid-a-gpu-0"]]
     assert _checkpointed(harness) == {"uid-a"}
+    assert stat.S_IMODE(checkpoint.stat().st_mode) == 0o600  # root's alone, whatever the umask
+    # unprepare whose checkpoint write fails: the kubelet hears it and retries
+    checkpoint.unlink()
+    checkpoint.mkdir()
+    assert "write failed" in harness.kubelet.unprepare([ref]).claims["uid-a"].error
+    checkpoint.rmdir()
+    assert harness.kubelet.unprepare([ref]).claims["uid-a"].error == ""
+    assert _checkpointed(harness) == set()
+
+
+def test_a_prepared_claim_is_answered_from_the_checkpoint_without_reading_it_again(
+    harness: Harness,
+) -> None:
+    """With its spec there (or none needed: no device of ours), a prepared claim's second
+    prepare answers from the checkpoint: no claim read, no spec written again."""
+    from tests.fake_apiserver import allocated_claim
+
+    harness.start()
+    ref = harness.claim("a", "uid-a", "gpu-0")
+    foreign = {"request": "nic", "driver": "net.example.com", "pool": "p", "device": "nic-0"}
+    harness.api.add_claim(allocated_claim("n", "uid-n", [foreign]))
+    none = ("default", "uid-n", "n")
+    first = harness.kubelet.prepare([ref, none])
+    assert first.claims["uid-a"].error == "" and first.claims["uid-n"].error == ""
+    spec = claim_spec_path(harness.cdi_dir, DRIVER, "uid-a")
+    written = spec.stat().st_ino
+
+    def reads() -> int:
+        return len([r for r in harness.api.requests if r[0] == "GET" and "resourceclaims/" in r[1]])
+
+    before = reads()
+    assert harness.kubelet.prepare([ref, none]) == first
+    assert reads() == before
+    assert spec.stat().st_ino == written

@@ -30,7 +30,9 @@ from plugin.dra.kube import KubeApi
 from plugin.dra.kubelet_plugin import DraPlugin
 from plugin.dra.mps import MpsSettings
 from plugin.dra.prepare import claim_spec_path
-from policies.dra.claims import FirstFit, NodeState, claim_from_doc, device_class, slice_devices
+from policies.dra.claim_docs import claim_from_doc, device_class
+from policies.dra.claims import FirstFit, NodeState
+from policies.dra.slice_devices import slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer

@@ -10,12 +10,18 @@ listed as a MIG device (``nvmlDeviceGetMigDeviceHandleByIndex``), as the driver 
     nvml = MigNvml(node, geometries={"NVIDIA A30": a30})  # a model cdigen's table lacks
 
 How a GPU partitions comes from ``geometries`` (by product name), else cdigen's table.
+
+With ``state`` (a file), the instances live on across processes as the driver's do across a
+plugin's restart: loaded at construction, written (atomically) after every create and destroy.
+``on_change`` is called with the NVML call's name after each of them (a test's crash point).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,7 @@ from typing import Any
 import pynvml
 
 from cdigen.mig_profiles import MigGeometry, MigProfile, mig_geometry
-from cdigen.model import Gpu
+from cdigen.model import Gpu, MigDevice
 from tests.cdihost import CAPS_MAJOR
 from tests.fakes.fake_pynvml import FakeNvml, Handle
 
@@ -64,12 +70,62 @@ class MigNvml(FakeNvml):
     """:class:`FakeNvml` that also makes and unmakes GPU and compute instances."""
 
     def __init__(
-        self, *args: Any, geometries: Mapping[str, MigGeometry] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        geometries: Mapping[str, MigGeometry] | None = None,
+        state: Path | None = None,
+        on_change: Callable[[str], None] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.geometries = dict(geometries or {})
         self.instances: dict[tuple[int, int], _Instance] = {}
         self._made = 0
+        self._state = state
+        self.on_change = on_change
+        if state is not None and state.exists():
+            self._load(state)
+
+    def _load(self, path: Path) -> None:
+        doc = json.loads(path.read_text())
+        self._made = doc["made"]
+        for gpu in self.node.gpus:
+            self._set_migs(
+                gpu,
+                tuple(
+                    MigDevice(**{**m, "cap_minors": tuple(m["cap_minors"])})
+                    for m in doc["migs"].get(str(gpu.index), [])
+                ),
+            )
+        for entry in doc["instances"]:
+            gpu = self.node.gpu_by_index(entry["index"])
+            assert gpu is not None
+            self.instances[(entry["index"], entry["gi"])] = _Instance(
+                self._profile(gpu, entry["profile"]),
+                entry["start"],
+                {int(ci): uuid for ci, uuid in entry["cis"].items()},
+            )
+
+    def _changed(self, call: str) -> None:
+        """Write the state (temp file, rename: a kill leaves the old or the new), then tell."""
+        if self._state is not None:
+            doc = {
+                "made": self._made,
+                "migs": {
+                    str(g.index): [dataclasses.asdict(m) for m in g.mig_devices]
+                    for g in self.node.gpus
+                },
+                "instances": [
+                    {"index": index, "gi": gi, "profile": i.profile.gi_profile,
+                     "start": i.start, "cis": {str(c): u for c, u in i.cis.items()}}
+                    for (index, gi), i in sorted(self.instances.items())
+                ],
+            }  # fmt: skip
+            temp = self._state.with_name(self._state.name + ".tmp")
+            temp.write_text(json.dumps(doc))
+            os.replace(temp, self._state)
+        if self.on_change is not None:
+            self.on_change(call)
 
     def _profile(self, gpu: Gpu, gi_profile: int) -> MigProfile:
         geometry = self.geometries.get(gpu.name) or mig_geometry(gpu.name)
@@ -131,6 +187,7 @@ class MigNvml(FakeNvml):
         used |= {m.gi_id for m in gpu.mig_devices}
         gi = min(set(range(1, MAX_GPU_INSTANCES)) - used)
         self.instances[(handle.index, gi)] = _Instance(profile, placement.start)
+        self._changed("nvmlDeviceCreateGpuInstanceWithPlacement")
         return GiHandle(handle.index, gi)
 
     def nvmlGpuInstanceGetInfo(self, gpuInstance: GiHandle) -> Any:
@@ -161,6 +218,7 @@ class MigNvml(FakeNvml):
         found.cis[0] = uuid
         mig = pynvml_mig(gpu, found.profile, uuid, gpuInstance.gi)
         self._set_migs(gpu, (*gpu.mig_devices, mig))
+        self._changed("nvmlGpuInstanceCreateComputeInstance")
         return CiHandle(gpuInstance.index, gpuInstance.gi, 0)
 
     def nvmlComputeInstanceGetInfo(self, computeInstance: CiHandle) -> Any:
@@ -196,6 +254,7 @@ class MigNvml(FakeNvml):
         gpu = self.node.gpu_by_index(computeInstance.index)
         assert gpu is not None
         self._set_migs(gpu, tuple(m for m in gpu.mig_devices if m.uuid != uuid))
+        self._changed("nvmlComputeInstanceDestroy")
         return int(pynvml.NVML_SUCCESS)
 
     def nvmlGpuInstanceDestroy(self, gpuInstance: GiHandle) -> int:
@@ -203,6 +262,7 @@ class MigNvml(FakeNvml):
         if found.cis:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_IN_USE)
         del self.instances[(gpuInstance.index, gpuInstance.gi)]
+        self._changed("nvmlGpuInstanceDestroy")
         return int(pynvml.NVML_SUCCESS)
 
     def _set_migs(self, gpu: Gpu, migs: tuple[Any, ...]) -> None:

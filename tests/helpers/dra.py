@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cdigen.model import Node
 from plugin.agent.kubeapi import api_client
 from plugin.dra.config import API_VERSION, KIND
@@ -13,10 +15,25 @@ from plugin.dra.kubelet_plugin import SLICE_RESYNC_S, DraPlugin
 from plugin.dra.options import DraOptions
 from tests.cdihost import FakeHost
 from tests.dra_kubelet_sim import DraKubeletSim
-from tests.fake_apiserver import FakeApiServer, allocated_claim
+from tests.fake_apiserver import FakeApiServer, Identity, allocated_claim
 
 DRIVER = "gpu.cdigen.dev"
 NODE_NAME = "node-a"
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "rbac.yaml"
+PLUGIN_TOKEN = "cdigen-dra-plugin-token"
+
+
+def shipped_rbac() -> list[dict[str, Any]]:
+    """deploy/dra/rbac.yaml's objects."""
+    return [d for d in yaml.safe_load_all(RBAC.read_text(encoding="utf-8")) if d]
+
+
+def plugin_identity(rbac: list[dict[str, Any]], node: str | None = NODE_NAME) -> Identity:
+    """The plugin pod's ServiceAccount as the RBAC names it, with a node-bound token for
+    ``node`` (what a pod's projected token carries; None: a token outside a pod)."""
+    (account,) = [o for o in rbac if o["kind"] == "ServiceAccount"]
+    meta = account["metadata"]
+    return Identity(f"system:serviceaccount:{meta['namespace']}:{meta['name']}", node=node)
 
 
 def dra_options(host: FakeHost, kubelet_dir: Path, cdi_dir: Path, **overrides: Any) -> DraOptions:
@@ -43,7 +60,12 @@ class Harness:
         self.host = host
         self.kubelet_dir = kubelet_dir
         self.cdi_dir = tmp_path / "run-cdi"
-        self.kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+        # the plugin talks as its pod would: its ServiceAccount's node-bound token, authorized
+        # by the RBAC that deploy/dra ships (a call it does not grant fails the test)
+        rbac = shipped_rbac()
+        api.authorize(rbac)
+        api.identify(PLUGIN_TOKEN, plugin_identity(rbac))
+        self.kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", token=PLUGIN_TOKEN)
         self.plugin: DraPlugin | None = None
         self.kubelet = DraKubeletSim(kubelet_dir)
 
@@ -99,7 +121,7 @@ class Harness:
             {"request": "gpu", "driver": DRIVER, "pool": NODE_NAME, "device": d, **extra}
             for d in devices
         ]
-        self.api.add_claim(allocated_claim(name, uid, results))
+        self.api.add_claim(allocated_claim(name, uid, results, node=NODE_NAME))
         return ("default", uid, name)
 
 
@@ -124,7 +146,7 @@ def add_claim(
         {"request": request, "driver": DRIVER, "pool": NODE_NAME, "device": device}
         for device, request in devices.items()
     ]
-    claim = allocated_claim(name, uid, results)
+    claim = allocated_claim(name, uid, results, node=NODE_NAME)
     claim["status"]["allocation"]["devices"]["config"] = config
     harness.api.add_claim(claim)
     return ("default", uid, name)

@@ -12,7 +12,8 @@ import pytest
 
 from cdigen.errors import InputError
 from policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
-from policies.dra.claims import CEL_ERROR, FirstFit, slice_devices
+from policies.dra.claims import CEL_ERROR, FirstFit
+from policies.dra.slice_devices import slice_devices
 from tests.helpers.shared import require_shared
 
 # The cases where we still differ, and why: a quantity compared with an int or a string is

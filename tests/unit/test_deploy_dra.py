@@ -348,8 +348,23 @@ def test_the_role_is_what_the_issue_asks_and_no_more(objects: list[dict[str, Any
     assert granted(objects) == slices | {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
+        ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
         ("", "nodes", "get"),
     }
+
+
+def test_the_driver_status_grant_names_only_the_plugins_driver(
+    objects: list[dict[str, Any]], argv: list[str]
+) -> None:
+    """1.36's resourceclaims/driver rule is limited to the driver the DaemonSet serves."""
+    (rule,) = [
+        r
+        for r in only(objects, "ClusterRole")["rules"]
+        if "resourceclaims/driver" in r["resources"]
+    ]
+    names = [a.split("=", 1)[1] for a in argv if a.startswith("--driver-name=")]
+    assert rule["resourceNames"] == names == [DRIVER]
 
 
 def _verb(method: str, path: str) -> tuple[str, str, str]:
@@ -389,17 +404,22 @@ def test_the_role_allows_every_call_the_plugin_makes(
     from plugin.dra.slice_publisher import SlicePublisher
     from policies.device_view import device_views
     from tests.fake_apiserver import allocated_claim
+    from tests.helpers.dra import plugin_identity
 
-    api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))
+    fake_api.authorize(objects)
+    fake_api.identify("sa-token", plugin_identity(objects, node="node-a"))
+    kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig", token="sa-token")
+    api = KubeApi(api_client(str(kubeconfig)))
     owner = api.node_owner("node-a")
     views = device_views(load_node("builtin:dgx-a100-mig-mixed"))
     publisher = SlicePublisher(api, driver=DRIVER, node_name="node-a", owner=owner)
     publisher.publish(views)
     publisher.publish(views[:3])
-    fake_api.add_claim(allocated_claim("c", "uid-c", []))
+    fake_api.add_claim(allocated_claim("c", "uid-c", [], node="node-a"))
     api.read_claim("default", "c")
     device = {"driver": DRIVER, "pool": "node-a", "device": "gpu-0", "data": {}}
-    api.apply_claim_status("default", "c", [device], DRIVER)
+    api.apply_claim_status("default", "c", "uid-c", [device], DRIVER)  # the fake checks the role
+    assert fake_api.claims[("default", "c")]["status"]["devices"] == [device]
     publisher.delete_all()
     made = {_verb(method, path) for method, path in fake_api.requests}
     assert {v for _, _, v in made} == {"get", "list", "create", "update", "delete", "patch"}

@@ -16,14 +16,9 @@ from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
 from plugin.dra.slices import build_slices
 from policies.device_view import attribute_names, device_views, published_attribute_names
-from policies.dra.claims import (
-    CapacityPolicy,
-    FirstFit,
-    NodeState,
-    claim_from_doc,
-    load_manifests,
-    slice_devices,
-)
+from policies.dra.claim_docs import claim_from_doc, load_manifests
+from policies.dra.claims import FirstFit, NodeState
+from policies.dra.slice_devices import CapacityPolicy, slice_devices
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
 DRIVER = "gpu.cdigen.dev"

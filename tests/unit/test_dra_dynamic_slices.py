@@ -119,7 +119,9 @@ def test_the_shipped_mig_classes_select_placements_and_a_first_fit_fills_from_th
     and the scheduler's first fit meets each profile's highest placement first."""
     from pathlib import Path
 
-    from policies.dra.claims import FirstFit, NodeState, load_manifests, slice_devices
+    from policies.dra.claim_docs import load_manifests
+    from policies.dra.claims import FirstFit, NodeState
+    from policies.dra.slice_devices import slice_devices
 
     claim = tmp_path / "claim.yaml"
     claim.write_text(

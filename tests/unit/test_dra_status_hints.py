@@ -1,5 +1,6 @@
 """The device-status WARNING says what to do for the answer the API server gave: RBAC for a
-403, nothing for a 404 (the claim is gone), never the 403 advice for another (issue 36)."""
+403, never the 403 advice for another (issue 36); a 404 (the claim is gone) is no warning at all,
+one DEBUG line (issue 37)."""
 
 from __future__ import annotations
 
@@ -18,30 +19,47 @@ class RefusingApi:
         self.status = status
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: Sequence[Mapping[str, Any]], manager: str
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        devices: Sequence[Mapping[str, Any]],
+        manager: str,
     ) -> None:
         raise ApiException(status=self.status, reason="Refused")
 
 
-def _warning(status: int, caplog: pytest.LogCaptureFixture, name: str = "c") -> str:
+def _lines(
+    status: int, caplog: pytest.LogCaptureFixture, name: str = "c"
+) -> list[logging.LogRecord]:
     writer = StatusWriter(
         RefusingApi(status), driver="gpu.cdigen.dev", pool="n1", device_data=lambda _: {}
     )
     writer.start()
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.DEBUG):
         writer.prepared(
-            "default", name, [{"poolName": "n1", "deviceName": "gpu-0", "cdiDeviceIds": ["x"]}]
+            "default",
+            name,
+            "uid-1",
+            [{"poolName": "n1", "deviceName": "gpu-0", "cdiDeviceIds": ["x"]}],
         )
         assert writer.wait_idle(5)
     writer.stop()
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    return [r for r in caplog.records if "device status" in r.getMessage()]
+
+
+def _warning(status: int, caplog: pytest.LogCaptureFixture, name: str = "c") -> str:
+    (line,) = [r.getMessage() for r in _lines(status, caplog, name) if r.levelno == logging.WARNING]
     return line
 
 
-def test_a_404_says_the_claim_is_gone_not_rbac(caplog: pytest.LogCaptureFixture) -> None:
-    line = _warning(404, caplog)
-    assert "deleted meanwhile" in line
-    assert "403" not in line and "rbac" not in line.lower()
+def test_a_404_is_one_debug_line_saying_the_claim_is_gone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    (record,) = _lines(404, caplog)
+    assert record.levelno == logging.DEBUG
+    assert "the claim is gone" in record.getMessage()
+    assert "rbac" not in record.getMessage().lower()
 
 
 def test_a_403_points_at_rbac(caplog: pytest.LogCaptureFixture) -> None:

@@ -12,8 +12,10 @@ import pytest
 from cdigen.discover import load_node
 from plugin.dra.slices import build_slices
 from policies.device_view import device_views
-from policies.dra.claims import Claim, FirstFit, load_manifests, slice_devices
+from policies.dra.claim_docs import Claim, load_manifests
+from policies.dra.claims import FirstFit
 from policies.dra.order import engine_order, ordered_views
+from policies.dra.slice_devices import slice_devices
 from policies.graph import build_topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
