@@ -57,6 +57,35 @@ def plan_claim(
     where = f"ResourceClaim {ref.namespace}/{ref.name}"
     configs = claim_configs(claim, ref, driver=driver)
     extra, explicit = specs.capabilities_asked(ref, configs, allocated)
+    found = _offered_views(ref, allocated, views, pool=pool, held=held, where=where)
+    env: Sequence[str] = ()
+    mounts: Sequence[MountDoc] = ()
+    if found:
+        sharing = claim_sharing(configs, [r.request for r in allocated], where)
+        env, mounts = claim_limits(allocated, views, mps, sharing, where=where)
+    placements = _placements(found, can_make_migs=can_make_migs, where=where)
+    return ClaimPlan(
+        allocated=tuple(allocated),
+        views=tuple(found),
+        extra=extra,
+        explicit=explicit,
+        env=tuple(env),
+        mounts=tuple(mounts),
+        placements=placements,
+    )
+
+
+def _offered_views(
+    ref: ClaimRef,
+    allocated: Sequence[AllocatedDevice],
+    views: Mapping[str, DeviceView],
+    *,
+    pool: str,
+    held: Mapping[str, ClaimDoc],
+    where: str,
+) -> list[DeviceView]:
+    """The view of each allocated device; InputError for one this node does not offer, or that
+    another claim holds without sharing."""
     found: list[DeviceView] = []
     for result in allocated:
         view = views.get(result.device)
@@ -68,11 +97,14 @@ def plan_claim(
             )
         _refuse_if_held(ref, result, held)
         found.append(view)
-    env: Sequence[str] = ()
-    mounts: Sequence[MountDoc] = ()
-    if found:
-        sharing = claim_sharing(configs, [r.request for r in allocated], where)
-        env, mounts = claim_limits(allocated, views, mps, sharing, where=where)
+    return found
+
+
+def _placements(
+    found: Sequence[DeviceView], *, can_make_migs: bool, where: str
+) -> tuple[PlacementDoc, ...]:
+    """The MIG placements the claim's devices will make (``--mig-strategy dynamic``);
+    InputError when there are some and this plugin cannot make MIG devices."""
     placements = tuple(
         PlacementDoc(
             device=v.name,
@@ -90,15 +122,7 @@ def plan_claim(
             where=where,
             hint="serve --mig-strategy dynamic with NVML (--node nvml)",
         )
-    return ClaimPlan(
-        allocated=tuple(allocated),
-        views=tuple(found),
-        extra=extra,
-        explicit=explicit,
-        env=tuple(env),
-        mounts=tuple(mounts),
-        placements=placements,
-    )
+    return placements
 
 
 def _refuse_if_held(ref: ClaimRef, result: AllocatedDevice, held: Mapping[str, ClaimDoc]) -> None:

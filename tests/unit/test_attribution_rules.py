@@ -103,7 +103,7 @@ def test_the_checkpoint_refuses_a_consumed_capacity_that_is_not_quantities(
     device["consumedCapacity"] = {"memory": "3Gi"}
     path.write_text(json.dumps({"version": 1, "claims": {"uid-a": claim}}))
     loaded = load_checkpoint(path, spec_dir=tmp_path, driver="gpu.cdigen.dev")
-    assert loaded["uid-a"]["devices"][0].get("consumedCapacity") == {"memory": "3Gi"}
+    assert loaded.claims["uid-a"]["devices"][0].get("consumedCapacity") == {"memory": "3Gi"}
 
 
 def test_mig_devices_on_both_wings_are_given_their_own_memory() -> None:

@@ -351,6 +351,7 @@ def test_the_role_is_what_the_issue_asks_and_no_more(objects: list[dict[str, Any
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
         ("resource.k8s.io", "resourceclaims/driver", "associated-node:update"),
         ("", "nodes", "get"),
+        ("resource.k8s.io", "deviceclasses", "list"),
     }
 
 
