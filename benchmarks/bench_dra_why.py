@@ -102,10 +102,15 @@ def run_once(tree: Path, data: Path) -> dict:
     sys.path.insert(0, str(tree))
     from plugin.dra.why import Cluster, explain_pod
 
+    try:  # parse as that tree's read_cluster does (from 2026-12-05: the collector paused)
+        from plugin.dra.why_memo import loads
+    except ImportError:
+        loads = json.loads
+
     started, cpu0 = time.perf_counter(), time.process_time()
-    lists = {w: json.loads((data / f"{w}.json").read_bytes())["items"] for w in
+    lists = {w: loads((data / f"{w}.json").read_bytes())["items"] for w in
              ("slices", "claims", "classes")}  # fmt: skip
-    pod = json.loads((data / "pod.json").read_bytes())
+    pod = loads((data / "pod.json").read_bytes())
     claims = {}
     for claim in lists["claims"]:
         meta = claim.get("metadata") or {}
