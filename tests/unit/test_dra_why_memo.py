@@ -5,10 +5,11 @@ is the one evaluated afresh, for devices that differ in one attribute's value or
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from plugin.dra.why import Cluster, explain_pod
-from plugin.dra.why_memo import MemoPrograms
+from plugin.dra.why_memo import MemoPrograms, loads
 from policies.cel import CelEvaluationError, compile_expression
 from policies.dra.claims import DEVICE_VARIABLES, FirstFit, claim_from_doc, device_class
 from policies.dra.slice_devices import slice_devices
@@ -141,3 +142,17 @@ def test_a_shared_fit_and_a_fresh_fit_agree_on_every_node() -> None:
         shared = FirstFit(devices, classes, programs=memo).explain(claim)
         fresh = FirstFit(devices, classes).explain(claim)
         assert shared == fresh, node[0]
+
+
+def test_the_api_answer_is_read_as_json_reads_it_with_equal_objects_shared() -> None:
+    text = (
+        '{"items": [{"a": {"int": 1}, "b": [1, {"x": "y"}]}, {"a": {"int": 1}, "b": [1]},'
+        ' {"a": {"int": true}}, {"a": {"int": 1.0}}, {"a": {"int": "1"}}, {"a": {"int": 1}}]}'
+    )
+    doc = loads(text.encode())
+    assert doc == json.loads(text)
+    items = doc["items"]
+    assert items[0]["a"] is items[1]["a"] is items[5]["a"]  # equal objects: one dict
+    # true, 1.0 and "1" equal 1 in Python (or not) but are other JSON values: not shared
+    assert [type(i["a"]["int"]) for i in items[2:5]] == [bool, float, str]
+    assert len({id(i["a"]) for i in items}) == 4
