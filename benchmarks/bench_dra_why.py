@@ -1,7 +1,7 @@
 """``cdigen dra why`` at cluster scale (issue 36 goal: 5,000 nodes of 8 GPUs within 3 s and
 200 MB), against a baseline tree measured in the same sitting, alternating.
 
-    python benchmarks/bench_dra_why.py [--nodes 5000] [--rounds 3] [--baseline DIR]
+    python benchmarks/bench_dra_why.py [--nodes 5000] [--rounds 3] [--baseline DIR] [--varied]
 
 The cluster: ``--nodes`` nodes, each publishing the ResourceSlice ``cdigen dra serve
 --memory-step 1Mi`` publishes for builtin:dgx-a100 (8 A100s, memory shares); on every node two
@@ -60,8 +60,10 @@ def _claim(name: str, uid: str, memory: str, node: str | None, device: str) -> d
     return doc
 
 
-def make_cluster(nodes: int, out: Path) -> None:
-    """Write the cluster's JSON lists into ``out`` (made with this tree's slice builder)."""
+def make_cluster(nodes: int, out: Path, varied: bool = False) -> None:
+    """Write the cluster's JSON lists into ``out`` (made with this tree's slice builder);
+    ``varied``: the claims of each node hold other amounts (1Gi + n Mi, 2Gi + n Mi), so that
+    no two nodes are in the same state (the worst case for ``dra why``'s memo)."""
     import yaml
 
     sys.path.insert(0, str(REPO))
@@ -84,7 +86,8 @@ def make_cluster(nodes: int, out: Path) -> None:
             slices.append(body)
         for k in range(2):
             uid = f"{n:08x}-0000-4000-8000-{k:012x}"
-            claims.append(_claim(f"{name}-held-{k}", uid, "3Gi", name, f"gpu-{k}"))
+            held = f"{(k + 1) * 1024 + n}Mi" if varied else "3Gi"
+            claims.append(_claim(f"{name}-held-{k}", uid, held, name, f"gpu-{k}"))
     claims.append(_claim("pending-gpu", "ffffffff-0000-4000-8000-000000000000", "90Gi", None, ""))
     classes = list(yaml.safe_load_all((REPO / "deploy/dra/deviceclasses.yaml").read_text()))
     pod = {
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
+    parser.add_argument(
+        "--varied", action="store_true", help="each node's claims hold another amount"
+    )
     parser.add_argument("--data", type=Path, help="where the cluster's JSON goes (kept)")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     data = args.data or Path(tempfile.mkdtemp(prefix="bench-why-"))
     data.mkdir(parents=True, exist_ok=True)
-    make_cluster(args.nodes, data)
+    make_cluster(args.nodes, data, args.varied)
     size_mb = sum(p.stat().st_size for p in data.glob("*.json")) / 1e6
     print(f"{args.nodes} nodes x 8 GPUs, {2 * args.nodes} allocated claims: {size_mb:.0f} MB JSON")
     trees = ([("baseline", args.baseline)] if args.baseline else []) + [("ours", REPO)]

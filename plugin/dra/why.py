@@ -23,7 +23,13 @@ from plugin.dra.api_objects import (
     objs,
     seq,
 )
-from plugin.dra.why_memo import MemoPrograms, collector_paused, loads, node_key
+from plugin.dra.why_memo import (
+    MemoPrograms,
+    collector_paused,
+    devices_key,
+    loads,
+    node_key,
+)
 from plugin.dra.why_nodes import (
     classes_of,
     held_by_pool,
@@ -302,6 +308,7 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
     said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
     programs = MemoPrograms()  # each selector compiled once, its verdicts kept, for every node
     stories: dict[tuple[Any, ...], tuple[str, ...]] = {}  # identical nodes simulated once
+    fits: dict[tuple[Any, ...], FirstFit] = {}
     for node in sorted(nodes):
         devices = node_devices(node, nodes[node], bad_nodes)
         if devices is None:
@@ -310,12 +317,14 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         pools = {(d.driver, d.pool) for d in devices}
         holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
         state, held = held_on(by_name, holders)
-        key = node_key(devices, state, held)
+        shape = devices_key(devices)
+        key = node_key(shape, state, held)
         story = stories.get(key)
         if story is None:
-            story = stories[key] = _node_story(
-                FirstFit(devices, classes, programs=programs), claims, state, held
-            )
+            fit = fits.get(shape)  # a fit reads no pool: nodes of equal devices share one
+            if fit is None:
+                fit = fits[shape] = FirstFit(devices, classes, programs=programs)
+            story = stories[key] = _node_story(fit, claims, state, held)
         said.setdefault(story, []).append(node)
     skipped[before:before] = bad_nodes
     if not said:

@@ -145,15 +145,16 @@ def device_key(device: SliceDevice) -> tuple[Any, ...]:
     )
 
 
-def node_key(devices: list[SliceDevice], state: NodeState, held: int) -> tuple[Any, ...]:
-    """What one node's story depends on: its devices in order, what is held of them, and by
-    how many claims."""
+def devices_key(devices: list[SliceDevice]) -> tuple[Any, ...]:
+    """What the simulator reads of one node's devices, in order (all but their pools): nodes
+    with equal keys can share one :class:`policies.dra.claims.FirstFit`."""
+    return tuple(device_key(d) for d in devices)
+
+
+def node_key(devices: tuple[Any, ...], state: NodeState, held: int) -> tuple[Any, ...]:
+    """What one node's story depends on: its :func:`devices_key`, what is held of them, and
+    by how many claims."""
     consumed = tuple(
         sorted((name, tuple(sorted(amounts.items()))) for name, amounts in state.consumed.items())
     )
-    return (
-        tuple(device_key(d) for d in devices),
-        tuple(sorted(state.exclusive)),
-        consumed,
-        held,
-    )
+    return (devices, tuple(sorted(state.exclusive)), consumed, held)
