@@ -73,13 +73,23 @@ def _claim(selector: str = SELECTOR) -> dict[str, Any]:
     }
 
 
-def _why(slices: list[dict[str, Any]]) -> list[str]:
+def _holding(node: str, devices: list[str]) -> dict[str, Any]:
+    """An allocated claim holding ``devices`` of ``node``, as the scheduler writes it."""
+    doc = _claim('device.driver == "gpu.cdigen.dev"')
+    doc["metadata"] = {"name": f"held-{node}", "namespace": "default", "uid": f"u-{node}"}
+    results = [{"request": "gpu", "driver": DRIVER, "pool": node, "device": d} for d in devices]
+    doc["status"] = {"allocation": {"devices": {"results": results}}}
+    return doc
+
+
+def _why(slices: list[dict[str, Any]], *held: dict[str, Any]) -> list[str]:
     pod = {
         "metadata": {"name": "p", "namespace": "default"},
         "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "wanted"}]},
         "status": {"phase": "Pending"},
     }
     claims = {("default", "wanted"): _claim()}
+    claims.update({("default", h["metadata"]["name"]): h for h in held})
     return explain_pod(Cluster(pod, claims, slices, [CLASS]), driver=DRIVER)
 
 
@@ -109,6 +119,21 @@ def test_every_node_of_a_mixed_cluster_gets_the_story_it_gets_alone() -> None:
         assert len(together) == 2
     whole = _stories(_why(slices))
     assert whole["node-a"] is whole["node-g"] and "would get" in " ".join(whole["node-a"])
+
+
+def test_nodes_of_equal_devices_in_other_states_get_their_own_story() -> None:
+    first, second, third = (_slice(name, "H100", {"int": 1}, "80Gi") for name in "xyz")
+    held = [_holding("y", ["gpu-0", "gpu-1"]), _holding("z", ["gpu-0"])]
+    together = _stories(_why([first, second, third], *held))
+    alone = {
+        "x": _stories(_why([first]))["x"],
+        "y": _stories(_why([second], held[0]))["y"],
+        "z": _stories(_why([third], held[1]))["z"],
+    }
+    assert together == alone
+    assert "would get gpu-0" in " ".join(together["x"])
+    assert "not allocatable" in " ".join(together["y"])
+    assert "would get gpu-1" in " ".join(together["z"])
 
 
 def test_a_memoized_verdict_is_the_one_evaluated_afresh() -> None:
