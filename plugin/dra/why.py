@@ -318,12 +318,12 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
         state, held = held_on(by_name, holders)
         shape = devices_key(devices)
-        key = node_key(shape, state, held)
+        fit = fits.get(shape)  # a fit reads no pool: nodes of equal devices share one
+        if fit is None:
+            fit = fits[shape] = FirstFit(devices, classes, programs=programs)
+        key = node_key(fit, state, held)  # the fit stands for its devices (one per shape)
         story = stories.get(key)
         if story is None:
-            fit = fits.get(shape)  # a fit reads no pool: nodes of equal devices share one
-            if fit is None:
-                fit = fits[shape] = FirstFit(devices, classes, programs=programs)
             story = stories[key] = _node_story(fit, claims, state, held)
         said.setdefault(story, []).append(node)
     skipped[before:before] = bad_nodes

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,9 +151,9 @@ def devices_key(devices: list[SliceDevice]) -> tuple[Any, ...]:
     return tuple(device_key(d) for d in devices)
 
 
-def node_key(devices: tuple[Any, ...], state: NodeState, held: int) -> tuple[Any, ...]:
-    """What one node's story depends on: its :func:`devices_key`, what is held of them, and
-    by how many claims."""
+def node_key(devices: Hashable, state: NodeState, held: int) -> tuple[Any, ...]:
+    """What one node's story depends on: its devices (their :func:`devices_key`, or one
+    object standing for it), what is held of them, and by how many claims."""
     consumed = tuple(
         sorted((name, tuple(sorted(amounts.items()))) for name, amounts in state.consumed.items())
     )
