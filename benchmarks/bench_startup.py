@@ -15,6 +15,21 @@ Bytecode: the image ships every module compiled (deploy/image/Containerfile runs
 so the plugins run here with their bytecode cached (``PYTHONPYCACHEPREFIX``, one folder per
 tree, filled by one untimed start of each) even where ``PYTHONDONTWRITEBYTECODE`` is set;
 without that every start compiled some 150 modules (~150 ms of CPU) no node pays.
+
+Figures (2026-12-05, the 2-core shared dev machine, 9 runs alternating, medians [min-max];
+baseline main at 04fc289, ours the h14 branch):
+
+    python benchmarks/bench_startup.py --runs 9 --baseline /work/h14-base
+      baseline: exec -> registered 348 [339-370] ms, first ListAndWatch 349 [343-373] ms,
+                CPU 320 [310-340] ms
+      ours:     exec -> registered 202 [195-215] ms, first ListAndWatch 207 [197-219] ms,
+                CPU 180 [170-190] ms
+      floor (python -c pass): 22 ms wall, 20 ms CPU
+
+What went: on a policy without CEL (the built-ins but single-numa) the plugin imports neither
+the CEL engine (celpy, lark, re2, pendulum) nor jsonschema: CEL is imported where an
+expression is compiled or evaluated, the built-in policies are checked against the schema by
+the tests instead of at each start, and a policy with nothing to try gets no trial run.
 """
 
 from __future__ import annotations
