@@ -15,6 +15,7 @@ Two spellings are accepted:
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -65,8 +66,10 @@ def parse_bytes(text: str, where: str) -> int:
     return int(value)
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def quantity_text(count: int) -> str:
-    """``85899345920`` -> ``"80Gi"``: the canonical Kubernetes quantity of a byte count."""
+    """``85899345920`` -> ``"80Gi"``: the canonical Kubernetes quantity of a byte count (each
+    made once: ``dra why`` says the same few amounts for every device of a cluster)."""
     for suffix, shift in _TEXT_SUFFIXES:
         if count >= 1 << shift and count % (1 << shift) == 0:
             return f"{count >> shift}{suffix}"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from policies.cel import CelProgram
+if TYPE_CHECKING:  # the CEL engine is imported where an expression is compiled
+    from policies.cel import CelProgram
 
 
 @dataclass(frozen=True)

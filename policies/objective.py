@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdigen.model import Node
-from policies.cel import allocation_value, device_value
 from policies.graph import Topology
 from policies.policy import Policy
 from policies.terms import NEXT_SET_SIZE
@@ -170,7 +169,11 @@ class Objective:
         # distinct facts, not once per set; None: one evaluation per set of GPUs
         self.fact_fields = policy.constraint_facts()
         self._request = threading.local()  # the constraint-evaluation deadline of a request
-        self._devices = [device_value(g, node) for g in topology.gpus] if self.constrained else []
+        self._devices: list[Any] = []
+        if self.constrained:  # the CEL engine is imported for constraints only (start-up time)
+            from policies.cel import device_value
+
+            self._devices = [device_value(g, node) for g in topology.gpus]
 
     # ------------------------------------------------------------------ per request
 
@@ -227,6 +230,8 @@ class Objective:
             if deadline is not None and time.thread_time() > deadline:
                 self._request.exhausted = True
                 return False, "the constraint evaluation budget of this request ran out"
+            from policies.cel import allocation_value
+
             allocation = allocation_value(
                 [self._devices[p] for p in positions],
                 topo.numa_nodes(positions),

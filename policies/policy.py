@@ -22,12 +22,6 @@ from cdigen.errors import CheckFailed, InputError, first_of
 from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Node
 from cdigen.schemas import schema_errors
-from policies.cel import (
-    CelCompileError,
-    CelEvaluationError,
-    compile_expression,
-    device_value,
-)
 from policies.expression import Expression
 from policies.graph import DEFAULT_LINK_WEIGHTS
 from policies.policy_trial import excerpt, trial_problems, where_in
@@ -57,6 +51,8 @@ class Policy:
         """Whether ``gpu`` passes the selector, and why not (an error counts as not passing)."""
         if self.selector is None:
             return True, None
+        from policies.cel import CelEvaluationError, device_value
+
         key = (gpu, node.driver_version, node.cuda_driver_version)
         cached = self._selector_cache.get(key)
         if cached is not None:
@@ -92,6 +88,10 @@ class Policy:
     ) -> tuple[bool, str | None, bool]:
         """:meth:`constraints_result` by ``deadline`` (``time.thread_time()``), and whether
         the result may be cached (not when an evaluation ran past a time limit)."""
+        if not self.constraints:
+            return True, None, True
+        from policies.cel import CelEvaluationError
+
         for expression in self.constraints:
             try:
                 if not expression.program.evaluate({"allocation": allocation}, deadline):
@@ -114,6 +114,9 @@ def _compile_problems(
         fields.append(("spec.selector", spec["selector"]))
     fields.extend((f"spec.constraints[{i}]", t) for i, t in enumerate(spec.get("constraints", [])))
     for field_name, text in fields:
+        # the CEL engine is imported for a policy with expressions only (start-up time)
+        from policies.cel import CelCompileError, compile_expression
+
         variables = frozenset({"device"} if field_name == "spec.selector" else {"allocation"})
         try:
             program = compile_expression(text, variables)
@@ -131,12 +134,12 @@ def _compile_problems(
     return problems, selector, constraints
 
 
-def _parse(text: str, source: str) -> tuple[list[str], Policy | None]:
+def _parse(text: str, source: str, *, schema: bool = True) -> tuple[list[str], Policy | None]:
     try:
         doc = parse_document(text, where=source)
     except InputError as exc:
         return [str(exc)], None
-    problems = [f"{source}: {p}" for p in schema_errors(doc, "policy")]
+    problems = [f"{source}: {p}" for p in schema_errors(doc, "policy")] if schema else []
     if problems:
         return problems, None
     compile_problems, selector, constraints = _compile_problems(doc, source)
@@ -202,7 +205,9 @@ def builtin_policy(name: str) -> Policy:
     # this module's package by its import name, whatever the wheel installs it as
     package = __name__.rpartition(".")[0]
     text = resources.files(package).joinpath("builtin", f"{name}.yaml").read_text("utf-8")
-    problems, policy = _parse(text, f"builtin:{name}")
+    # Not checked against the schema here: jsonschema's import is a fifth of the plugin's
+    # start-up, and the shipped files are checked by the tests (test_startup_imports).
+    problems, policy = _parse(text, f"builtin:{name}", schema=False)
     if policy is None:  # a packaging bug, not user input
         raise CheckFailed(problems, summary=f"built-in policy {name} is broken")
     return policy

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import shortened
 from cdigen.model import Gpu, Link, Node
-from policies.cel import FUNCTIONS, CelEvaluationError, allocation_value, device_value
 
 if TYPE_CHECKING:
+    from policies.cel import CelEvaluationError
     from policies.expression import Expression
 
 # CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
@@ -90,6 +90,9 @@ def trial_problems(
     """Evaluate each expression on every GPU (selector) and on sets of GPUs (constraints) of
     every sample node, as a type check: a type error hidden behind ``&&`` on one node shows on
     another. The first error of each expression is a problem."""
+    if selector is None and not constraints:  # nothing to try (and no CEL engine to import)
+        return []
+    from policies.cel import allocation_value, device_value
     from policies.graph import build_topology
 
     deadline = time.thread_time() + TRIAL_BUDGET_S  # a check, a start, a reload: all bounded
@@ -147,6 +150,8 @@ def _function_names() -> frozenset[str]:
     """The functions and macros a policy may call (for did-you-mean)."""
     from celpy.evaluation import base_functions
 
+    from policies.cel import FUNCTIONS
+
     names = {*FUNCTIONS, *base_functions, "has", "all", "exists", "exists_one", "map", "filter"}
     return frozenset(n for n in names if n.isidentifier())
 
@@ -197,6 +202,8 @@ def _trial(
     gpus: object,
     deadline: float,
 ) -> str | None:
+    from policies.cel import CelEvaluationError
+
     try:
         expression.program.evaluate(activation, deadline)
     except CelEvaluationError as exc:

@@ -8,7 +8,6 @@ every node that publishes slices, after what the allocated claims there hold. On
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,20 @@ from plugin.dra.api_objects import (
     objs,
     seq,
 )
-from plugin.dra.why_nodes import classes_of, held_by_pool, held_on, node_devices
+from plugin.dra.why_memo import (
+    MemoPrograms,
+    collector_paused,
+    devices_key,
+    loads,
+    node_key,
+)
+from plugin.dra.why_nodes import (
+    classes_of,
+    held_by_pool,
+    held_on,
+    node_devices,
+    node_slices,
+)
 from policies.dra.claim_docs import (
     Claim,
     claim_from_doc,
@@ -67,7 +79,7 @@ def read_cluster(
 
         try:
             response = call(*args, _preload_content=False, _request_timeout=timeout_s)
-            doc = json.loads(response.data)
+            doc = loads(response.data)
         except ApiException as exc:
             found = "not found" if exc.status == 404 else "cannot be read"
             raise WhyFailed(f"{found} ({api_error(exc)})", where=what) from None
@@ -163,7 +175,8 @@ def explain_pod(cluster: Cluster, *, driver: str) -> list[str]:
             pending.append(claim)
     skipped: list[str] = []
     if pending:
-        lines += _why_pending(pending, cluster, skipped)
+        with collector_paused():
+            lines += _why_pending(pending, cluster, skipped)
     elif phase == "Pending":
         lines.append("every claim is allocated: the pod waits on something else (its events)")
     room = SCREEN_LINES - (1 if skipped else 0)
@@ -285,36 +298,61 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
                         f"request {r.name!r} names DeviceClass {r.class_name!r}, which does not "
                         "exist: the scheduler cannot allocate it anywhere"
                     ]
-    nodes = node_devices(cluster.slices, skipped)
+    nodes = node_slices(cluster.slices, skipped)
     if not nodes:
         return ["no node publishes ResourceSlices: is a DRA driver running?"]
+    before = len(skipped)
     by_pool = held_by_pool(cluster.claims, skipped)
+    bad_nodes: list[str] = []  # named before the claims, as the nodes come first
     said: dict[tuple[str, ...], list[str]] = {}  # nodes with the same story are told once
-    programs: dict[str, Any] = {}  # each selector compiled once for every node
-    for node, devices in sorted(nodes.items()):
-        fit = FirstFit(devices, classes, programs=programs)
+    programs = MemoPrograms()  # each selector compiled once, its verdicts kept, for every node
+    stories: dict[tuple[Any, ...], tuple[str, ...]] = {}  # identical nodes simulated once
+    fits: dict[tuple[Any, ...], FirstFit] = {}
+    for node in sorted(nodes):
+        devices = node_devices(node, nodes[node], bad_nodes)
+        if devices is None:
+            continue
+        by_name = {d.name: d for d in devices}
         pools = {(d.driver, d.pool) for d in devices}
         holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
-        state, held = held_on(fit, holders)
-        others = f", after {held} allocated claim(s) there" if held else ""
-        story = [f"{len(devices)} device(s){others}"]
-        for claim in claims:
-            allocation, reasons = fit.explain(claim, state)
-            if allocation.error:
-                story += _matching(fit, claim, state)
-                whose = f"{claim.name}: " if len(claims) > 1 else ""
-                story.append(f"  {whose}not allocatable: {allocation.error}")
-                story += _grouped(reasons)
-                break
-            story.append(f"  {claim.name}: would get {', '.join(allocation.devices)}")
-            state.add(allocation.picks, fit.by_name)
-        said.setdefault(tuple(story), []).append(node)
+        state, held = held_on(by_name, holders)
+        shape = devices_key(devices)
+        fit = fits.get(shape)  # a fit reads no pool: nodes of equal devices share one
+        if fit is None:
+            fit = fits[shape] = FirstFit(devices, classes, programs=programs)
+        key = node_key(fit, state, held)  # the fit stands for its devices (one per shape)
+        story = stories.get(key)
+        if story is None:
+            story = stories[key] = _node_story(fit, claims, state, held)
+        said.setdefault(story, []).append(node)
+    skipped[before:before] = bad_nodes
+    if not said:
+        return ["no node publishes ResourceSlices: is a DRA driver running?"]
     lines = []
     for told, names in said.items():
         each = " each" if len(names) > 1 else ""
         lines.append(f"on {_few(names)} ({told[0]}{each}):")
         lines += told[1:]
     return lines
+
+
+def _node_story(
+    fit: FirstFit, claims: Sequence[Claim], state: NodeState, held: int
+) -> tuple[str, ...]:
+    """One node's lines: its devices, then each claim's picks, or why it does not fit there."""
+    others = f", after {held} allocated claim(s) there" if held else ""
+    story = [f"{len(fit.devices)} device(s){others}"]
+    for claim in claims:
+        allocation, reasons = fit.explain(claim, state)
+        if allocation.error:
+            story += _matching(fit, claim, state)
+            whose = f"{claim.name}: " if len(claims) > 1 else ""
+            story.append(f"  {whose}not allocatable: {allocation.error}")
+            story += _grouped(reasons)
+            break
+        story.append(f"  {claim.name}: would get {', '.join(allocation.devices)}")
+        state.add(allocation.picks, fit.by_name)
+    return tuple(story)
 
 
 def _few(names: Sequence[str]) -> str:

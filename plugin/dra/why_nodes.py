@@ -17,7 +17,7 @@ from plugin.dra.api_objects import (
     objs,
 )
 from policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
-from policies.dra.claims import FirstFit, NodeState, Pick
+from policies.dra.claims import NodeState, Pick
 from policies.dra.slice_devices import SliceDevice, qualify, slice_devices
 
 
@@ -34,11 +34,11 @@ def classes_of(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[De
     return out
 
 
-def node_devices(
+def node_slices(
     slices: Iterable[Mapping[str, Any]], skipped: list[str]
-) -> dict[str, list[SliceDevice]]:
-    """Each node's devices, from the newest generation of each (driver, pool) published for
-    it (the scheduler ignores older generations); malformed slices are left out."""
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Each node's ResourceSlices of the newest generation of each (driver, pool) published
+    for it (the scheduler ignores older generations); malformed slices are left out."""
     read: list[tuple[str, tuple[str, str], int, Mapping[str, Any]]] = []
     newest: dict[tuple[str, str], int] = {}
     for body in slices:
@@ -58,13 +58,19 @@ def node_devices(
     for node, key, generation, body in read:
         if generation == newest[key]:
             by_node.setdefault(node, []).append(body)
-    out = {}
-    for node, bodies in by_node.items():
-        try:
-            out[node] = slice_devices(bodies)
-        except SHAPE_ERRORS as exc:
-            skipped.append(f"the resourceslices of node {node} ({described(exc)})")
-    return out
+    return by_node
+
+
+def node_devices(
+    node: str, bodies: Iterable[Mapping[str, Any]], skipped: list[str]
+) -> list[SliceDevice] | None:
+    """The devices of ``node``'s slices ``bodies`` (made one node at a time, so that a
+    cluster's devices are never all in memory at once), or None when they are malformed."""
+    try:
+        return slice_devices(bodies)
+    except SHAPE_ERRORS as exc:
+        skipped.append(f"the resourceslices of node {node} ({described(exc)})")
+        return None
 
 
 # An allocated claim's results in one (driver, pool): the claim's name, the (driver, pool) and
@@ -105,19 +111,19 @@ def held_by_pool(
     return out
 
 
-def held_on(fit: FirstFit, holders: Iterable[Held]) -> tuple[NodeState, int]:
-    """What the allocated claims ``holders`` hold of ``fit``'s devices, and how many claims
-    hold some."""
+def held_on(by_name: Mapping[str, SliceDevice], holders: Iterable[Held]) -> tuple[NodeState, int]:
+    """What the allocated claims ``holders`` hold of one node's devices (``by_name``), and
+    how many claims hold some."""
     state = NodeState()
     held = 0
     for _, (driver, pool), results in holders:
         picks = []
         for request, name, consumed in results:
-            device = fit.by_name.get(name)
+            device = by_name.get(name)
             if device is None or (device.driver, device.pool) != (driver, pool):
                 continue
             picks.append(Pick(request, device.name, consumed))
         if picks:
             held += 1
-            state.add(picks, fit.by_name)
+            state.add(picks, by_name)
     return state, held

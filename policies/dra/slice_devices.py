@@ -6,6 +6,7 @@ Part of the offline scheduler simulator (:mod:`policies.dra.claims`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -129,17 +130,26 @@ class SliceDevice:
         )
 
 
+@functools.lru_cache(maxsize=4096)
 def qualify(name: str, driver: str) -> str:
-    """``index`` -> ``<driver>/index``; qualified names stay as they are."""
+    """``index`` -> ``<driver>/index``; qualified names stay as they are (each made once: the
+    devices of a cluster share a few names)."""
     return name if "/" in name else f"{driver}/{name}"
 
 
 def quantity(text: Any, where: str) -> int:
     """A Kubernetes quantity as an integer; one-line InputError naming ``where``."""
     try:
-        return int(parse_quantity(str(text)))
+        return _quantity(str(text))
     except ValueError:
         raise InputError(f"{text!r} is not a quantity", where=where) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantity(text: str) -> int:
+    # The slices of a cluster repeat a few quantities (each GPU model's memory, the request
+    # policy's bounds) tens of thousands of times: parse each once.
+    return int(parse_quantity(text))
 
 
 def _policy(doc: Mapping[str, Any], where: str) -> CapacityPolicy:
