@@ -6,6 +6,6 @@ use it without importing ``benchmarks/``); this module re-exports it for the ben
 
 from __future__ import annotations
 
-from policies.baseline import BestEffortBaseline, is_nvswitch, partition_count
+from cdigen.policies.baseline import BestEffortBaseline, is_nvswitch, partition_count
 
 __all__ = ["BestEffortBaseline", "is_nvswitch", "partition_count"]

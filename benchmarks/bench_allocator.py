@@ -45,10 +45,10 @@ from benchmarks.baseline_besteffort import BestEffortBaseline, partition_count
 from benchmarks.common import percentile
 from cdigen.discover import load_node
 from cdigen.model import Node
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.graph import Topology
+from cdigen.policies.policy import builtin_policy, load_policy
 from cdigen.shares import gpu_part, slice_count, slice_ids
-from policies.allocator import AllocationRequest, Allocator
-from policies.graph import Topology
-from policies.policy import builtin_policy, load_policy
 
 EIGHT_GPU_SAMPLES = (
     "dgx1-v100",
@@ -296,7 +296,7 @@ JOB_SAMPLES = (*EIGHT_GPU_SAMPLES, "ws-4xv100", "ws-4xrtx8000")
 
 def jobs(quick: bool) -> None:
     """Arrivals and departures (``cdigen policy simulate``): ours beside the baseline, per seed."""
-    from policies.simulate import simulate
+    from cdigen.policies.simulate import simulate
 
     seeds = (1,) if quick else (1, 2, 3, 4, 5)
     print("== many jobs: policy simulate, 2000 steps; multi-GPU jobs, ours / baseline")

@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from benchmarks.common import percentile  # noqa: E402
-from plugin.dra.api import dra_v1_pb2 as pb  # noqa: E402
-from plugin.dra.api import dra_v1_pb2_grpc as pb_grpc  # noqa: E402
+from cdigen.plugin.dra.api import dra_v1_pb2 as pb  # noqa: E402
+from cdigen.plugin.dra.api import dra_v1_pb2_grpc as pb_grpc  # noqa: E402
 
 DRIVER = "gpu.cdigen.dev"
 NODE_NAME = "bench-node"
@@ -134,8 +134,8 @@ class Floor(pb_grpc.DRAPluginServicer):  # type: ignore[misc]
 
 
 def bench_prepare(calls: int, *, checkpoint_on_disk: bool = True) -> bool:
-    from plugin.dra.kubelet_plugin import DraPlugin
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.options import DraOptions
     from tests.cdihost import build_host, make_node
     from tests.dra_kubelet_sim import DraKubeletSim
     from tests.fake_apiserver import allocated_claim
@@ -259,8 +259,8 @@ def bench_prepare(calls: int, *, checkpoint_on_disk: bool = True) -> bool:
 
 
 def bench_claim(calls: int) -> None:
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.kube import KubeApi
     from tests.fake_apiserver import FakeApiServer, allocated_claim
 
     work = Path(tempfile.mkdtemp(prefix="bdra-"))
@@ -299,7 +299,7 @@ def bench_claim(calls: int) -> None:
 def model_checked_api(api_client: Any) -> Any:
     """KubeApi publishing through the client's generated methods (the body validated against
     the client's models, then projected back): what KubeApi did before it sent dicts as built."""
-    from plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.kube import KubeApi
 
     class ModelChecked(KubeApi):
         def create_slice(self, body: Mapping[str, Any]) -> None:
@@ -313,11 +313,11 @@ def model_checked_api(api_client: Any) -> Any:
 
 def bench_slices(calls: int) -> bool:
     from cdigen.discover import load_node
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.slice_publisher import SlicePublisher
-    from policies.device_view import device_views
-    from policies.dra.order import ordered_views
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.slice_publisher import SlicePublisher
+    from cdigen.policies.device_view import device_views
+    from cdigen.policies.dra.order import ordered_views
     from tests.fake_apiserver import FakeApiServer
 
     work = Path(tempfile.mkdtemp(prefix="bdra-"))

@@ -84,9 +84,9 @@ def make_cluster(nodes: int, out: Path, varied: bool = False) -> None:
 
     sys.path.insert(0, str(REPO))
     from cdigen.discover import load_node
-    from plugin.dra.slices import MemoryShares, build_slices
-    from policies.device_view import device_views
-    from policies.dra.order import ordered_views
+    from cdigen.plugin.dra.slices import MemoryShares, build_slices
+    from cdigen.policies.device_view import device_views
+    from cdigen.policies.dra.order import ordered_views
 
     node = load_node("builtin:dgx-a100")
     views = ordered_views(device_views(node), node)
@@ -129,10 +129,10 @@ def _peak_rss_kib() -> int:
 def run_once(tree: Path, data: Path) -> dict:
     """One measured run in this process (``--child``): parse, explain, report."""
     sys.path.insert(0, str(tree))
-    from plugin.dra.why import Cluster, explain_pod
+    from cdigen.plugin.dra.why import Cluster, explain_pod
 
     try:  # parse as that tree's read_cluster does (from 2026-12-05: the collector paused)
-        from plugin.dra.why_memo import loads
+        from cdigen.plugin.dra.why_memo import loads
     except ImportError:
         loads = json.loads
 

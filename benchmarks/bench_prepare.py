@@ -31,10 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def worker(tree: str, kind: str, calls: int) -> dict[str, list[float]]:
     sys.path.insert(0, tree)
-    from plugin.dra.claims import ClaimRef
-    from plugin.dra.dynamic_mig import MigMaker
-    from plugin.dra.kubelet_plugin import DraPlugin
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.dra.claims import ClaimRef
+    from cdigen.plugin.dra.dynamic_mig import MigMaker
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.options import DraOptions
     from tests.cdihost import build_host, make_node
     from tests.fake_apiserver import allocated_claim
     from tests.fakes.fake_mig import MigNvml

@@ -7,7 +7,7 @@ Two spellings are accepted:
 * a Kubernetes quantity, as the API server reads one (``24Gi``, ``1536Mi``, ``24G``, ``1e9``,
   plain bytes): what a ResourceClaim's ``capacity.requests.memory`` says. This is the part of
   Kubernetes' grammar a whole byte count can use (the core cannot import the CEL engine's full
-  parser, :func:`policies.cel.parse_quantity`; tests/unit/test_sizes.py holds the two to the
+  parser, :func:`cdigen.policies.cel.parse_quantity`; tests/unit/test_sizes.py holds the two to the
   same values);
 * a size with a ``B``, as nvidia-smi and people write it (``24GiB``, ``24GB``, ``512B``; the
   letters in any case): binary with ``i``, decimal without, as in Kubernetes.

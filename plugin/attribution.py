@@ -1,7 +1,7 @@
 """Per-pod attribution, the device plugin's side: the kubelet's device IDs mapped to GPUs through
 the resources the plugin advertises (made from the device catalogue), for ``cdigen plugin pods``
-(:mod:`plugin.pods_cli`) and for the series the plugin's /metrics carries
-(:class:`~plugin.agent.attribution.AttributionCollector`, the part both wings share).
+(:mod:`cdigen.plugin.pods_cli`) and for the series the plugin's /metrics carries
+(:class:`~cdigen.plugin.agent.attribution.AttributionCollector`, the part both wings share).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from cdigen.catalogue import CatalogueEntry
 from cdigen.constants import MIB
 from cdigen.model import Gpu
-from plugin.agent.attribution import AttributionCollector, Slot, entry_memory
-from plugin.agent.holdings import Holding
-from plugin.agent.podresources import ContainerResources, socket_path
+from cdigen.plugin.agent.attribution import AttributionCollector, Slot, entry_memory
+from cdigen.plugin.agent.holdings import Holding
+from cdigen.plugin.agent.podresources import ContainerResources, socket_path
 
 if TYPE_CHECKING:
-    from plugin.device_plugin import Plugin
-    from plugin.resources import AdvertisedDevice, Resource
+    from cdigen.plugin.device_plugin import Plugin
+    from cdigen.plugin.resources import AdvertisedDevice, Resource
 
 
 def short_name(entry: CatalogueEntry) -> str:
@@ -36,7 +36,7 @@ def plugin_limit(resource: Resource, held: Sequence[AdvertisedDevice]) -> int | 
 
     Memory slices: their size each; replicas: the GPU's memory in proportion, under MPS only
     (plain time-slicing limits nothing), as Allocate sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-    (plugin.sharing._mps_env: MiB floored); MIG devices and whole GPUs: their memory.
+    (cdigen.plugin.sharing._mps_env: MiB floored); MIG devices and whole GPUs: their memory.
     """
     sharing = resource.sharing
     entry = held[0].entry

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.discover.cli import add_node_source
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, setup_logging
-from plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
+from cdigen.plugin.agent.logs import LOG_FORMATS, setup_logging
+from cdigen.plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
 if TYPE_CHECKING:
     from cdigen.nodelock import GpuServerLock
-    from plugin.config import PluginConfig
-    from plugin.node_config import NamedConfigs, NodeLabels
+    from cdigen.plugin.config import PluginConfig
+    from cdigen.plugin.node_config import NamedConfigs, NodeLabels
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,10 +149,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "e.g. /etc/kubernetes/node-feature-discovery/features.d/cdigen (default off)",
     )
     serve.set_defaults(func=_serve)
-    from plugin import config_cli
+    from cdigen.plugin import config_cli
 
     config_cli.register(plugin_sub)
-    from plugin import pods_cli
+    from cdigen.plugin import pods_cli
 
     pods_cli.register(plugin_sub)
     plugin.set_defaults(func=lambda args: _usage(plugin))
@@ -165,9 +165,9 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
-    from plugin.agent.sockets import make_plugin_dir
-    from plugin.config import load_config
-    from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
+    from cdigen.plugin.agent.sockets import make_plugin_dir
+    from cdigen.plugin.config import load_config
+    from cdigen.plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
 
     flags = {
         "node": args.node,
@@ -238,11 +238,11 @@ def _serve_named_configs(args: argparse.Namespace, flags: dict[str, Any]) -> int
     from pathlib import Path
 
     from cdigen.errors import InputError
-    from plugin.agent.config_file import read_config_file
-    from plugin.agent.kubeapi import api_client
-    from plugin.agent.sockets import make_plugin_dir
-    from plugin.config import load_config
-    from plugin.node_config import NamedConfigs, NodeLabels
+    from cdigen.plugin.agent.config_file import read_config_file
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.agent.sockets import make_plugin_dir
+    from cdigen.plugin.config import load_config
+    from cdigen.plugin.node_config import NamedConfigs, NodeLabels
 
     if args.config is not None:
         raise InputError(
@@ -284,8 +284,8 @@ def _serve_switching(
     load: Callable[[Path, bytes], PluginConfig],
 ) -> int:
     """Serve the named configs (the lock taken)."""
-    from plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
-    from plugin.node_config import ConfigSwitcher
+    from cdigen.plugin.device_plugin import Plugin, open_nvml, serve_until_signalled
+    from cdigen.plugin.node_config import ConfigSwitcher
 
     setup_logging(first.log_level, first.log_format)
     # NVML once for the process: every named config serves the same node

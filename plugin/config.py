@@ -10,15 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import ContentError, InputError
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
-from plugin.config_sources import (
+from cdigen.plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.plugin.config_sources import (
     check_choice,
     overrides_from_env,
     overrides_from_file,
     parse_seconds,
     with_nvidia_env,
 )
-from plugin.defaults import (
+from cdigen.plugin.defaults import (
     DEFAULT_CDI_KIND,
     DEFAULT_PLUGIN_DIR,
     DEFAULT_RESOURCE,
@@ -27,9 +27,9 @@ from plugin.defaults import (
     STRATEGIES,
 )
 
-if TYPE_CHECKING:  # plugin.sharing is imported when a config file is read: --help stays fast
-    from plugin.gpu_selector import Claimant, GpuSelector
-    from plugin.sharing import Sharing
+if TYPE_CHECKING:  # cdigen.plugin.sharing is imported when a config file is read: --help stays fast
+    from cdigen.plugin.gpu_selector import Claimant, GpuSelector
+    from cdigen.plugin.sharing import Sharing
 
 # Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
 # skips the same set.
@@ -123,7 +123,7 @@ class PluginConfig:
     def gpu_claimants(self) -> tuple[Claimant, ...]:
         """The resources that advertise GPUs, whole or in shares (per-profile MIG entries only
         choose policies), each with the GPUs it selects: no GPU may have two."""
-        from plugin.gpu_selector import Claimant
+        from cdigen.plugin.gpu_selector import Claimant
 
         return tuple(
             Claimant(r.name, r.gpus) for r in self.resources if not is_mig_resource(r.name)
@@ -217,7 +217,7 @@ def _validate(config: PluginConfig) -> PluginConfig:
 
 def _check_served_names(config: PluginConfig) -> None:
     """Each resource name one the kubelet takes, and no name twice."""
-    from plugin.registration import resource_name_problem
+    from cdigen.plugin.registration import resource_name_problem
 
     for resource in config.resources:
         problem = resource_name_problem(resource.name)
@@ -250,7 +250,7 @@ def _check_resource_kinds(config: PluginConfig) -> None:
             where="resources",
             hint="set migStrategy: mixed, or drop the mig- resource",
         )
-    from plugin.gpu_selector import OVERLAP_HINT, overlap_message, static_overlap
+    from cdigen.plugin.gpu_selector import OVERLAP_HINT, overlap_message, static_overlap
 
     overlap = static_overlap(config.gpu_claimants)
     if overlap is not None:
@@ -296,7 +296,8 @@ def load_config(
 
     NVIDIA's environment names stand in for ours where they mean the same (one deprecation
     warning each); NVIDIA's config format is refused with the command that converts it.
-    ``content``: the file's bytes, already read (plugin.agent.config_file), named by ``path``.
+    ``content``: the file's bytes, already read (cdigen.plugin.agent.config_file), named by
+    ``path``.
     """
     from cdigen.fileio import parse_document, read_document
 
@@ -325,8 +326,8 @@ def load_config(
 def config_from_document(doc: Any, *, where: str) -> PluginConfig:
     """The settings a config document asks for over the defaults (not yet validated as a
     whole: :func:`load_config` does that after env and flags)."""
+    from cdigen.plugin.nvidia_config import convert_hint, is_nvidia_config
     from cdigen.schemas import validate
-    from plugin.nvidia_config import convert_hint, is_nvidia_config
 
     if is_nvidia_config(doc):
         raise InputError(
@@ -346,7 +347,7 @@ def config_from_document(doc: Any, *, where: str) -> PluginConfig:
 def _check_resource_names(doc: Any, where: str) -> None:
     """A resource name the kubelet would refuse, said as for ``--resource`` (before the
     schema, whose pattern would only quote itself)."""
-    from plugin.registration import resource_name_problem
+    from cdigen.plugin.registration import resource_name_problem
 
     resources = doc.get("resources") if isinstance(doc, Mapping) else None
     for i, resource in enumerate(resources if isinstance(resources, list) else []):

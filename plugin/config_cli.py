@@ -75,8 +75,8 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from cdigen.fileio import atomic_write, dump_document, read_document
-    from plugin.config import config_from_document, validate_config
-    from plugin.nvidia_config import convert, describe, is_nvidia_config
+    from cdigen.plugin.config import config_from_document, validate_config
+    from cdigen.plugin.nvidia_config import convert, describe, is_nvidia_config
 
     doc = read_document(args.file, what="NVIDIA device-plugin config")
     if not is_nvidia_config(doc):
@@ -111,8 +111,8 @@ def _convert(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import InputError
     from cdigen.fileio import read_document
-    from plugin.config import load_config
-    from plugin.config_report import config_report, load_config_node
+    from cdigen.plugin.config import load_config
+    from cdigen.plugin.config_report import config_report, load_config_node
 
     read_document(args.file, what="plugin config file")  # unreadable, not YAML: bad input, 2
     if args.policy_dir is not None and not Path(args.policy_dir).is_dir():

@@ -1,8 +1,8 @@
 """What the kubelet would see from a plugin config on a node: ``cdigen plugin config check``.
 
-The config is planned as ``plugin serve`` plans it (:func:`plugin.layout.plan_layout`, policies
-included), so a config that check passes is one serve starts with; the lines say per resource
-how many devices each GPU is advertised as and what a container gets for one of them.
+The config is planned as ``plugin serve`` plans it (:func:`cdigen.plugin.layout.plan_layout`,
+policies included), so a config that check passes is one serve starts with; the lines say per
+resource how many devices each GPU is advertised as and what a container gets for one of them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cdigen.model import Gpu, Node
-from plugin.config import PluginConfig
-from plugin.resources import Resource
+from cdigen.plugin.config import PluginConfig
+from cdigen.plugin.resources import Resource
 
 
 def load_config_node(config: PluginConfig) -> Node:
@@ -30,9 +30,9 @@ def load_config_node(config: PluginConfig) -> Node:
 def config_report(config: PluginConfig, node: Node) -> list[str]:
     """The report's lines for ``config`` on ``node``; InputError for what serve would refuse
     (a GPU with two owners, an unknown policy, a MIG layout the strategy cannot hold)."""
-    from plugin.layout import plan_layout
-    from plugin.sharing import advisory_warning, no_slices_warnings
-    from policies.policy_set import load_policy_set
+    from cdigen.plugin.layout import plan_layout
+    from cdigen.plugin.sharing import advisory_warning, no_slices_warnings
+    from cdigen.policies.policy_set import load_policy_set
 
     layout = plan_layout(node, config, load_policy_set(config.policy_dir))
     count = len(node.gpus)
@@ -63,7 +63,7 @@ def _gpu(gpu: Gpu) -> str:
 
 
 def _resource_lines(node: Node, resource: Resource, policy: str) -> list[str]:
-    from plugin.sharing import share_env
+    from cdigen.plugin.sharing import share_env
 
     sharing = resource.sharing
     what = (

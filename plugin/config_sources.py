@@ -1,5 +1,5 @@
 """Where the plugin's settings come from, read into overrides (names as in :data:`ENV_VARS`)
-that :func:`plugin.config.load_config` applies: the config file's document, the ``CDIGEN_*``
+that :func:`cdigen.plugin.config.load_config` applies: the config file's document, the ``CDIGEN_*``
 variables (NVIDIA's names read as ours), and the value checks they share with the flags."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES
-from plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
-from plugin.defaults import STRATEGIES
+from cdigen.plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.plugin.defaults import STRATEGIES
 
 # Environment variables and the overrides they map to (same value rules as the flags).
 ENV_VARS = {
@@ -56,7 +56,7 @@ _PLAIN_KEYS = {
 
 def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The overrides a validated config document asks for (keys as in :data:`ENV_VARS`;
-    ``resources``: each resource's :class:`~plugin.config.ResourceConfig` fields)."""
+    ``resources``: each resource's :class:`~cdigen.plugin.config.ResourceConfig` fields)."""
     out: dict[str, Any] = {}
     for key, name in _PLAIN_KEYS.items():
         if key in doc:
@@ -80,8 +80,8 @@ def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     if "format" in log:
         out["log_format"] = log["format"]
     if "resources" in doc:
-        from plugin.gpu_selector import selector_from_doc
-        from plugin.sharing import sharing_from_doc
+        from cdigen.plugin.gpu_selector import selector_from_doc
+        from cdigen.plugin.sharing import sharing_from_doc
 
         out["resources"] = [
             {
@@ -193,7 +193,7 @@ CHOICES = {
 
 def with_nvidia_env(env: Mapping[str, str]) -> Mapping[str, str]:
     """``env`` with NVIDIA's variable names read as ours, each use logged as deprecated."""
-    from plugin.nvidia_env import NVIDIA_ENV_VARS, nvidia_env
+    from cdigen.plugin.nvidia_env import NVIDIA_ENV_VARS, nvidia_env
 
     if not any(env.get(name) for name in NVIDIA_ENV_VARS):
         return env

@@ -1,5 +1,5 @@
 """Running the plugin: the composition root. One gRPC server per resource, registration,
-health watchers, and the layout (:mod:`plugin.layout`) swapped whole on every change.
+health watchers, and the layout (:mod:`cdigen.plugin.layout`) swapped whole on every change.
 
 Order matters to the kubelet: a server must be listening on its socket before we register,
 because the kubelet dials back during ``Register``.
@@ -16,36 +16,36 @@ from typing import TYPE_CHECKING, Any
 from cdigen.cdi.cache import SpecCache
 from cdigen.errors import CdigenError
 from cdigen.model import Node
-from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import SOURCE_NODE, HealthBoard, node_reasons, with_board_health
-from plugin.agent.health_watchers import Poller, SpecDirWatcher
-from plugin.agent.lifecycle import open_nvml, serve_until_signalled
-from plugin.agent.sockets import make_plugin_dir
-from plugin.agent.xid import XidHealth
-from plugin.call_records import RequestRecorder
-from plugin.config import PluginConfig
-from plugin.generate_specs import write_specs
-from plugin.grpc_server import ResourceServer, stop_servers
-from plugin.kubelet import Registrar
-from plugin.kubelet_requests import (
+from cdigen.plugin.agent.feature_file import FeatureFile
+from cdigen.plugin.agent.health import SOURCE_NODE, HealthBoard, node_reasons, with_board_health
+from cdigen.plugin.agent.health_watchers import Poller, SpecDirWatcher
+from cdigen.plugin.agent.lifecycle import open_nvml, serve_until_signalled
+from cdigen.plugin.agent.sockets import make_plugin_dir
+from cdigen.plugin.agent.xid import XidHealth
+from cdigen.plugin.call_records import RequestRecorder
+from cdigen.plugin.config import PluginConfig
+from cdigen.plugin.generate_specs import write_specs
+from cdigen.plugin.grpc_server import ResourceServer, stop_servers
+from cdigen.plugin.kubelet import Registrar
+from cdigen.plugin.kubelet_requests import (
     AllocateRefused,
 )
-from plugin.labels import plugin_labels
-from plugin.layout import (
+from cdigen.plugin.labels import plugin_labels
+from cdigen.plugin.layout import (
     AllocatorCache,
     Layout,
     gpus_down,
     plan_layout,
     plan_resources_for,
 )
-from plugin.resources import AdvertisedDevice, Resource
-from plugin.servicer import DevicePluginService
-from plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
-from plugin.watchers import plugin_watchers
-from policies.policy_set import PolicySet, load_policy_set
+from cdigen.plugin.resources import AdvertisedDevice, Resource
+from cdigen.plugin.servicer import DevicePluginService
+from cdigen.plugin.sharing import ShareAllocation, advisory_warning, no_slices_warnings
+from cdigen.plugin.watchers import plugin_watchers
+from cdigen.policies.policy_set import PolicySet, load_policy_set
 
 if TYPE_CHECKING:
-    from plugin.metrics import MetricsServer, PluginMetrics
+    from cdigen.plugin.metrics import MetricsServer, PluginMetrics
 
 __all__ = [
     "Plugin",
@@ -88,7 +88,7 @@ class Plugin:
         self.metrics: PluginMetrics | None = None
         self._metrics_server: MetricsServer | None = None
         if config.metrics_address is not None:
-            from plugin.metrics import PluginMetrics
+            from cdigen.plugin.metrics import PluginMetrics
 
             self.metrics = PluginMetrics()
             for resource in self.resources:
@@ -96,7 +96,7 @@ class Plugin:
         self.board = HealthBoard((d.id for d in self.devices), self.layout.parents())
         self.board.set_reasons(SOURCE_NODE, node_reasons(self.node))
         if self.metrics is not None:  # who holds which GPU, on /metrics (docs/attribution.md)
-            from plugin.attribution import attach_plugin
+            from cdigen.plugin.attribution import attach_plugin
 
             attach_plugin(self)
         self.servers: list[ResourceServer] = []
@@ -198,7 +198,7 @@ class Plugin:
         config = self.config
         edits = None
         if config.device_list_strategy == "native":
-            from plugin.native_edits import SpecEdits
+            from cdigen.plugin.native_edits import SpecEdits
 
             edits = SpecEdits(self.spec_cache)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cdigen.errors import InputError
 from cdigen.model import Node
-from plugin.config import PluginConfig
+from cdigen.plugin.config import PluginConfig
 
 log = logging.getLogger("cdigen.plugin")
 

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from plugin.agent.grpc_unix import serve_unix
-from plugin.registration import socket_name
-from plugin.servicer import DevicePluginService
+from cdigen.plugin.agent.grpc_unix import serve_unix
+from cdigen.plugin.registration import socket_name
+from cdigen.plugin.servicer import DevicePluginService
 
 log = logging.getLogger("cdigen.plugin")
 
@@ -59,7 +59,7 @@ class ResourceServer:
 
     def start(self) -> None:
         """Listen on a fresh socket, mode 0600 (a stale file of ours is replaced)."""
-        from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+        from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
         self._stop_streams = threading.Event()
         self.service = self._make_service(self._stop_streams)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cdigen.errors import CdigenError
-from plugin.registration import (
+from cdigen.plugin.registration import (
     KUBELET_SOCKET,
     REGISTER_TIMEOUT_S,
     KubeletUnreachable,
@@ -57,7 +57,7 @@ def file_identity(path: Path) -> tuple[int, int, int] | None:
 
 class Endpoint(Protocol):
     """A served resource as the registrar sees it
-    (a :class:`plugin.device_plugin.ResourceServer`)."""
+    (a :class:`cdigen.plugin.device_plugin.ResourceServer`)."""
 
     @property
     def resource(self) -> str:

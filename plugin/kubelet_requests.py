@@ -19,8 +19,8 @@ from functools import cached_property
 from typing import Any
 
 from cdigen.errors import CdigenError
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.resources import AdvertisedDevice
+from cdigen.plugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.resources import AdvertisedDevice
 
 ECHOED_ID_CHARS = 64  # an ID quoted in an error or a log line is cut to this many characters
 

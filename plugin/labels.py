@@ -1,16 +1,16 @@
 """The device plugin's node labels: its MIG strategy and its sharing, as GPU Feature Discovery
-words them (docs/labels.md); written by :class:`plugin.agent.feature_file.FeatureFile`."""
+words them (docs/labels.md); written by :class:`cdigen.plugin.agent.feature_file.FeatureFile`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from cdigen.labels import NOT_SHARED, LabelSharing, node_labels
-from plugin.defaults import DEFAULT_RESOURCE
+from cdigen.plugin.defaults import DEFAULT_RESOURCE
 
 if TYPE_CHECKING:
     from cdigen.model import Node
-    from plugin.config import PluginConfig
+    from cdigen.plugin.config import PluginConfig
 
 
 def config_sharing(config: PluginConfig, node: Node) -> LabelSharing:

@@ -2,10 +2,10 @@
 
 :func:`plan_layout` is the one pure function that makes it. For each advertised resource the
 layout holds its devices (ID, GPU position and UUID, kind, CDI name; see
-:class:`~plugin.resources.AdvertisedDevice`) and its :class:`Engine` (the allocation policy's
+:class:`~cdigen.plugin.resources.AdvertisedDevice`) and its :class:`Engine` (the allocation policy's
 allocator, plus Allocate's share hand-out for a sharing resource). Health reaches the engine
-through the node: :func:`plugin.agent.health.with_board_health` marks the GPUs the health board
-holds down, so a health change makes a new node, hence a new layout.
+through the node: :func:`cdigen.plugin.agent.health.with_board_health` marks the GPUs the health
+board holds down, so a health change makes a new node, hence a new layout.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cdigen.model import Node
-from plugin.cdi_names import capability_cdi_names
-from plugin.config import PluginConfig, ResourceConfig
-from plugin.kubelet_requests import PreferenceRequest
-from plugin.resources import (
+from cdigen.plugin.cdi_names import capability_cdi_names
+from cdigen.plugin.config import PluginConfig, ResourceConfig
+from cdigen.plugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.resources import (
     AdvertisedDevice,
     Resource,
     cdi_names,
     plan_resources,
     shared_resource,
 )
-from plugin.servicer import Preference
-from plugin.sharing import ShareAllocation, hand_out_shares
+from cdigen.plugin.servicer import Preference
+from cdigen.plugin.sharing import ShareAllocation, hand_out_shares
 
 if TYPE_CHECKING:
-    from policies.allocator import Allocator
-    from policies.policy import Policy
-    from policies.policy_set import PolicySet
+    from cdigen.policies.allocator import Allocator
+    from cdigen.policies.policy import Policy
+    from cdigen.policies.policy_set import PolicySet
 
 log = logging.getLogger("cdigen.plugin")
 
@@ -43,7 +43,7 @@ def engine_request(allocator: Allocator, request: PreferenceRequest) -> Preferen
     devices among them.
 
     The one place the plugin talks to the engine. The request was checked at the gRPC edge
-    (:func:`plugin.kubelet_requests.check_preference`) and holds the advertised devices: the
+    (:func:`cdigen.plugin.kubelet_requests.check_preference`) and holds the advertised devices: the
     engine gets their handles (each device's GPU position, from its catalogue entry), never ID
     strings to parse or look up again. Memory slices are always packed.
     """
@@ -116,7 +116,7 @@ def plan_resources_for(node: Node, config: PluginConfig) -> tuple[Resource, ...]
     """The resources ``node`` advertises under ``config`` (InputError when the MIG strategy
     cannot hold), each with the capability devices its config entry asks for; no engines,
     so cheap."""
-    from plugin.gpu_selector import owners
+    from cdigen.plugin.gpu_selector import owners
 
     # one owner per GPU (InputError naming both resources when the node shows two)
     owner = owners(node.gpus, config.gpu_claimants)
@@ -178,9 +178,9 @@ class AllocatorCache:
     """Engines already built, by (node, policy): an allocator is a pure function of the two, so
     a GPU whose health flaps back to a state seen before gets its engine back at once. A health
     state not seen before derives its engine from the last one of the same node and policy
-    (:meth:`~policies.allocator.Allocator.for_health`: the subset tables are reused, not rebuilt,
-    which takes up to hundreds of ms on 16 GPUs). Policies are told apart by name and source,
-    which is exact within one loaded policy set: a policy reload must start a new cache.
+    (:meth:`~cdigen.policies.allocator.Allocator.for_health`: the subset tables are reused, not
+    rebuilt, which takes up to hundreds of ms on 16 GPUs). Policies are told apart by name and
+    source, which is exact within one loaded policy set: a policy reload must start a new cache.
     Bounded."""
 
     def __init__(self, size: int = 8) -> None:
@@ -190,8 +190,8 @@ class AllocatorCache:
 
     def get(self, node: Node, policy: Policy) -> Allocator:
         """The allocator of ``node`` under ``policy``, built (or derived) on first use."""
-        from policies.allocator import Allocator as AllocatorClass
-        from policies.allocator import without_health
+        from cdigen.policies.allocator import Allocator as AllocatorClass
+        from cdigen.policies.allocator import without_health
 
         key = (node, policy.name, policy.source)
         allocator = self._built.pop(key, None)
@@ -248,7 +248,7 @@ def gpus_down(
     reasons: Mapping[str, Sequence[str]], devices: Sequence[AdvertisedDevice]
 ) -> frozenset[str]:
     """The GPU UUIDs the health board holds down: those whose every advertised device holds a
-    reason (``reasons`` as :meth:`plugin.agent.health.HealthBoard.snapshot` gives them)."""
+    reason (``reasons`` as :meth:`cdigen.plugin.agent.health.HealthBoard.snapshot` gives them)."""
     devices_on: dict[str, list[str]] = {}
     for device in devices:
         for gpu in device.parents:

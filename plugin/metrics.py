@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cdigen.errors import InputError
-from plugin.agent.http import TEXT, AgentHttpServer, Answer
-from plugin.agent.sockets import parse_address
+from cdigen.plugin.agent.http import TEXT, AgentHttpServer, Answer
+from cdigen.plugin.agent.sockets import parse_address
 
 log = logging.getLogger("cdigen.plugin.metrics")
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from cdigen.cdi import edits as cdi
 from cdigen.cdi.cache import SpecCache, UnresolvedDevices
-from plugin.kubelet_requests import AllocateRefused
-from plugin.sharing import BindMount
+from cdigen.plugin.kubelet_requests import AllocateRefused
+from cdigen.plugin.sharing import BindMount
 
 if TYPE_CHECKING:
-    from plugin.api import deviceplugin_pb2 as pb
+    from cdigen.plugin.api import deviceplugin_pb2 as pb
 
 log = logging.getLogger("cdigen.plugin")
 

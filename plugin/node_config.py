@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdigen.errors import ContentError, InputError, printable
-from plugin.agent.config_file import read_config_file
-from plugin.agent.lifecycle import ReloadableServable
-from plugin.config import PluginConfig
+from cdigen.plugin.agent.config_file import read_config_file
+from cdigen.plugin.agent.lifecycle import ReloadableServable
+from cdigen.plugin.config import PluginConfig
 
 log = logging.getLogger("cdigen.plugin")
 
@@ -347,7 +347,7 @@ class NodeLabels:
         """The Node's labels, or None when the API server cannot give them."""
         import json
 
-        from plugin.agent.kubeapi import api_error
+        from cdigen.plugin.agent.kubeapi import api_error
 
         try:
             response: Any = self._core.read_node(

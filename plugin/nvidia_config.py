@@ -1,9 +1,10 @@
 """NVIDIA's device-plugin config (``version: v1``) read into ours.
 
 ``cdigen plugin config convert`` turns one of their config files into a cdigen plugin config
-and says, per key, what has no equivalent here: the flags are :mod:`plugin.nvidia_flags`'s, the
-resources and sharing :mod:`plugin.nvidia_sharing`'s; their format and its strict reader are
-:mod:`plugin.nvidia_format`'s, their environment variables :mod:`plugin.nvidia_env`'s.
+and says, per key, what has no equivalent here: the flags are :mod:`cdigen.plugin.nvidia_flags`'s,
+the resources and sharing :mod:`cdigen.plugin.nvidia_sharing`'s; their format and its strict reader
+are
+:mod:`cdigen.plugin.nvidia_format`'s, their environment variables :mod:`cdigen.plugin.nvidia_env`'s.
 Pure functions over parsed documents: no gRPC, no files.
 """
 
@@ -14,15 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.errors import InputError
-from plugin.nvidia_flags import flags_as_ours
-from plugin.nvidia_format import (
+from cdigen.plugin.nvidia_flags import flags_as_ours
+from cdigen.plugin.nvidia_format import (
     FLAG_KEYS,
     RESOURCE_KEYS,
     SHARING_KEYS,
     TOP_KEYS,
     Reader,
 )
-from plugin.nvidia_sharing import shared_resources, whole_gpu_resources
+from cdigen.plugin.nvidia_sharing import shared_resources, whole_gpu_resources
 
 
 def convert_hint(path: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plugin.nvidia_format import LIST_STRATEGIES
+from cdigen.plugin.nvidia_format import LIST_STRATEGIES
 
 # Their environment variables that mean the same as ours.
 NVIDIA_ENV_VARS = {

@@ -8,7 +8,7 @@ from typing import Any
 
 from cdigen.errors import close_match
 from cdigen.model import MIG_STRATEGIES
-from plugin.nvidia_format import (
+from cdigen.plugin.nvidia_format import (
     FLAGS_AS_OURS,
     LIST_STRATEGIES,
     NVML_DISCOVERY,

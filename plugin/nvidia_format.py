@@ -1,7 +1,7 @@
 """NVIDIA's device-plugin config format (``version: v1``, k8s-device-plugin api/config/v1) as
 cdigen reads it: its keys per level, the values of its settings that mean what cdigen does
-anyway, and the strict reader that refuses anything else (:mod:`plugin.nvidia_config` converts
-what it reads into ours).
+anyway, and the strict reader that refuses anything else (:mod:`cdigen.plugin.nvidia_config`
+converts what it reads into ours).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdigen.errors import InputError, close_match
-from plugin.defaults import STRATEGIES
+from cdigen.plugin.defaults import STRATEGIES
 
 # What cdigen's MPS component (deploy/kubernetes/components/mps) runs the daemon with.
 MPS_PIPE_DIRECTORY = "/run/nvidia/mps"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdigen.errors import InputError
-from plugin.nvidia_format import (
+from cdigen.plugin.nvidia_format import (
     MPS_PIPE_DIRECTORY,
     MPS_SHM_DIRECTORY,
     PATTERN_KEYS,

@@ -1,14 +1,14 @@
 """``cdigen plugin pods``: the node's table of who holds which GPU, share or MIG device, mapped
 through the resources the plugin's config makes of the node (sharing, MIG strategy, resource
-names). ``cdigen dra pods`` is DRA's (:mod:`plugin.dra.pods_cli`); both print the same table or
-JSON (:mod:`plugin.agent.pods_args`).
+names). ``cdigen dra pods`` is DRA's (:mod:`cdigen.plugin.dra.pods_cli`); both print the same table
+or JSON (:mod:`cdigen.plugin.agent.pods_args`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from plugin.agent.pods_args import add_pods_options
+from cdigen.plugin.agent.pods_args import add_pods_options
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,10 +29,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _plugin_pods(args: argparse.Namespace) -> int:
     from cdigen.discover import load_node
-    from plugin.agent.pods_args import asked_containers, print_holdings
-    from plugin.attribution import plugin_holdings
-    from plugin.config import load_config
-    from plugin.layout import plan_resources_for
+    from cdigen.plugin.agent.pods_args import asked_containers, print_holdings
+    from cdigen.plugin.attribution import plugin_holdings
+    from cdigen.plugin.config import load_config
+    from cdigen.plugin.layout import plan_resources_for
 
     flags = {"node": args.node, "sysfs_root": args.sysfs_root, "proc_root": args.proc_root}
     config = load_config(args.config, flags=flags)

@@ -1,5 +1,5 @@
 """One registration with the kubelet: the ``Register`` call and how it failed, and the names
-the kubelet checks (the resource name, our socket's file name). :mod:`plugin.kubelet` decides
+the kubelet checks (the resource name, our socket's file name). :mod:`cdigen.plugin.kubelet` decides
 when to register."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from cdigen.errors import CdigenError
-from plugin.agent.names import is_dns_subdomain
+from cdigen.plugin.agent.names import is_dns_subdomain
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -88,8 +88,8 @@ def register(
     """
     import grpc
 
-    from plugin.api import deviceplugin_pb2 as pb
-    from plugin.api import deviceplugin_pb2_grpc as pb_grpc
+    from cdigen.plugin.api import deviceplugin_pb2 as pb
+    from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc
 
     kubelet = plugin_dir / KUBELET_SOCKET
     request = pb.RegisterRequest(

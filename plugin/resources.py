@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from cdigen.catalogue import CatalogueEntry, DeviceKind, catalogue
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES, Node
-from plugin.cdi_names import entry_cdi_name
-from plugin.defaults import DEFAULT_CDI_KIND
-from plugin.sharing import Sharing, share_devices
+from cdigen.plugin.cdi_names import entry_cdi_name
+from cdigen.plugin.defaults import DEFAULT_CDI_KIND
+from cdigen.plugin.sharing import Sharing, share_devices
 
 MIG_RESOURCE_PREFIX = "mig-"
 

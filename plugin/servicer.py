@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from plugin.agent.health import HealthBoard
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api import deviceplugin_pb2_grpc as pb_grpc
-from plugin.call_records import SUMMARY_INTERVAL_S, CallSummary, RequestRecorder
-from plugin.kubelet_requests import (
+from cdigen.plugin.agent.health import HealthBoard
+from cdigen.plugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from cdigen.plugin.call_records import SUMMARY_INTERVAL_S, CallSummary, RequestRecorder
+from cdigen.plugin.kubelet_requests import (
     AllocateRefused,
     FifoGate,
     PreferenceRequest,
@@ -29,13 +29,13 @@ from plugin.kubelet_requests import (
     preference_requests,
     short_id,
 )
-from plugin.native_edits import EditsLookup, add_mounts, fill_native
-from plugin.resources import AdvertisedDevice
-from plugin.resources import advertised_devices as advertised_devices  # re-exported
-from plugin.sharing import ShareAllocation, ShareRefused
+from cdigen.plugin.native_edits import EditsLookup, add_mounts, fill_native
+from cdigen.plugin.resources import AdvertisedDevice
+from cdigen.plugin.resources import advertised_devices as advertised_devices  # re-exported
+from cdigen.plugin.sharing import ShareAllocation, ShareRefused
 
 if TYPE_CHECKING:
-    from plugin.metrics import Method, PluginMetrics
+    from cdigen.plugin.metrics import Method, PluginMetrics
 
 log = logging.getLogger("cdigen.plugin")
 

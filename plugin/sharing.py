@@ -21,8 +21,7 @@ from typing import Any
 from cdigen.catalogue import CatalogueEntry, catalogue
 from cdigen.errors import CdigenError, InputError
 from cdigen.model import Gpu, Node
-from cdigen.shares import MAX_REPLICAS, no_slices_reason
-from plugin.agent.mps import (
+from cdigen.plugin.agent.mps import (
     LIMIT_KEYS,
     MPS_MEMORY_ENV,
     MPS_SHM_PATH,
@@ -33,7 +32,8 @@ from plugin.agent.mps import (
     mps_directory_problem,
     shm_directory_problem,
 )
-from plugin.cdi_names import entry_cdi_name
+from cdigen.plugin.cdi_names import entry_cdi_name
+from cdigen.shares import MAX_REPLICAS, no_slices_reason
 
 
 class ShareRefused(CdigenError):
@@ -204,7 +204,7 @@ def advisory_warning(sharing: Sharing, resource: str) -> str | None:
 def _mps_env(
     uuids: Sequence[str], per_gpu: Mapping[str, int], gpus: Mapping[str, Gpu], sharing: Sharing
 ) -> tuple[tuple[str, str], ...]:
-    """The MPS client limits (:func:`plugin.agent.mps.limits_env`): the memory of the shares
+    """The MPS client limits (:func:`cdigen.plugin.agent.mps.limits_env`): the memory of the shares
     per GPU, and an SM share in proportion. Slices always carry them (advisory without MPS);
     replicas only when MPS is configured, since plain time-slicing has no limits to state."""
     if sharing.kind == "replica" and sharing.mps_pipe_directory is None:

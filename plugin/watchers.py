@@ -1,6 +1,6 @@
 """What a serving device plugin watches, chosen from its config: the CDI spec dirs (for the
 names it hands out), the node source (a node file; NVML or a re-discovery, every
-``rescanIntervalSeconds``) and NVML's Xid events. :class:`plugin.device_plugin.Plugin` polls
+``rescanIntervalSeconds``) and NVML's Xid events. :class:`cdigen.plugin.device_plugin.Plugin` polls
 them."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any, NamedTuple
 
 from cdigen.cdi.cache import SpecCache
 from cdigen.model import Node
-from plugin.agent.health import HealthBoard
-from plugin.agent.health_watchers import NodeWatcher, Pollable, SpecDirWatcher
-from plugin.agent.xid import XidHealth
-from plugin.config import PluginConfig
-from plugin.layout import Layout
+from cdigen.plugin.agent.health import HealthBoard
+from cdigen.plugin.agent.health_watchers import NodeWatcher, Pollable, SpecDirWatcher
+from cdigen.plugin.agent.xid import XidHealth
+from cdigen.plugin.config import PluginConfig
+from cdigen.plugin.layout import Layout
 
 
 def is_node_file(source: str) -> bool:

@@ -11,13 +11,13 @@ Two entry points, one engine:
   parses the IDs once (:meth:`Allocator.position_of`, the one place of the ID grammar) and
   runs the same engine, answering in the IDs asked.
 
-The engine's parts: :mod:`policies.objective` (the lexicographic objective, its key and the
-explanation of why a set lost), :mod:`policies.fast_path` (whole GPUs on bit masks),
-:mod:`policies.search` (the exact search over the subset tables of :mod:`policies.table`, and
-the greedy search above ``EXACT_LIMIT`` GPUs, behind one protocol), :mod:`policies.placement`
-(replicas, memory slices and MIG devices: pack, spread, best fit). Answers are memoized per
-request. The request and answer types are :mod:`policies.answers`'s, exported here with the
-engine (``__all__``).
+The engine's parts: :mod:`cdigen.policies.objective` (the lexicographic objective, its key and the
+explanation of why a set lost), :mod:`cdigen.policies.fast_path` (whole GPUs on bit masks),
+:mod:`cdigen.policies.search` (the exact search over the subset tables of
+:mod:`cdigen.policies.table`, and the greedy search above ``EXACT_LIMIT`` GPUs, behind one
+protocol), :mod:`cdigen.policies.placement` (replicas, memory slices and MIG devices: pack, spread,
+best fit). Answers are memoized per request. The request and answer types are
+:mod:`cdigen.policies.answers`'s, exported here with the engine (``__all__``).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from typing import TypeVar
 from cdigen.catalogue import gpu_entries, mig_entries
 from cdigen.errors import AllocationError
 from cdigen.model import Node
+from cdigen.policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
+from cdigen.policies.fast_path import FastPath
+from cdigen.policies.graph import build_topology
+from cdigen.policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lost
+from cdigen.policies.placement import DeviceGroups, assign, choose_gpus
+from cdigen.policies.policy import Policy, builtin_policy
+from cdigen.policies.search import ExactSearch, GreedySearch, Search
+from cdigen.policies.table import EXACT_LIMIT
+from cdigen.policies.terms import NEXT_SET_SIZE
 from cdigen.shares import gpu_part, share_kind
-from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
-from policies.fast_path import FastPath
-from policies.graph import build_topology
-from policies.objective import CONSTRAINT_BUDGET_S, Candidate, Objective, why_lost
-from policies.placement import DeviceGroups, assign, choose_gpus
-from policies.policy import Policy, builtin_policy
-from policies.search import ExactSearch, GreedySearch, Search
-from policies.table import EXACT_LIMIT
-from policies.terms import NEXT_SET_SIZE
 
 __all__ = [
     "CONSTRAINT_BUDGET_S",

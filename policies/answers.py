@@ -1,5 +1,5 @@
 """The engine's request and answers: what the kubelet asks (device ID strings), and what
-:class:`~policies.allocator.Allocator` answers for IDs and for device handles."""
+:class:`~cdigen.policies.allocator.Allocator` answers for IDs and for device handles."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from math import factorial
 from operator import itemgetter
 
 from cdigen.model import Node
-from policies.search import bit_values
+from cdigen.policies.search import bit_values
 
 PCIE_SCORE = {"SYS": 10, "NODE": 20, "PHB": 30, "PXB": 40, "PIX": 50}
 NVLINK_SCORE = 100

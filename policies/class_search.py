@@ -1,5 +1,5 @@
 """The exact search for whole GPUs by counts, on nodes whose GPUs fall into few classes of
-interchangeable GPUs: :class:`ClassSearch` (used by :class:`policies.search.ExactSearch` for
+interchangeable GPUs: :class:`ClassSearch` (used by :class:`cdigen.policies.search.ExactSearch` for
 whole-GPU requests under a policy without constraints; it needs no subset table)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import product
 
-from policies.table import Universe
-from policies.terms import NEXT_SET_SIZE
+from cdigen.policies.table import Universe
+from cdigen.policies.terms import NEXT_SET_SIZE
 
 # From this many GPUs a node's interchangeable GPUs are searched by counts (ClassSearch) when
 # that takes at most CLASS_STATES count vectors.

@@ -146,7 +146,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import EXIT_BAD_INPUT, InputError
     from cdigen.fileio import parse_document, read_text
-    from policies.policy import check_policy_file
+    from cdigen.policies.policy import check_policy_file
 
     unparsed = 0
     for path in args.files:  # a file that cannot be read is bad input (exit 2), not a problem
@@ -166,18 +166,18 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from policies.explain_cli import run_explain
+    from cdigen.policies.explain_cli import run_explain
 
     return run_explain(args)
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from policies.replay_cli import run_replay
+    from cdigen.policies.replay_cli import run_replay
 
     return run_replay(args)
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from policies.simulate_cli import run_simulate
+    from cdigen.policies.simulate_cli import run_simulate
 
     return run_simulate(args)

@@ -1,5 +1,5 @@
 """What the ``policy`` subcommands share: the engine their flags describe, flag checks, the
-request check and the answer's JSON form (kept apart from :mod:`policies.cli` so that the
+request check and the answer's JSON form (kept apart from :mod:`cdigen.policies.cli` so that the
 handler modules, ``explain_cli``, ``replay_cli`` and ``simulate_cli``, can use them without
 importing each other)."""
 
@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 from cdigen.errors import InputError
 
 if TYPE_CHECKING:
-    from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
+    from cdigen.policies.allocator import AllocationAnswer, AllocationRequest, Allocator
 
 
 def allocator_from_args(args: argparse.Namespace) -> Allocator:
     """The engine for ``--node`` (and its roots) under ``--policy``."""
     from cdigen.discover import load_node
-    from policies.allocator import Allocator
-    from policies.policy import load_policy
+    from cdigen.policies.allocator import Allocator
+    from cdigen.policies.policy import load_policy
 
     node = load_node(args.node, sysfs_root=args.sysfs_root, proc_root=args.proc_root)
     return Allocator(node, load_policy(args.policy))
@@ -62,7 +62,7 @@ def checked_request(
     where: str,
 ) -> AllocationRequest:
     """A request checked the way the CLI is strict and prefer() is not."""
-    from policies.allocator import AllocationRequest
+    from cdigen.policies.allocator import AllocationRequest
 
     outside = [m for m in must if m not in set(available)]
     if outside:

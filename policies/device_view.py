@@ -22,7 +22,7 @@ from cdigen.catalogue import CatalogueEntry, catalogue, whole_entry
 from cdigen.discover.numa import NumaForm, numa_neighbours
 from cdigen.mig_profiles import MigGeometry, MigPlacement
 from cdigen.model import DRA_MIG_STRATEGY, Gpu, MigDevice, Node
-from policies.graph import nvlink_groups
+from cdigen.policies.graph import nvlink_groups
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 # What the DRA API allows per device: attributes and capacities together.

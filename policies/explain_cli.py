@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import InputError
-from policies.cli_args import (
+from cdigen.policies.cli_args import (
     allocator_from_args,
     answer_doc,
     at_least,
@@ -18,7 +18,7 @@ from policies.cli_args import (
 )
 
 if TYPE_CHECKING:
-    from policies.allocator import AllocationRequest, Allocator
+    from cdigen.policies.allocator import AllocationRequest, Allocator
 
 
 def _ids(text: str, flag: str) -> tuple[str, ...]:
@@ -113,8 +113,8 @@ def _explain_doc(
 ) -> dict[str, Any]:
     """The answer (as replay prints it), the next ``count`` best sets with why each lost, the
     devices the selector refused and, over shares, the shares per GPU."""
+    from cdigen.policies.allocator import why_lost
     from cdigen.shares import share_kind
-    from policies.allocator import why_lost
 
     answer = allocator.prefer(request)
     id_of: dict[int, str] = {}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the CEL engine is imported where an expression is compiled
-    from policies.cel import CelProgram
+    from cdigen.policies.cel import CelProgram
 
 
 @dataclass(frozen=True)

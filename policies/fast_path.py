@@ -1,7 +1,7 @@
 """The engine's fast path: whole GPUs, every one usable and known, a full table (or the class
 search) and a policy without constraints. It answers on bit masks, with
-:meth:`~policies.search.ExactSearch.best_plain`, what the general path would; the
-:class:`~policies.allocator.Allocator` builds it and falls back to the general path on None.
+:meth:`~cdigen.policies.search.ExactSearch.best_plain`, what the general path would; the
+:class:`~cdigen.policies.allocator.Allocator` builds it and falls back to the general path on None.
 
 On a node of at most ``NAMED_LIMIT`` GPUs, requests naming the available GPUs all by UUID or
 all by index, in the node's order (ascending index), skip the per-ID work: their mask is
@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
 
+from cdigen.policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
+from cdigen.policies.search import ExactSearch
 from cdigen.shares import share_kind
-from policies.answers import AllocationAnswer, AllocationRequest, PositionAnswer
-from policies.search import ExactSearch
 
 log = logging.getLogger("cdigen.allocator")
 

@@ -10,7 +10,7 @@ in the greedy search); 8. the links cut from the free devices (fragmentation); 9
 positions, ascending.
 
 :func:`head` builds terms 1-7, :meth:`Candidate.key` all nine,
-:func:`policies.terms.static_terms` terms 1, 3 and 4; the exact and greedy searches,
+:func:`cdigen.policies.terms.static_terms` terms 1, 3 and 4; the exact and greedy searches,
 ``explain`` and :func:`why_lost` all rank by them.
 The exact search reads terms 1, 3 and 4 from its sorted tables, computes term 8 only for sets
 tied on 1-7, and gets term 9 from its walk order (the tables' last sort key).
@@ -25,17 +25,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cdigen.model import Node
-from policies.graph import Topology
-from policies.policy import Policy
-from policies.terms import NEXT_SET_SIZE
+from cdigen.policies.graph import Topology
+from cdigen.policies.policy import Policy
+from cdigen.policies.terms import NEXT_SET_SIZE
 
 if TYPE_CHECKING:
-    from policies.table import Table
+    from cdigen.policies.table import Table
 
 
 # CPU time one request may spend evaluating policy constraints; past it the sets not yet
 # evaluated count as failing them (a fallback reason says so), so that a slow policy cannot
-# hold a kubelet call (each evaluation is bounded too: policies.cel.EVAL_TIME_LIMIT_S).
+# hold a kubelet call (each evaluation is bounded too: cdigen.policies.cel.EVAL_TIME_LIMIT_S).
 CONSTRAINT_BUDGET_S = 0.08
 
 Head = tuple[int, bool, int, int, int, int, int]
@@ -171,7 +171,7 @@ class Objective:
         self._request = threading.local()  # the constraint-evaluation deadline of a request
         self._devices: list[Any] = []
         if self.constrained:  # the CEL engine is imported for constraints only (start-up time)
-            from policies.cel import device_value
+            from cdigen.policies.cel import device_value
 
             self._devices = [device_value(g, node) for g in topology.gpus]
 
@@ -230,7 +230,7 @@ class Objective:
             if deadline is not None and time.thread_time() > deadline:
                 self._request.exhausted = True
                 return False, "the constraint evaluation budget of this request ran out"
-            from policies.cel import allocation_value
+            from cdigen.policies.cel import allocation_value
 
             allocation = allocation_value(
                 [self._devices[p] for p in positions],

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from policies.objective import Objective
-from policies.search import Search, SetQuery
+from cdigen.policies.objective import Objective
+from cdigen.policies.search import Search, SetQuery
 
 
 @dataclass

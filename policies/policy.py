@@ -2,7 +2,7 @@
 
 A policy file is YAML or JSON (``schemas/policy.schema.json``). ``check_policy_file`` reports
 every problem (schema, CEL syntax and limits, trial evaluations on every GPU and on sets of
-GPUs of every built-in sample node: :mod:`policies.policy_trial`) with the file, the field
+GPUs of every built-in sample node: :mod:`cdigen.policies.policy_trial`) with the file, the field
 (``spec.selector``, ``spec.constraints[1]``) and the position in the expression;
 ``load_policy`` raises the first one as an InputError.
 """
@@ -21,10 +21,10 @@ from cdigen.constants import GPU_RESOURCE
 from cdigen.errors import CheckFailed, InputError, first_of
 from cdigen.fileio import parse_document, read_text
 from cdigen.model import Gpu, Node
+from cdigen.policies.expression import Expression
+from cdigen.policies.graph import DEFAULT_LINK_WEIGHTS
+from cdigen.policies.policy_trial import excerpt, trial_problems, where_in
 from cdigen.schemas import schema_errors
-from policies.expression import Expression
-from policies.graph import DEFAULT_LINK_WEIGHTS
-from policies.policy_trial import excerpt, trial_problems, where_in
 
 log = logging.getLogger("cdigen.policy")
 
@@ -51,7 +51,7 @@ class Policy:
         """Whether ``gpu`` passes the selector, and why not (an error counts as not passing)."""
         if self.selector is None:
             return True, None
-        from policies.cel import CelEvaluationError, device_value
+        from cdigen.policies.cel import CelEvaluationError, device_value
 
         key = (gpu, node.driver_version, node.cuda_driver_version)
         cached = self._selector_cache.get(key)
@@ -90,7 +90,7 @@ class Policy:
         the result may be cached (not when an evaluation ran past a time limit)."""
         if not self.constraints:
             return True, None, True
-        from policies.cel import CelEvaluationError
+        from cdigen.policies.cel import CelEvaluationError
 
         for expression in self.constraints:
             try:
@@ -115,7 +115,7 @@ def _compile_problems(
     fields.extend((f"spec.constraints[{i}]", t) for i, t in enumerate(spec.get("constraints", [])))
     for field_name, text in fields:
         # the CEL engine is imported for a policy with expressions only (start-up time)
-        from policies.cel import CelCompileError, compile_expression
+        from cdigen.policies.cel import CelCompileError, compile_expression
 
         variables = frozenset({"device"} if field_name == "spec.selector" else {"allocation"})
         try:

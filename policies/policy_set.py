@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from cdigen.errors import InputError
 
 if TYPE_CHECKING:
-    from policies.policy import Policy
+    from cdigen.policies.policy import Policy
 
 POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -40,7 +40,7 @@ class PolicySet:
     def for_resource(self, resource: PolicyRequest, default: str = "default") -> Policy:
         """The policy ``resource`` asks for: by name (dir, then built-in), else one for its
         resource name in the dir, else the built-in ``default``."""
-        from policies.policy import BUILTIN_NAMES, builtin_policy, builtin_policy_name
+        from cdigen.policies.policy import BUILTIN_NAMES, builtin_policy, builtin_policy_name
 
         if resource.policy:
             if resource.policy in self.by_name:
@@ -62,7 +62,7 @@ class PolicySet:
 
 def load_policy_set(policy_dir: Path | None) -> PolicySet:
     """Load every policy file in ``policy_dir``; the first bad file raises (nothing half-loaded)."""
-    from policies.policy import load_policy
+    from cdigen.policies.policy import load_policy
 
     by_name: dict[str, Policy] = {}
     files: dict[str, Path] = {}

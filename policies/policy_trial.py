@@ -15,8 +15,8 @@ from cdigen.errors import shortened
 from cdigen.model import Gpu, Link, Node
 
 if TYPE_CHECKING:
-    from policies.cel import CelEvaluationError
-    from policies.expression import Expression
+    from cdigen.policies.cel import CelEvaluationError
+    from cdigen.policies.expression import Expression
 
 # CPU time all trial evaluations of one policy file may take (a check, a plugin start, a reload)
 TRIAL_BUDGET_S = 3.0
@@ -92,8 +92,8 @@ def trial_problems(
     another. The first error of each expression is a problem."""
     if selector is None and not constraints:  # nothing to try (and no CEL engine to import)
         return []
-    from policies.cel import allocation_value, device_value
-    from policies.graph import build_topology
+    from cdigen.policies.cel import allocation_value, device_value
+    from cdigen.policies.graph import build_topology
 
     deadline = time.thread_time() + TRIAL_BUDGET_S  # a check, a start, a reload: all bounded
     failed: dict[str, str] = {}
@@ -150,7 +150,7 @@ def _function_names() -> frozenset[str]:
     """The functions and macros a policy may call (for did-you-mean)."""
     from celpy.evaluation import base_functions
 
-    from policies.cel import FUNCTIONS
+    from cdigen.policies.cel import FUNCTIONS
 
     names = {*FUNCTIONS, *base_functions, "has", "all", "exists", "exists_one", "map", "filter"}
     return frozenset(n for n in names if n.isidentifier())
@@ -159,7 +159,7 @@ def _function_names() -> frozenset[str]:
 def _plain_message(exc: CelEvaluationError, text: str, activation: Mapping[str, Any]) -> str:
     """The evaluation error as ``dra check`` says it: a missing name with the names there are
     and a did-you-mean, where cel-python only says ``no attribute 'x' in that domain``."""
-    from policies.dra.check import did_you_mean
+    from cdigen.policies.dra.check import did_you_mean
 
     message = str(exc)
     lines = text.splitlines()
@@ -202,7 +202,7 @@ def _trial(
     gpus: object,
     deadline: float,
 ) -> str | None:
-    from policies.cel import CelEvaluationError
+    from cdigen.policies.cel import CelEvaluationError
 
     try:
         expression.program.evaluate(activation, deadline)

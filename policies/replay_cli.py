@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from cdigen.errors import EXIT_BAD_INPUT, InputError
-from policies.cli_args import allocator_from_args, answer_doc, checked_request, unique_ids
+from cdigen.policies.cli_args import allocator_from_args, answer_doc, checked_request, unique_ids
 
 MAX_REPORTED_LINES = 20  # bad request lines named one by one; the last line counts them all
 

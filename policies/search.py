@@ -1,13 +1,13 @@
 """The searches for the best set of GPUs, behind one small protocol: :class:`Search`.
 
 - :class:`ExactSearch` (up to ``EXACT_LIMIT`` GPUs): walks the subsets of the request's size in
-  the order of a :class:`~policies.table.Table` (sorted by the static terms of the objective),
-  skips sets that use busy GPUs or miss a must-include GPU, and stops as soon as no later set
-  can win; ties are compared on the rest of the objective. Tables are built once per node (or,
-  above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached). Whole-GPU
+  the order of a :class:`~cdigen.policies.table.Table` (sorted by the static terms of the
+  objective), skips sets that use busy GPUs or miss a must-include GPU, and stops as soon as no
+  later set can win; ties are compared on the rest of the objective. Tables are built once per node
+  (or, above the limit, once per set of at most ``EXACT_LIMIT`` available GPUs, cached). Whole-GPU
   requests under a policy without constraints take :meth:`ExactSearch.best_plain`: the same
   walk on ints, or, on a node whose GPUs fall into few classes of interchangeable GPUs (any
-  size), :class:`~policies.class_search.ClassSearch`, which ranks how many GPUs a set takes
+  size), :class:`~cdigen.policies.class_search.ClassSearch`, which ranks how many GPUs a set takes
   from each class and needs no table (the table is then built on first need).
 - :class:`GreedySearch` (above): a greedy construction followed by 1-swap local search on the
   objective key, O(k·n²) per pass, at most ``MAX_SWAP_PASSES`` passes: always valid, not
@@ -25,10 +25,10 @@ from itertools import combinations
 from math import comb
 from typing import Any, Protocol
 
-from policies.class_search import CLASS_MIN_GPUS, CLASS_STATES, ClassSearch
-from policies.graph import Topology
-from policies.objective import Head, Objective, head
-from policies.table import EXACT_LIMIT, BitSums, Table, Universe, degrees
+from cdigen.policies.class_search import CLASS_MIN_GPUS, CLASS_STATES, ClassSearch
+from cdigen.policies.graph import Topology
+from cdigen.policies.objective import Head, Objective, head
+from cdigen.policies.table import EXACT_LIMIT, BitSums, Table, Universe, degrees
 
 MAX_SWAP_PASSES = 4
 TABLE_CACHE = 8  # tables kept for sets of available GPUs on nodes above the limit

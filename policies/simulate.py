@@ -21,9 +21,9 @@ from itertools import combinations
 from math import comb
 
 from cdigen.model import Node
-from policies.allocator import AllocationRequest, Allocator
-from policies.baseline import BestEffortBaseline, partition_count
-from policies.graph import Topology
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.baseline import BestEffortBaseline, partition_count
+from cdigen.policies.graph import Topology
 
 JOB_SIZES = (1, 2, 4, 8)
 JOB_WEIGHTS = (0.4, 0.3, 0.2, 0.1)

@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from policies.cli_args import allocator_from_args, at_least, check_share_flags
+from cdigen.policies.cli_args import allocator_from_args, at_least, check_share_flags
 
 MAX_STEPS = 100_000  # about a minute on one core; each step is one allocation of ours and theirs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from policies.allocator import Allocator
-    from policies.simulate import Figures
+    from cdigen.policies.allocator import Allocator
+    from cdigen.policies.simulate import Figures
 
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Handle ``cdigen policy simulate``."""
-    from policies.simulate import simulate
+    from cdigen.policies.simulate import simulate
 
     at_least("--steps", args.steps, 1, MAX_STEPS)
     allocator = allocator_from_args(args)
@@ -72,7 +72,7 @@ def _mean_of(size: int) -> Callable[[Figures], str]:
 
 
 def _simulate_shares(args: argparse.Namespace, allocator: Allocator) -> int:
-    from policies.simulate import ShareFigures, simulate_shares
+    from cdigen.policies.simulate import ShareFigures, simulate_shares
 
     check_share_flags(args)
     ours, theirs = simulate_shares(

@@ -14,8 +14,8 @@ from itertools import repeat
 from math import comb
 from operator import add, rshift, sub
 
-from policies.graph import Topology
-from policies.terms import NEXT_SET_SIZE, StaticTerms, static_terms
+from cdigen.policies.graph import Topology
+from cdigen.policies.terms import NEXT_SET_SIZE, StaticTerms, static_terms
 
 EXACT_LIMIT = 16
 # Up to this many GPUs a table also holds its walk per available set and size (Walks)

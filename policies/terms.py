@@ -1,6 +1,6 @@
 """The parts of the objective key a set has whatever the request (terms 1, 3 and 4), which
-the subset tables sort by; kept apart from :mod:`policies.objective` so that
-:mod:`policies.table` can use them without the two importing each other."""
+the subset tables sort by; kept apart from :mod:`cdigen.policies.objective` so that
+:mod:`cdigen.policies.table` can use them without the two importing each other."""
 
 from __future__ import annotations
 

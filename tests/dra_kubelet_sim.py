@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from plugin.dra.api import (
+from cdigen.plugin.dra.api import (
     dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,

@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from plugin.agent.api import podresources_v1_pb2 as pb
-from plugin.agent.api import podresources_v1_pb2_grpc as pb_grpc
+from cdigen.plugin.agent.api import podresources_v1_pb2 as pb
+from cdigen.plugin.agent.api import podresources_v1_pb2_grpc as pb_grpc
 
 
 @dataclass

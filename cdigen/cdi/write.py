@@ -236,7 +236,7 @@ def write_claim_spec(spec: SpecDoc, target: Path, *, within: Path) -> WriteResul
 _CHECKED_EDITS: dict[str, None] = {}
 _CHECKED_EDITS_MAX = 64
 # the edits objects checked, by id, each held so that its id is not reused: a builder that
-# shares one edits object between claims (plugin.dra.claim_spec) skips even the encoding
+# shares one edits object between claims (cdigen.plugin.dra.claim_spec) skips even the encoding
 _CHECKED_OBJECTS: dict[int, object] = {}
 
 

@@ -2,10 +2,11 @@
 share, MIG device or claim, with which memory limit, as Prometheus series read at scrape time into
 a plugin's own registry.
 
-The kubelet's PodResources API (:mod:`plugin.agent.podresources`) says which device IDs (device
-plugin) and which ResourceClaims (DRA) each container got; each wing (a :class:`Wing`:
-:mod:`plugin.attribution` for the device plugin, :mod:`plugin.dra.attribution` for DRA) maps them
-to GPUs through what it advertised or prepared, into :class:`~plugin.agent.holdings.Holding` rows.
+The kubelet's PodResources API (:mod:`cdigen.plugin.agent.podresources`) says which device IDs
+(device plugin) and which ResourceClaims (DRA) each container got; each wing (a :class:`Wing`:
+:mod:`cdigen.plugin.attribution` for the device plugin, :mod:`cdigen.plugin.dra.attribution` for
+DRA) maps them to GPUs through what it advertised or prepared, into
+:class:`~cdigen.plugin.agent.holdings.Holding` rows.
 
 Per container (labels ``namespace``, ``pod``, ``container``, ``gpu_uuid``, plus ``kind`` and
 ``source``): ``cdigen_pod_gpu_devices`` (devices or shares held) and
@@ -29,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from plugin.agent.holdings import Holding, printable
-from plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
+from cdigen.plugin.agent.holdings import Holding, printable
+from cdigen.plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
 
 if TYPE_CHECKING:
     from cdigen.catalogue import CatalogueEntry
     from cdigen.model import Gpu
-    from plugin.agent.health import HealthBoard
+    from cdigen.plugin.agent.health import HealthBoard
 
 log = logging.getLogger("cdigen.plugin.attribution")
 

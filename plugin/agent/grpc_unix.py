@@ -1,7 +1,7 @@
 """The one way both wings serve gRPC on a unix socket: a thread pool of a given size, the
 services added by the caller, the socket bound owner-only (0600, in a private directory and
-renamed into place: :func:`plugin.agent.sockets.bind_socket`), then started. The device plugin
-serves one socket per resource, the DRA plugin its plugin and registration sockets."""
+renamed into place: :func:`cdigen.plugin.agent.sockets.bind_socket`), then started. The device
+plugin serves one socket per resource, the DRA plugin its plugin and registration sockets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
-from plugin.agent.sockets import bind_socket
+from cdigen.plugin.agent.sockets import bind_socket
 
 
 def serve_unix(

@@ -4,7 +4,7 @@ A device is Healthy when no watcher holds a reason against it. Every watcher set
 only its own reasons, so a device whose Xid storm has passed returns to Healthy even while
 another watcher (a missing CDI name, say) still holds it down, and vice versa.
 
-Watchers (:mod:`plugin.agent.health_watchers` and :mod:`plugin.agent.xid`):
+Watchers (:mod:`cdigen.plugin.agent.health_watchers` and :mod:`cdigen.plugin.agent.xid`):
 - :func:`node_reasons` — discovery errors and simulated ``healthy: false`` in a node file;
   ``NodeWatcher`` re-reads the file when it changes (or re-runs NVML discovery periodically)
   and hands the node to the plugin, which also applies a new MIG layout.

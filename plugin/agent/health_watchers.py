@@ -1,4 +1,4 @@
-"""The watchers that feed the health board (:mod:`plugin.agent.health`), polled by one
+"""The watchers that feed the health board (:mod:`cdigen.plugin.agent.health`), polled by one
 :class:`Poller` thread: :class:`NodeWatcher` (a node file that changed, or a periodic
 re-discovery, handed to the plugin) and :class:`SpecDirWatcher` (every CDI name the plugin can
 hand out must exist in the spec dirs)."""
@@ -17,7 +17,7 @@ from typing import Protocol
 from cdigen.cdi.cache import SpecCache
 from cdigen.cdi.names import capability_of
 from cdigen.model import Node
-from plugin.agent.health import SOURCE_SPEC, HealthBoard
+from cdigen.plugin.agent.health import SOURCE_SPEC, HealthBoard
 
 log = logging.getLogger("cdigen.plugin")
 

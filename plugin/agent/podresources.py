@@ -4,7 +4,7 @@ The kubelet serves it on ``<kubelet dir>/pod-resources/kubelet.sock``. Every cal
 deadline for the whole call (connecting included). The answer is turned into frozen records
 holding only what attribution reads: per container, the device IDs per extended resource and the
 ResourceClaims with their devices. Names are kept as the kubelet sent them; whoever prints them
-escapes them (:func:`plugin.agent.holdings.printable`).
+escapes them (:func:`cdigen.plugin.agent.holdings.printable`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def list_resources(
     socket: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[ContainerResources]:
     """Every container the kubelet reports, with what it holds (``List``)."""
-    from plugin.agent.api import podresources_v1_pb2 as pb
+    from cdigen.plugin.agent.api import podresources_v1_pb2 as pb
 
     response = _call(socket, "List", pb.ListPodResourcesRequest(), timeout_s)
     return [c for pod in response.pod_resources for c in _containers(pod)]
@@ -77,7 +77,7 @@ def get_resources(
     socket: Path, namespace: str, pod: str, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[ContainerResources]:
     """The containers of one pod (``Get``; GA since Kubernetes 1.36, beta and on since 1.34)."""
-    from plugin.agent.api import podresources_v1_pb2 as pb
+    from cdigen.plugin.agent.api import podresources_v1_pb2 as pb
 
     request = pb.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace)
     response = _call(socket, "Get", request, timeout_s)
@@ -87,7 +87,7 @@ def get_resources(
 def _call(socket: Path, method: str, request: Any, timeout_s: float) -> Any:
     import grpc
 
-    from plugin.agent.api import podresources_v1_pb2_grpc as pb_grpc
+    from cdigen.plugin.agent.api import podresources_v1_pb2_grpc as pb_grpc
 
     problem = _socket_problem(socket)
     if problem:

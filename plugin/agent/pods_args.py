@@ -1,8 +1,8 @@
 """What ``cdigen plugin pods`` and ``cdigen dra pods`` share: the options that reach the
 kubelet's PodResources API, the one call to it, and the table or JSON they print.
 
-Each wing registers its own ``pods`` command (:mod:`plugin.pods_cli`, :mod:`plugin.dra.pods_cli`),
-because each maps the kubelet's answer through its own settings.
+Each wing registers its own ``pods`` command (:mod:`cdigen.plugin.pods_cli`,
+:mod:`cdigen.plugin.dra.pods_cli`), because each maps the kubelet's answer through its own settings.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cdigen.constants import KUBELET_DIR
-from plugin.agent.podresources import DEFAULT_TIMEOUT_S, socket_path
+from cdigen.plugin.agent.podresources import DEFAULT_TIMEOUT_S, socket_path
 
 if TYPE_CHECKING:
-    from plugin.agent.holdings import Holding
-    from plugin.agent.podresources import ContainerResources
+    from cdigen.plugin.agent.holdings import Holding
+    from cdigen.plugin.agent.podresources import ContainerResources
 
 FORMATS = ("table", "json")
 
@@ -48,7 +48,7 @@ def add_pods_options(parser: argparse.ArgumentParser) -> None:
 def asked_containers(args: argparse.Namespace) -> list[ContainerResources]:
     """The containers the kubelet reports: every pod's, or ``--pod``'s."""
     from cdigen.errors import InputError
-    from plugin.agent.podresources import check_timeout, get_resources, list_resources
+    from cdigen.plugin.agent.podresources import check_timeout, get_resources, list_resources
 
     timeout = check_timeout(args.timeout)
     socket = Path(args.pod_resources_socket)
@@ -64,7 +64,7 @@ def asked_containers(args: argparse.Namespace) -> list[ContainerResources]:
 
 def print_holdings(args: argparse.Namespace, rows: list[Holding]) -> int:
     """Print ``rows`` in ``--format``; the command's exit status."""
-    from plugin.agent.holdings import as_json, table
+    from cdigen.plugin.agent.holdings import as_json, table
 
     sys.stdout.write((table(rows) if args.format == "table" else as_json(rows)) + "\n")
     return 0

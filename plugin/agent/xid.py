@@ -1,4 +1,4 @@
-"""Device health from NVML Xid events (reported to :mod:`plugin.agent.health`)."""
+"""Device health from NVML Xid events (reported to :mod:`cdigen.plugin.agent.health`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.agent.health import SOURCE_XID, HealthBoard, Reason
+from cdigen.plugin.agent.health import SOURCE_XID, HealthBoard, Reason
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from plugin.api import deviceplugin_pb2 as plugin_dot_api_dot_deviceplugin__pb2
+from cdigen.plugin.api import deviceplugin_pb2 as plugin_dot_api_dot_deviceplugin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -1,13 +1,15 @@
-"""Regenerate the Python stubs of the kubelet protos: ``python -m plugin.api.generate [OUT]``.
+"""Regenerate the Python stubs of the kubelet protos:
+``python -m cdigen.plugin.api.generate [OUT]``.
 
 Run from anywhere; each proto is compiled with the repository root as the include path, so the
-generated ``*_pb2_grpc.py`` files import ``from plugin.api import deviceplugin_pb2`` (or
-``plugin.dra.api``, ``plugin.agent.api``) and work once installed. ``OUT`` (default: the
-repository root) receives the ``*_pb2*`` files beside each proto.
+generated ``*_pb2_grpc.py`` files import ``from cdigen.plugin.api import deviceplugin_pb2`` (or
+``cdigen.plugin.dra.api``, ``cdigen.plugin.agent.api``) and work once installed. ``OUT`` (default:
+the repository root) receives the ``*_pb2*`` files beside each proto.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -53,6 +55,13 @@ def generate(out_root: Path, repo_root: Path = REPO_ROOT) -> list[Path]:
         if protoc.main(args) != 0:
             raise CdigenError(f"protoc failed on {proto}", hint="see the messages above")
         written.extend(out_root / path for path in generated_paths(proto))
+        # protoc names the stubs' package by the proto's path (plugin/...); the package is
+        # installed as cdigen.plugin.
+        grpc_stub = out_root / generated_paths(proto)[2]
+        text = grpc_stub.read_text(encoding="utf-8")
+        grpc_stub.write_text(
+            re.sub(r"(?m)^from plugin\.", "from cdigen.plugin.", text), encoding="utf-8"
+        )
     return written
 
 

@@ -18,7 +18,8 @@ class Malformed(Exception):
 
 
 # What the objects' readers may raise on a shape they do not expect: the simulator's readers
-# (policies.dra) check what a manifest on disk may hold, not every shape a hostile API object may.
+# (cdigen.policies.dra) check what a manifest on disk may hold, not every shape a hostile API object
+# may.
 SHAPE_ERRORS = (Malformed, CdigenError, AttributeError, TypeError, ValueError, KeyError)
 
 

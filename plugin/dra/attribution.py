@@ -1,8 +1,8 @@
 """Per-pod attribution, the DRA plugin's side: the claims the kubelet reports a container uses,
 mapped to GPUs through the claims this plugin prepared (its checkpoint, whose device names the
-catalogue's entries carry), for ``cdigen dra pods`` (:mod:`plugin.dra.pods_cli`) and for the
-series the plugin's /metrics carries (:class:`~plugin.agent.attribution.AttributionCollector`,
-the part both wings share).
+catalogue's entries carry), for ``cdigen dra pods`` (:mod:`cdigen.plugin.dra.pods_cli`) and for the
+series the plugin's /metrics carries
+(:class:`~cdigen.plugin.agent.attribution.AttributionCollector`, the part both wings share).
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING
 
 from cdigen.catalogue import CatalogueEntry
 from cdigen.model import Gpu
-from plugin.agent.attribution import AttributionCollector, Slot, entry_memory
-from plugin.agent.holdings import Holding
-from plugin.agent.podresources import ContainerResources, socket_path
+from cdigen.plugin.agent.attribution import AttributionCollector, Slot, entry_memory
+from cdigen.plugin.agent.holdings import Holding
+from cdigen.plugin.agent.podresources import ContainerResources, socket_path
 
 if TYPE_CHECKING:
-    from plugin.dra.checkpoint import ClaimDoc, PreparedDeviceDoc
-    from plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.checkpoint import ClaimDoc, PreparedDeviceDoc
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
 
 
 def dra_limit(device: PreparedDeviceDoc, entry: CatalogueEntry) -> int:
     """The memory a claim was given of one device: the memory capacity it consumed (a device
     shared through consumable capacity), else the device's memory."""
-    from policies.cel import parse_quantity
+    from cdigen.policies.cel import parse_quantity
 
     consumed = (device.get("consumedCapacity") or {}).get("memory")
     if consumed is not None:

@@ -1,5 +1,5 @@
 """``cdigen dra check``: would the scheduler ever allocate these claims on this driver's
-devices (:mod:`policies.dra.check`)?"""
+devices (:mod:`cdigen.policies.dra.check`)?"""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.dra.claim_inputs import node_devices, shipped_classes
-from plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
+from cdigen.plugin.dra.claim_inputs import node_devices, shipped_classes
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
 
 # The nodes `dra check` fits claims on when no --node is given: whole GPUs, MIG devices,
 # NVLink and PCIe machines; a claim passes when it fits one of them.
@@ -72,8 +72,8 @@ def register_check(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import CheckFailed
-    from policies.dra.check import NodeDevices, Published, check_files
-    from policies.dra.claim_docs import load_manifests
+    from cdigen.policies.dra.check import NodeDevices, Published, check_files
+    from cdigen.policies.dra.claim_docs import load_manifests
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in shipped_classes()]

@@ -25,8 +25,8 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 from cdigen.errors import InputError
 from cdigen.fileio import read_text, same_dir
-from plugin.dra.claims import ClaimRef, kind_of, quoted
-from plugin.dra.dynamic_mig import MigDoc, mig_doc_problem
+from cdigen.plugin.dra.claims import ClaimRef, kind_of, quoted
+from cdigen.plugin.dra.dynamic_mig import MigDoc, mig_doc_problem
 
 log = logging.getLogger(__name__)
 

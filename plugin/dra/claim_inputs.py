@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from plugin.dra.cli_args import shares_problem
+from cdigen.plugin.dra.cli_args import shares_problem
 
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
-    from policies.device_view import DeviceView
-    from policies.dra.slice_devices import SliceDevice
+    from cdigen.policies.device_view import DeviceView
+    from cdigen.policies.dra.slice_devices import SliceDevice
 
 
 def shipped_classes() -> list[Path]:
@@ -32,10 +32,10 @@ def node_devices(
     """The node's device views and the devices of the ResourceSlices `dra serve` would publish
     for it with these shares (a default share the API server would refuse is refused here too,
     naming its flag)."""
-    from plugin.dra.slices import build_slices
-    from policies.device_view import device_views
-    from policies.dra.order import ordered_views
-    from policies.dra.slice_devices import slice_devices
+    from cdigen.plugin.dra.slices import build_slices
+    from cdigen.policies.device_view import device_views
+    from cdigen.policies.dra.order import ordered_views
+    from cdigen.policies.dra.slice_devices import slice_devices
 
     views = ordered_views(device_views(node, mig_strategy=mig_strategy), node)
     shares_problem(shares, views)

@@ -20,11 +20,11 @@ from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, MountD
 from cdigen.cdi.version import minimum_version
 from cdigen.errors import InputError
 from cdigen.model import Node
-from plugin.dra.checkpoint import CLAIM_CLASS, claim_vendor
-from plugin.dra.claims import AllocatedDevice, ClaimRef
-from plugin.dra.config import RequestConfig, config_for
-from plugin.dra.dynamic_mig import MadeMig, complete_cap_nodes
-from policies.device_view import DeviceView
+from cdigen.plugin.dra.checkpoint import CLAIM_CLASS, claim_vendor
+from cdigen.plugin.dra.claims import AllocatedDevice, ClaimRef
+from cdigen.plugin.dra.config import RequestConfig, config_for
+from cdigen.plugin.dra.dynamic_mig import MadeMig, complete_cap_nodes
+from cdigen.policies.device_view import DeviceView
 
 
 def claim_kind(driver: str) -> str:
@@ -89,8 +89,8 @@ class ClaimSpecs:
         self, ref: ClaimRef, configs: Sequence[RequestConfig], allocated: Sequence[AllocatedDevice]
     ) -> tuple[dict[str, tuple[str, ...]], frozenset[str]]:
         """The capabilities beyond the node-wide ones that each request's config (``configs``,
-        decoded once by plugin.dra.config.claim_configs) asks for, and those asked by name (not
-        through ``all``, which means every one offered); InputError on a capability named that
+        decoded once by cdigen.plugin.dra.config.claim_configs) asks for, and those asked by name
+        (not through ``all``, which means every one offered); InputError on a capability named that
         this driver does not offer (--capability-devices)."""
         out: dict[str, tuple[str, ...]] = {}
         explicit: set[str] = set()

@@ -1,14 +1,14 @@
-"""The ``cdigen dra`` command: ``serve`` runs the kubelet DRA plugin (:mod:`plugin.dra.serve_cli`);
-``explain`` and ``check`` are offline claim tools, ``why`` asks a live cluster
-(:mod:`plugin.dra.claims_cli`); ``pods`` asks the kubelet who holds which GPU
-(:mod:`plugin.dra.pods_cli`). Registering imports nothing heavy."""
+"""The ``cdigen dra`` command: ``serve`` runs the kubelet DRA plugin
+(:mod:`cdigen.plugin.dra.serve_cli`); ``explain`` and ``check`` are offline claim tools, ``why``
+asks a live cluster (:mod:`cdigen.plugin.dra.claims_cli`); ``pods`` asks the kubelet who holds which
+GPU (:mod:`cdigen.plugin.dra.pods_cli`). Registering imports nothing heavy."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from plugin.dra.cli_args import DEFAULT_DRIVER
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER
 
 __all__ = ["DEFAULT_DRIVER", "register"]
 
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "transient CDI specs.",
     )
     dra_sub = dra.add_subparsers(dest="dra_command", metavar="SUBCOMMAND")
-    from plugin.dra import claims_cli, pods_cli, serve_cli
+    from cdigen.plugin.dra import claims_cli, pods_cli, serve_cli
 
     serve_cli.register(dra_sub)
     claims_cli.register(dra_sub)

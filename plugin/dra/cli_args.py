@@ -10,7 +10,7 @@ from cdigen.constants import DRA_DRIVER
 
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
-    from policies.device_view import DeviceView
+    from cdigen.policies.device_view import DeviceView
 
 DEFAULT_DRIVER = DRA_DRIVER
 
@@ -19,7 +19,7 @@ def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAU
     """InputError naming ``flag`` unless ``value`` is a DNS subdomain of at most ``longest``
     characters, as Kubernetes requires of driver (63) and node (253) names."""
     from cdigen.errors import InputError, shortened
-    from plugin.agent.names import is_dns_subdomain
+    from cdigen.plugin.agent.names import is_dns_subdomain
 
     if not is_dns_subdomain(value, longest):
         raise InputError(

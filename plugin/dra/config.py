@@ -16,7 +16,7 @@ from typing import Any
 from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.constants import MIB
 from cdigen.errors import InputError
-from plugin.dra.claims import ClaimRef, allocation_of, field, quoted
+from cdigen.plugin.dra.claims import ClaimRef, allocation_of, field, quoted
 
 API_VERSION = "gpu.cdigen.dev/v1alpha1"
 KIND = "GpuConfig"
@@ -111,7 +111,7 @@ def _sharing(doc: Mapping[str, Any] | None, where: str) -> ClaimSharing | None:
 
 def _limit(text: str, where: str) -> int:
     """A pinned-memory limit in bytes: a quantity of at least 1Mi (MPS limits in MiB)."""
-    from policies.cel import parse_quantity
+    from cdigen.policies.cel import parse_quantity
 
     try:
         value = parse_quantity(text)

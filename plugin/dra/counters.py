@@ -19,15 +19,15 @@ from typing import Any
 
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import Gpu
-from cdigen.sizes import quantity_text
-from plugin.dra.slices import (
+from cdigen.plugin.dra.slices import (
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_WITH_TAINTS,
     TaintDoc,
     device_doc,
     pool_slices,
 )
-from policies.device_view import DeviceView
+from cdigen.policies.device_view import DeviceView
+from cdigen.sizes import quantity_text
 
 SEPARATE_COUNTERS_MINOR = 35  # from Kubernetes 1.35 counters live in slices of their own
 MAX_COUNTER_SETS_PER_SLICE = 8  # 1.35+
@@ -146,7 +146,7 @@ def build_counter_slices(
     taints: Mapping[str, Sequence[TaintDoc]] | None = None,
 ) -> list[dict[str, Any]]:
     """The pool's slices with counters, in the layout Kubernetes 1.``server_minor`` takes
-    (as :func:`plugin.dra.slices.build_slices` otherwise)."""
+    (as :func:`cdigen.plugin.dra.slices.build_slices` otherwise)."""
     build = _contents_1_35 if server_minor >= SEPARATE_COUNTERS_MINOR else _contents_1_34
     contents = build(views, shares, taints or {}) or [{"devices": []}]
     return pool_slices(

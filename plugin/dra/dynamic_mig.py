@@ -21,7 +21,7 @@ from cdigen.discover.nvml import read_mig_minors, text
 from cdigen.errors import CdigenError
 from cdigen.mig_profiles import MigGeometry, MigProfile
 from cdigen.model import Gpu, MigDevice
-from policies.device_view import DeviceView
+from cdigen.policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
 

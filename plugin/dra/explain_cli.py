@@ -1,5 +1,5 @@
 """``cdigen dra explain``: which devices the scheduler's first fit would pick for a claim on
-this node (:mod:`policies.dra.claims`), and why not others."""
+this node (:mod:`cdigen.policies.dra.claims`), and why not others."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 from cdigen.discover.cli import add_node_source
 from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
-from plugin.dra.claim_inputs import node_devices, shipped_classes
-from plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
+from cdigen.plugin.dra.claim_inputs import node_devices, shipped_classes
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
 
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
     from cdigen.model import Node
-    from policies.device_view import DeviceView
-    from policies.dra.claim_docs import Claim
-    from policies.dra.claims import Allocation, FirstFit, NodeState
+    from cdigen.policies.device_view import DeviceView
+    from cdigen.policies.dra.claim_docs import Claim
+    from cdigen.policies.dra.claims import Allocation, FirstFit, NodeState
 
 
 def register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -72,8 +72,8 @@ def register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser
 def _explain(args: argparse.Namespace) -> int:
     from cdigen.discover.cli import _load
     from cdigen.errors import InputError
-    from policies.dra.claim_docs import load_manifests
-    from policies.dra.claims import FirstFit, NodeState
+    from cdigen.policies.dra.claim_docs import load_manifests
+    from cdigen.policies.dra.claims import FirstFit, NodeState
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in shipped_classes()]
@@ -82,7 +82,7 @@ def _explain(args: argparse.Namespace) -> int:
         raise InputError(
             "no ResourceClaim or ResourceClaimTemplate found", where=", ".join(args.claim)
         )
-    from policies.dra.explanation import refused_at_create, unknown_classes
+    from cdigen.policies.dra.explanation import refused_at_create, unknown_classes
 
     refused = refused_at_create(claims, classes) or unknown_classes(claims, classes)
     if refused:  # as the API server: before any device is looked at
@@ -126,9 +126,9 @@ def _explained(
     """One claim's explanation, with its link score, a note for each capacity request met
     by a whole device (published without consumable capacity), and one for each request that
     named no memory and took the node's default share."""
+    from cdigen.policies.dra.explanation import render_explanation
+    from cdigen.policies.graph import build_topology
     from cdigen.sizes import quantity_text
-    from policies.dra.explanation import render_explanation
-    from policies.graph import build_topology
 
     score = None
     if allocation.picks:

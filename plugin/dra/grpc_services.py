@@ -19,11 +19,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from plugin.agent.health import HealthBoard
-from plugin.dra.claims import ClaimRef
-from plugin.dra.metrics import DraMetrics
-from plugin.dra.prepare import Preparer
-from plugin.dra.status import StatusWriter
+from cdigen.plugin.agent.health import HealthBoard
+from cdigen.plugin.dra.claims import ClaimRef
+from cdigen.plugin.dra.metrics import DraMetrics
+from cdigen.plugin.dra.prepare import Preparer
+from cdigen.plugin.dra.status import StatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class RegistrationService:
 
     def GetInfo(self, request: Any, context: Any) -> Any:
         """Our type, driver name, DRA socket (as the kubelet sees it) and API versions."""
-        from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
+        from cdigen.plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
 
         self._on_register()
         return reg_pb.PluginInfo(
@@ -159,7 +159,7 @@ class RegistrationService:
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         """Log the kubelet's verdict; a refusal is logged with the kubelet's reason."""
-        from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
+        from cdigen.plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
 
         with self.state.changed:
             self.state.calls += 1
@@ -183,7 +183,7 @@ class HealthService:
         self._stop = stop
 
     def _message(self, reasons: dict[str, tuple[str, ...]]) -> Any:
-        from plugin.dra.api import dra_health_v1alpha1_pb2 as health_pb
+        from cdigen.plugin.dra.api import dra_health_v1alpha1_pb2 as health_pb
 
         now = int(time.time())
         response = health_pb.NodeWatchResourcesResponse()
@@ -221,8 +221,8 @@ class UnixServer:
 
     def start(self) -> None:
         """Listen on a fresh socket (a stale file at the path is removed first)."""
-        from plugin.agent.grpc_unix import serve_unix
-        from plugin.agent.sockets import make_plugin_dir
+        from cdigen.plugin.agent.grpc_unix import serve_unix
+        from cdigen.plugin.agent.sockets import make_plugin_dir
 
         # the device plugin's socket handling: 0755 dirs and a 0600 socket, whatever the umask
         make_plugin_dir(self.path.parent, flag="--kubelet-dir")
@@ -249,7 +249,7 @@ def dra_services(
     """Adds dra/v1, dra/v1beta1 and dra-health/v1alpha1 to a server."""
 
     def add(server: Any) -> None:
-        from plugin.dra.api import (
+        from cdigen.plugin.dra.api import (
             dra_health_v1alpha1_pb2_grpc,
             dra_v1_pb2,
             dra_v1_pb2_grpc,
@@ -273,7 +273,7 @@ def registration_service(service: RegistrationService) -> Callable[[Any], None]:
     """Adds pluginregistration/v1 to a server."""
 
     def add(server: Any) -> None:
-        from plugin.dra.api import pluginregistration_v1_pb2_grpc
+        from cdigen.plugin.dra.api import pluginregistration_v1_pb2_grpc
 
         pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server(service, server)
 

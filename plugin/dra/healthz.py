@@ -8,11 +8,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from cdigen.errors import InputError
-from plugin.agent.http import AgentHttpServer, Answer
-from plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
+from cdigen.plugin.agent.http import AgentHttpServer, Answer
+from cdigen.plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 
 if TYPE_CHECKING:
-    from plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,11 @@ class HealthServer(AgentHttpServer):
 
 def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) -> int:
     """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0,
-    within the agent's stop deadline (:func:`plugin.agent.lifecycle.serve_until_signalled`)."""
+    within the agent's stop deadline
+    (:func:`cdigen.plugin.agent.lifecycle.serve_until_signalled`)."""
     health: HealthServer | None = None
     if health_address:
-        from plugin.agent.sockets import parse_address
+        from cdigen.plugin.agent.sockets import parse_address
 
         try:
             health = HealthServer(parse_address(health_address), plugin)

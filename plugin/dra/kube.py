@@ -6,7 +6,7 @@ out: the client's models are stricter than the API server, and the slices are bu
 Slice bodies go through the client's lower-level ``ApiClient.call_api`` (its configuration, auth
 and connection pool): the generated methods first validate a body against the client's pydantic
 models and project it back, 90% of publishing 56 devices (benchmarks/bench_dra.py). What is
-published, and when, is :mod:`plugin.dra.slice_publisher`'s.
+published, and when, is :mod:`cdigen.plugin.dra.slice_publisher`'s.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
 
 log = logging.getLogger(__name__)
 
 
 class KubeApi:
-    """:class:`plugin.dra.slice_publisher.SliceApi` and :class:`plugin.dra.claims.ClaimReader`
-    over the kubernetes client, every call bounded by ``timeout_s`` (connect and read)."""
+    """:class:`cdigen.plugin.dra.slice_publisher.SliceApi` and
+    :class:`cdigen.plugin.dra.claims.ClaimReader` over the kubernetes client, every call bounded by
+    ``timeout_s`` (connect and read)."""
 
     SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 

@@ -21,15 +21,15 @@ from cdigen.cdi.driverfiles import scan_driver
 from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.spec import SpecOptions
 from cdigen.model import Node
-from plugin.agent.feature_file import FeatureFile
-from plugin.agent.health import HealthBoard, node_reasons
-from plugin.agent.kubeapi import api_error
-from plugin.agent.xid import XidHealth
-from plugin.dra.checkpoint import read_boot_id
-from plugin.dra.claims import ClaimReader
-from plugin.dra.cli_args import shares_problem
-from plugin.dra.dynamic_mig import MigMaker
-from plugin.dra.grpc_services import (
+from cdigen.plugin.agent.feature_file import FeatureFile
+from cdigen.plugin.agent.health import HealthBoard, node_reasons
+from cdigen.plugin.agent.kubeapi import api_error
+from cdigen.plugin.agent.xid import XidHealth
+from cdigen.plugin.dra.checkpoint import read_boot_id
+from cdigen.plugin.dra.claims import ClaimReader
+from cdigen.plugin.dra.cli_args import shares_problem
+from cdigen.plugin.dra.dynamic_mig import MigMaker
+from cdigen.plugin.dra.grpc_services import (
     DRA_WORKERS,
     HealthService,
     RegistrationService,
@@ -39,16 +39,16 @@ from plugin.dra.grpc_services import (
     registration_service,
     socket_paths,
 )
-from plugin.dra.labels import dra_labels
-from plugin.dra.metrics import DraMetrics
-from plugin.dra.options import DraOptions
-from plugin.dra.prepare import Preparer
-from plugin.dra.slice_publisher import SliceApi, SlicePublisher
-from plugin.dra.slices import TaintDoc
-from plugin.dra.status import StatusApi, StatusWriter
-from plugin.dra.taints import xid_taints
-from policies.device_view import DeviceView, device_views
-from policies.dra.order import ordered_views
+from cdigen.plugin.dra.labels import dra_labels
+from cdigen.plugin.dra.metrics import DraMetrics
+from cdigen.plugin.dra.options import DraOptions
+from cdigen.plugin.dra.prepare import Preparer
+from cdigen.plugin.dra.slice_publisher import SliceApi, SlicePublisher
+from cdigen.plugin.dra.slices import TaintDoc
+from cdigen.plugin.dra.status import StatusApi, StatusWriter
+from cdigen.plugin.dra.taints import xid_taints
+from cdigen.policies.device_view import DeviceView, device_views
+from cdigen.policies.dra.order import ordered_views
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class DraPlugin:
             health=lambda: self.board.snapshot()[1],
             registered=lambda: self.registration.registered,
         )
-        from plugin.dra.attribution import attach_dra
+        from cdigen.plugin.dra.attribution import attach_dra
 
         attach_dra(self)  # who holds which GPU, on /metrics (docs/attribution.md)
         self._stop = threading.Event()

@@ -1,5 +1,5 @@
 """The DRA plugin's node labels (docs/labels.md), written by
-:class:`plugin.agent.feature_file.FeatureFile`."""
+:class:`cdigen.plugin.agent.feature_file.FeatureFile`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from cdigen.labels import OURS, node_labels
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import Node
-from plugin.agent.health import with_board_health
-from plugin.dra.cli_args import whole_gpu_memory
-from policies.device_view import DeviceView
+from cdigen.plugin.agent.health import with_board_health
+from cdigen.plugin.dra.cli_args import whole_gpu_memory
+from cdigen.policies.device_view import DeviceView
 
 
 def share_labels(shares: MemoryShares | None, views: Sequence[DeviceView]) -> dict[str, str]:

@@ -11,11 +11,11 @@ from cdigen.cdi.types import MountDoc
 from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.model import Gpu
-from plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
-from plugin.dra.claims import AllocatedDevice, quoted
-from plugin.dra.config import ClaimSharing
-from policies.cel import parse_quantity
-from policies.device_view import DeviceView
+from cdigen.plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
+from cdigen.plugin.dra.claims import AllocatedDevice, quoted
+from cdigen.plugin.dra.config import ClaimSharing
+from cdigen.policies.cel import parse_quantity
+from cdigen.policies.device_view import DeviceView
 
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
 # devices, no set-uid programs, nothing to execute.

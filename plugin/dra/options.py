@@ -11,8 +11,8 @@ from cdigen.constants import DRA_DRIVER, KUBELET_DIR
 from cdigen.discover.numa import NumaForm
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import DRA_MIG_STRATEGY
-from plugin.dra.mps import MpsSettings
-from plugin.dra.taints import DEFAULT_TAINT_XIDS
+from cdigen.plugin.dra.mps import MpsSettings
+from cdigen.plugin.dra.taints import DEFAULT_TAINT_XIDS
 
 DEFAULT_DRIVER = DRA_DRIVER
 DEFAULT_KUBELET_DIR = KUBELET_DIR

@@ -1,9 +1,9 @@
 """The plan of one claim's prepare: what it will do, computed from the claim, the node's devices
 and the claims already prepared, with no side effect (so that it can be computed again).
 
-The claim's config is decoded once here (plugin.dra.config.claim_configs); the plan carries its
-devices and their views, the capabilities each request asks for, the MPS settings and the MIG
-placements it will make; plugin.dra.prepare applies it.
+The claim's config is decoded once here (cdigen.plugin.dra.config.claim_configs); the plan carries
+its devices and their views, the capabilities each request asks for, the MPS settings and the MIG
+placements it will make; cdigen.plugin.dra.prepare applies it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from typing import Any
 from cdigen.cdi.names import qualified_name
 from cdigen.cdi.types import MountDoc
 from cdigen.errors import InputError
-from plugin.dra.checkpoint import ClaimDoc, PlacementDoc, PreparedDeviceDoc
-from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name, claim_device_name, claim_kind
-from plugin.dra.claims import AllocatedDevice, ClaimRef, allocated_devices, quoted
-from plugin.dra.config import claim_configs, claim_sharing
-from plugin.dra.mps import MpsSettings, claim_limits
-from policies.device_view import DeviceView
+from cdigen.plugin.dra.checkpoint import ClaimDoc, PlacementDoc, PreparedDeviceDoc
+from cdigen.plugin.dra.claim_spec import (
+    ClaimSpecs,
+    claim_capability_name,
+    claim_device_name,
+    claim_kind,
+)
+from cdigen.plugin.dra.claims import AllocatedDevice, ClaimRef, allocated_devices, quoted
+from cdigen.plugin.dra.config import claim_configs, claim_sharing
+from cdigen.plugin.dra.mps import MpsSettings, claim_limits
+from cdigen.policies.device_view import DeviceView
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``cdigen dra pods``: the node's table of who holds which GPU, MIG device or claim, mapped
 through the checkpoint of the claims this driver prepared (driver name, state dir).
-``cdigen plugin pods`` is the device plugin's (:mod:`plugin.pods_cli`); both print the same
-table or JSON (:mod:`plugin.agent.pods_args`).
+``cdigen plugin pods`` is the device plugin's (:mod:`cdigen.plugin.pods_cli`); both print the same
+table or JSON (:mod:`cdigen.plugin.agent.pods_args`).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 
 from cdigen.constants import KUBELET_DIR
-from plugin.agent.pods_args import add_pods_options
-from plugin.dra.cli_args import DEFAULT_DRIVER
+from cdigen.plugin.agent.pods_args import add_pods_options
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,11 +53,11 @@ def _dra_pods(args: argparse.Namespace) -> int:
 
     from cdigen.catalogue import catalogue
     from cdigen.discover import load_node
-    from plugin.agent.pods_args import asked_containers, print_holdings
-    from plugin.dra.attribution import dra_holdings
-    from plugin.dra.checkpoint import load_checkpoint
-    from plugin.dra.cli_args import dns_subdomain
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.agent.pods_args import asked_containers, print_holdings
+    from cdigen.plugin.dra.attribution import dra_holdings
+    from cdigen.plugin.dra.checkpoint import load_checkpoint
+    from cdigen.plugin.dra.cli_args import dns_subdomain
+    from cdigen.plugin.dra.options import DraOptions
 
     dns_subdomain(args.driver_name, "--driver-name")
     options = DraOptions(

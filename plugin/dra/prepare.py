@@ -1,8 +1,8 @@
 """NodePrepareResources / NodeUnprepareResources: claims -> transient CDI specs, checkpointed.
 
-Each claim is planned (plugin.dra.plan: no side effect), then applied: the side effects made in
-order, each recorded in the two-phase checkpoint (plugin.dra.checkpoint) before a crash could
-strand it. Calls are serialized (one lock) and idempotent: preparing a prepared claim returns
+Each claim is planned (cdigen.plugin.dra.plan: no side effect), then applied: the side effects made
+in order, each recorded in the two-phase checkpoint (cdigen.plugin.dra.checkpoint) before a crash
+could strand it. Calls are serialized (one lock) and idempotent: preparing a prepared claim returns
 what the first call returned, unpreparing an unknown claim is a success. A restarted plugin rolls
 back the claims left half-prepared and finishes the unprepares begun; after a reboot (a new boot
 ID) a claim that had MIG devices is prepared again at the kubelet's next call, as is one whose
@@ -26,7 +26,7 @@ from cdigen.cdi.write import write_claim_spec
 from cdigen.errors import CdigenError
 from cdigen.fileio import atomic_write, remove_temp_files
 from cdigen.model import Node
-from plugin.dra.checkpoint import (
+from cdigen.plugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
     UNPREPARING,
@@ -40,12 +40,12 @@ from plugin.dra.checkpoint import (
     remove_unknown_spec,
     spec_present,
 )
-from plugin.dra.claim_spec import ClaimSpecs, claim_capability_name
-from plugin.dra.claims import ClaimReader, ClaimRef, kind_of
-from plugin.dra.dynamic_mig import MadeMig, MigMaker
-from plugin.dra.mps import MpsSettings
-from plugin.dra.plan import ClaimPlan, device_doc, plan_claim
-from policies.device_view import DeviceView
+from cdigen.plugin.dra.claim_spec import ClaimSpecs, claim_capability_name
+from cdigen.plugin.dra.claims import ClaimReader, ClaimRef, kind_of
+from cdigen.plugin.dra.dynamic_mig import MadeMig, MigMaker
+from cdigen.plugin.dra.mps import MpsSettings
+from cdigen.plugin.dra.plan import ClaimPlan, device_doc, plan_claim
+from cdigen.policies.device_view import DeviceView
 
 log = logging.getLogger(__name__)
 

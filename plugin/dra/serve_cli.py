@@ -14,12 +14,12 @@ from cdigen.discover.numa import NUMA_FORMS
 from cdigen.logs import DEFAULT_LEVEL
 from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
-from plugin.agent.logs import LOG_FORMATS
-from plugin.agent.mps import LIMIT_KEYS
-from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
+from cdigen.plugin.agent.logs import LOG_FORMATS
+from cdigen.plugin.agent.mps import LIMIT_KEYS
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
 if TYPE_CHECKING:
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.dra.options import DraOptions
 
 
 def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -178,9 +178,9 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
+    from cdigen.plugin.agent.mps import SHM_HINT, shm_directory_problem
+    from cdigen.plugin.dra.mps import MpsSettings
     from cdigen.shares import MAX_REPLICAS
-    from plugin.agent.mps import SHM_HINT, shm_directory_problem
-    from plugin.dra.mps import MpsSettings
 
     threads: int | None = None
     text = args.mps_thread_percentage
@@ -225,7 +225,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
 
 def _taint_xids(items: list[str] | None) -> dict[int, str] | None:
     from cdigen.errors import InputError
-    from policies.dra.slice_devices import TAINT_EFFECTS
+    from cdigen.policies.dra.slice_devices import TAINT_EFFECTS
 
     if not items:
         return None
@@ -250,12 +250,12 @@ def _serve(args: argparse.Namespace) -> int:
     from cdigen.discover import from_hardware, load_node
     from cdigen.discover.nvml_library import start_nvml
     from cdigen.nodelock import GpuServerLock
-    from plugin.agent.kubeapi import api_client
-    from plugin.agent.logs import setup_logging
-    from plugin.dra.healthz import serve_until_signalled
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.kubelet_plugin import DraPlugin
-    from plugin.dra.stale import warn_if_stale
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.agent.logs import setup_logging
+    from cdigen.plugin.dra.healthz import serve_until_signalled
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.stale import warn_if_stale
 
     _check_serve_args(args)
     setup_logging(args.log_level or DEFAULT_LEVEL, args.dra_log_format)  # cdigen's --log-level
@@ -285,7 +285,7 @@ def _serve(args: argparse.Namespace) -> int:
         fs=HostFS(args.host_root),
     )
     if warning:
-        logging.getLogger("plugin.dra.kubelet_plugin").warning("%s", warning)
+        logging.getLogger("cdigen.plugin.dra.kubelet_plugin").warning("%s", warning)
     # the device plugin must not serve this node's GPUs too: held while serving
     with GpuServerLock(options.kubelet_dir, "cdigen dra serve"):
         plugin = DraPlugin(
@@ -317,7 +317,7 @@ def _check_serve_args(args: argparse.Namespace) -> None:
     dns_subdomain(args.driver_name, "--driver-name")
     api_timeout(args.api_timeout)
     if args.health_address:
-        from plugin.agent.sockets import parse_address
+        from cdigen.plugin.agent.sockets import parse_address
 
         try:
             parse_address(args.health_address)
@@ -339,7 +339,7 @@ def _dra_options(args: argparse.Namespace) -> DraOptions:
     from pathlib import Path
 
     from cdigen.cdi.capabilities import parse_capabilities
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.dra.options import DraOptions
 
     return DraOptions(
         node_name=args.node_name,

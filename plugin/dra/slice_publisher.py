@@ -2,8 +2,9 @@
 change, fitted to what the API server's version takes (taint effect None, list attributes, MIG
 counters in their own slices) and checked for what it dropped (feature gates off).
 
-Slices are built by :mod:`plugin.dra.slices` and :mod:`plugin.dra.counters`; they reach the API
-server through a :class:`SliceApi` (:class:`plugin.dra.kube.KubeApi` in a cluster).
+Slices are built by :mod:`cdigen.plugin.dra.slices` and :mod:`cdigen.plugin.dra.counters`; they
+reach the API server through a :class:`SliceApi` (:class:`cdigen.plugin.dra.kube.KubeApi` in a
+cluster).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cdigen.memory_shares import MemoryShares
-from plugin.agent.kubeapi import ApiCallError
-from plugin.dra.counters import build_counter_slices
-from plugin.dra.slices import TaintDoc, build_slices
-from policies.device_view import Attribute, DeviceView
+from cdigen.plugin.agent.kubeapi import ApiCallError
+from cdigen.plugin.dra.counters import build_counter_slices
+from cdigen.plugin.dra.slices import TaintDoc, build_slices
+from cdigen.policies.device_view import Attribute, DeviceView
 
 log = logging.getLogger(__name__)
 

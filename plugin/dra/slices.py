@@ -2,7 +2,7 @@
 
 One pool per node, named after the node; at most 128 devices per slice (64 when a device has a
 taint, as resource.k8s.io/v1 requires of a slice with taints or counters); devices in the order
-the allocation engine prefers (:mod:`policies.dra.order`), because the scheduler's first fit
+the allocation engine prefers (:mod:`cdigen.policies.dra.order`), because the scheduler's first fit
 walks them in slice order.
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 from cdigen.memory_shares import MemoryShares
+from cdigen.policies.device_view import DeviceView
 from cdigen.sizes import quantity_text
-from policies.device_view import DeviceView
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
@@ -40,7 +40,7 @@ def device_doc(
 ) -> dict[str, Any]:
     """One device entry of a v1 ResourceSlice; ``shares`` makes a whole GPU consumable by
     several claims (MIG devices stay exclusive); ``taints`` are its device taints; ``consumes``
-    its ``consumesCounters`` (plugin.dra.counters)."""
+    its ``consumesCounters`` (cdigen.plugin.dra.counters)."""
     shared = (
         shares is not None and view.mig is None and shares.shares(view.capacity.get("memory", 0))
     )

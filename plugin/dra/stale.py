@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from plugin.dra.claims import quoted
+from cdigen.plugin.dra.claims import quoted
 
 log = logging.getLogger(__name__)
 _PLAIN = re.compile(
@@ -76,7 +76,7 @@ def _shown(value: str) -> str:
 
 
 def _nonzero(amount: Any) -> bool:
-    from policies.cel import parse_quantity
+    from cdigen.policies.cel import parse_quantity
 
     try:
         return parse_quantity(str(amount)) != 0
@@ -136,7 +136,7 @@ def warn_if_stale(read_node: Any, list_classes: Any, node_name: str, driver: str
         served = served_resources(list_classes(), driver)
         node = read_node(node_name) if served else {}
     except Exception as exc:  # the API may be away or refuse (RBAC): the check is advisory
-        from plugin.agent.kubeapi import api_error
+        from cdigen.plugin.agent.kubeapi import api_error
 
         log.info("cannot check node %s for stale extended resources: %s", node_name, api_error(exc))
         return ""

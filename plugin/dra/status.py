@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from cdigen.errors import printable
-from plugin.agent.kubeapi import api_error
+from cdigen.plugin.agent.kubeapi import api_error
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ READY = "Ready"
 
 @runtime_checkable
 class StatusApi(Protocol):
-    """The one API call the writer needs (plugin.dra.kube.KubeApi has it)."""
+    """The one API call the writer needs (cdigen.plugin.dra.kube.KubeApi has it)."""
 
     def apply_claim_status(
         self,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from plugin.agent.health import Reason
-from plugin.dra.slices import TaintDoc
-from policies.dra.slice_devices import TAINT_EFFECTS
+from cdigen.plugin.agent.health import Reason
+from cdigen.plugin.dra.slices import TaintDoc
+from cdigen.policies.dra.slice_devices import TAINT_EFFECTS
 
 # Xids that taint a device by default: 48 (double-bit ECC), 79 (fallen off the bus), 95
 # (uncontained ECC), 64 and 94 (row remapping, contained ECC). All NoSchedule, as NVIDIA's DRA

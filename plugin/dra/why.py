@@ -2,8 +2,8 @@
 
 Reads the pod, every ResourceClaim (those of other pods hold devices and capacity), the
 ResourceSlices and the DeviceClasses from the API server, and runs the offline scheduler
-simulator (:mod:`policies.dra.claims`, as ``dra explain`` does) for the pod's unallocated claims on
-every node that publishes slices, after what the allocated claims there hold. One screen.
+simulator (:mod:`cdigen.policies.dra.claims`, as ``dra explain`` does) for the pod's unallocated
+claims on every node that publishes slices, after what the allocated claims there hold. One screen.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, printable, shortened
-from cdigen.sizes import quantity_text
-from plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
-from plugin.dra.api_objects import (
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
+from cdigen.plugin.dra.api_objects import (
     SHAPE_ERRORS,
     described,
     name_of,
@@ -23,26 +22,27 @@ from plugin.dra.api_objects import (
     objs,
     seq,
 )
-from plugin.dra.why_memo import (
+from cdigen.plugin.dra.why_memo import (
     MemoPrograms,
     collector_paused,
     devices_key,
     loads,
     node_key,
 )
-from plugin.dra.why_nodes import (
+from cdigen.plugin.dra.why_nodes import (
     classes_of,
     held_by_pool,
     held_on,
     node_devices,
     node_slices,
 )
-from policies.dra.claim_docs import (
+from cdigen.policies.dra.claim_docs import (
     Claim,
     claim_from_doc,
     refuse_unchecked,
 )
-from policies.dra.claims import FirstFit, NodeState
+from cdigen.policies.dra.claims import FirstFit, NodeState
+from cdigen.sizes import quantity_text
 
 SCREEN_LINES = 25
 _GROUPS_PER_NODE = 3  # reasons shown per node, the devices sharing one reason on one line
@@ -241,8 +241,8 @@ def _allocated(
 ) -> list[str]:
     """An allocated claim: where, and each device with what it consumes and its CDI name."""
     from cdigen.cdi.names import qualified_name
-    from plugin.dra.claim_spec import claim_device_name, claim_kind
-    from plugin.dra.claims import AllocatedDevice
+    from cdigen.plugin.dra.claim_spec import claim_device_name, claim_kind
+    from cdigen.plugin.dra.claims import AllocatedDevice
 
     allocation = obj(obj(doc.get("status"), "status").get("allocation"), "status.allocation")
     selector = obj(allocation.get("nodeSelector"), "status.allocation.nodeSelector")

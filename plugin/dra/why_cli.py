@@ -1,12 +1,12 @@
 """``cdigen dra why``: why a pod's ResourceClaims keep it Pending, or what they got, read from a
-live cluster (:mod:`plugin.dra.why`)."""
+live cluster (:mod:`cdigen.plugin.dra.why`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
+from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
 
 def register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,8 +40,8 @@ def register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def _why(args: argparse.Namespace) -> int:
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.why import explain_pod, read_cluster
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.why import explain_pod, read_cluster
 
     dns_subdomain(args.driver_name, "--driver-name")
     dns_subdomain(args.namespace, "--namespace", example="default")
@@ -59,10 +59,10 @@ def _why(args: argparse.Namespace) -> int:
 
 def _stale_lines(args: argparse.Namespace, cluster: Any) -> list[str]:
     """The nodes that still advertise an extended resource the pod asks for and one of the
-    driver's DeviceClasses serves (plugin.dra.stale), one line each."""
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.stale import pod_stale_lines
+    driver's DeviceClasses serves (cdigen.plugin.dra.stale), one line each."""
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.stale import pod_stale_lines
 
     api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
     return pod_stale_lines(

@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.cel import CelEvaluationError, CelProgram
-from policies.dra.claims import NodeState
-from policies.dra.slice_devices import SliceDevice
+from cdigen.policies.cel import CelEvaluationError, CelProgram
+from cdigen.policies.dra.claims import NodeState
+from cdigen.policies.dra.slice_devices import SliceDevice
 
 
 @contextmanager
@@ -115,7 +115,7 @@ class MemoProgram(CelProgram):
 
 
 class MemoPrograms(dict[str, CelProgram]):
-    """The ``programs`` of :class:`policies.dra.claims.FirstFit`, shared by the fits of every
+    """The ``programs`` of :class:`cdigen.policies.dra.claims.FirstFit`, shared by the fits of every
     node: each program stored is kept as a :class:`MemoProgram`."""
 
     def __setitem__(self, expression: str, program: CelProgram) -> None:
@@ -148,7 +148,7 @@ def device_key(device: SliceDevice) -> tuple[Any, ...]:
 
 def devices_key(devices: list[SliceDevice]) -> tuple[Any, ...]:
     """What the simulator reads of one node's devices, in order (all but their pools): nodes
-    with equal keys can share one :class:`policies.dra.claims.FirstFit`."""
+    with equal keys can share one :class:`cdigen.policies.dra.claims.FirstFit`."""
     return tuple(device_key(d) for d in devices)
 
 

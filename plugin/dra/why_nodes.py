@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from plugin.dra.api_objects import (
+from cdigen.plugin.dra.api_objects import (
     SHAPE_ERRORS,
     Malformed,
     described,
@@ -16,9 +16,9 @@ from plugin.dra.api_objects import (
     obj,
     objs,
 )
-from policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
-from policies.dra.claims import NodeState, Pick
-from policies.dra.slice_devices import SliceDevice, qualify, slice_devices
+from cdigen.policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
+from cdigen.policies.dra.claims import NodeState, Pick
+from cdigen.policies.dra.slice_devices import SliceDevice, qualify, slice_devices
 
 
 def classes_of(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[DeviceClass]:
@@ -83,7 +83,7 @@ def held_by_pool(
 ) -> dict[tuple[str, str], list[Held]]:
     """What each allocated claim holds, by (driver, pool), read once for every node; a
     malformed claim is left out and named in ``skipped``."""
-    from policies.dra.slice_devices import quantity
+    from cdigen.policies.dra.slice_devices import quantity
 
     out: dict[tuple[str, str], list[Held]] = {}
     for (namespace, name), doc in claims.items():

@@ -12,9 +12,9 @@ The parts: :mod:`.quantity` and :mod:`.semver` (the value types), :mod:`.functio
 extension functions), :mod:`.limits` (size, nesting, cost and time limits), :mod:`.errors`,
 :mod:`.compiler` (``compile_expression``) and :mod:`.values` (``device``, ``allocation``).
 
-The limits live in :mod:`.limits`; reading or setting ``policies.cel.COST_LIMIT`` (and the
+The limits live in :mod:`.limits`; reading or setting ``cdigen.policies.cel.COST_LIMIT`` (and the
 other names in ``LIMIT_NAMES``) reads or sets them there, so that a caller (or a test) that
-tunes ``policies.cel.EVAL_TIME_LIMIT_S`` tunes what the evaluator uses.
+tunes ``cdigen.policies.cel.EVAL_TIME_LIMIT_S`` tunes what the evaluator uses.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import sys
 import types
 from typing import Any
 
-from policies.cel import limits
-from policies.cel.compiler import ALLOCATION_FACTS, CelProgram, compile_expression
-from policies.cel.errors import CelCompileError, CelEvaluationError, OperandTypeError
-from policies.cel.library import FUNCTIONS
-from policies.cel.quantity import Quantity, parse_quantity
-from policies.cel.semver import Semver, parse_semver
-from policies.cel.values import (
+from cdigen.policies.cel import limits
+from cdigen.policies.cel.compiler import ALLOCATION_FACTS, CelProgram, compile_expression
+from cdigen.policies.cel.errors import CelCompileError, CelEvaluationError, OperandTypeError
+from cdigen.policies.cel.library import FUNCTIONS
+from cdigen.policies.cel.quantity import Quantity, parse_quantity
+from cdigen.policies.cel.semver import Semver, parse_semver
+from cdigen.policies.cel.values import (
     CDIGEN_DOMAIN,
     DRIVER,
     KUBERNETES_DOMAIN,
@@ -39,7 +39,7 @@ from policies.cel.values import (
 )
 
 # The limits, declared for type checkers: their values are the properties of ``_Package`` below,
-# over policies.cel.limits (annotations alone bind nothing here).
+# over cdigen.policies.cel.limits (annotations alone bind nothing here).
 MAX_EXPRESSION_BYTES: int
 COST_LIMIT: int
 MAX_NESTING: int
@@ -90,7 +90,8 @@ __all__ = [
 
 
 def _limit(name: str) -> property:
-    """A property of the package that reads and sets ``name`` in :mod:`policies.cel.limits`."""
+    """A property of the package that reads and sets ``name`` in
+    :mod:`cdigen.policies.cel.limits`."""
 
     def read(_package: types.ModuleType) -> Any:
         return getattr(limits, name)
@@ -98,11 +99,12 @@ def _limit(name: str) -> property:
     def write(_package: types.ModuleType, value: Any) -> None:
         setattr(limits, name, value)
 
-    return property(read, write, doc=f"policies.cel.limits.{name}")
+    return property(read, write, doc=f"cdigen.policies.cel.limits.{name}")
 
 
 class _Package(types.ModuleType):
-    """This package's module type: its limits are properties over :mod:`policies.cel.limits`."""
+    """This package's module type: its limits are properties over
+    :mod:`cdigen.policies.cel.limits`."""
 
 
 for _name in sorted(LIMIT_NAMES):

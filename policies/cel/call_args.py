@@ -6,7 +6,7 @@ from typing import Any
 
 from celpy.evaluation import CELEvalError
 
-from policies.cel.errors import type_name
+from cdigen.policies.cel.errors import type_name
 
 
 def function_error(message: str) -> CELEvalError:

@@ -1,6 +1,6 @@
 """The static types of CEL as cel-go's checker has them (``int``, ``list(A)``, ``dyn``), the
 objects and type names the DRA selector environment declares, and assignability with type
-parameters (after cel-go's checker/types.go). :mod:`policies.cel.typecheck` checks with them.
+parameters (after cel-go's checker/types.go). :mod:`cdigen.policies.cel.typecheck` checks with them.
 """
 
 from __future__ import annotations

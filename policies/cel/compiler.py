@@ -14,14 +14,14 @@ from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
 from lark import Token, Tree
 
-import policies.cel.limits as limits
-from policies.cel import comprehensions
-from policies.cel.cel_types import DEVICE, DYN, TYPE_NAMES, CelType
-from policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
-from policies.cel.library import FUNCTIONS
-from policies.cel.optional import OPTIONAL_FUNCTIONS, select
-from policies.cel.parser import parse
-from policies.cel.typecheck import check_types
+import cdigen.policies.cel.limits as limits
+from cdigen.policies.cel import comprehensions
+from cdigen.policies.cel.cel_types import DEVICE, DYN, TYPE_NAMES, CelType
+from cdigen.policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
+from cdigen.policies.cel.library import FUNCTIONS
+from cdigen.policies.cel.optional import OPTIONAL_FUNCTIONS, select
+from cdigen.policies.cel.parser import parse
+from cdigen.policies.cel.typecheck import check_types
 
 _ENVIRONMENT: Any = None
 _LITERAL_ZERO: Any = None
@@ -97,7 +97,7 @@ class _BoundedEvaluator(Evaluator):
         return super().visit_children(tree)
 
     def member_dot_arg(self, tree: Any) -> Any:
-        """Comprehensions as cel-go runs them (:mod:`policies.cel.comprehensions`); other
+        """Comprehensions as cel-go runs them (:mod:`cdigen.policies.cel.comprehensions`); other
         methods as cel-python does."""
         name = str(tree.children[1])
         args = list(tree.children[2].children) if len(tree.children) > 2 else []
@@ -294,7 +294,7 @@ def compile_expression(
 ) -> CelProgram:
     """Parse, check and bind ``text`` once; CelCompileError with the position of a syntax
     error, of an identifier outside ``variables``, of what the API server's type check refuses
-    (:mod:`policies.cel.typecheck`: overloads, fields, literals, RE2 patterns, format calls,
+    (:mod:`cdigen.policies.cel.typecheck`: overloads, fields, literals, RE2 patterns, format calls,
     a result that is not a bool), or of what breaks a limit: size (MAX_EXPRESSION_BYTES),
     nesting (MAX_NESTING, MAX_TREE_DEPTH) or estimated cost (COST_LIMIT)."""
     if len(text.encode()) > limits.MAX_EXPRESSION_BYTES:

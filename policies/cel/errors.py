@@ -16,8 +16,8 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 
-from policies.cel.quantity import Quantity
-from policies.cel.semver import Semver
+from cdigen.policies.cel.quantity import Quantity
+from cdigen.policies.cel.semver import Semver
 
 MAX_MESSAGE = 200  # characters of a message passed on from cel-python
 
@@ -82,7 +82,7 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
 
 
 def _url_type() -> type:
-    from policies.cel.urls import Url
+    from cdigen.policies.cel.urls import Url
 
     return Url
 

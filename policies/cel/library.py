@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.cel.lists_library import LIST_FUNCTIONS
-from policies.cel.named_formats import FORMAT_FUNCTIONS
-from policies.cel.network import NETWORK_FUNCTIONS
-from policies.cel.operators import OPERATOR_FUNCTIONS
-from policies.cel.quantity_semver_library import QUANTITY_SEMVER_FUNCTIONS
-from policies.cel.strings_library import STRING_FUNCTIONS
-from policies.cel.urls import URL_FUNCTIONS
+from cdigen.policies.cel.lists_library import LIST_FUNCTIONS
+from cdigen.policies.cel.named_formats import FORMAT_FUNCTIONS
+from cdigen.policies.cel.network import NETWORK_FUNCTIONS
+from cdigen.policies.cel.operators import OPERATOR_FUNCTIONS
+from cdigen.policies.cel.quantity_semver_library import QUANTITY_SEMVER_FUNCTIONS
+from cdigen.policies.cel.strings_library import STRING_FUNCTIONS
+from cdigen.policies.cel.urls import URL_FUNCTIONS
 
 FUNCTIONS: dict[str, Any] = {
     **OPERATOR_FUNCTIONS,

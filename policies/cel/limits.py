@@ -1,8 +1,8 @@
 """Limits on CEL expressions, as Kubernetes bounds CEL in the API server: size, nesting, an
 estimated cost at compile time, and a cost and CPU-time meter at run time.
 
-The limits are read at use (``limits.COST_LIMIT``), so that setting ``policies.cel.COST_LIMIT``
-(which the package forwards here) takes effect at once.
+The limits are read at use (``limits.COST_LIMIT``), so that setting
+``cdigen.policies.cel.COST_LIMIT`` (which the package forwards here) takes effect at once.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from lark import Token, Tree
 
-from policies.cel.errors import CelCompileError
+from cdigen.policies.cel.errors import CelCompileError
 
 MAX_EXPRESSION_BYTES = 10 * 1024
 # Limits, as Kubernetes bounds CEL in the API server (DRA selectors: a cost of 1,000,000, 10 KiB).

@@ -9,8 +9,8 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
-from policies.cel.call_args import function_error, no_overload
-from policies.cel.operators import cel_equal
+from cdigen.policies.cel.call_args import function_error, no_overload
+from cdigen.policies.cel.operators import cel_equal
 
 # -- Kubernetes' lists library and cel-go's sets extension
 

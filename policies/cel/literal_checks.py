@@ -3,7 +3,7 @@ its validators of literal ``duration()``/``timestamp()`` arguments and ``matches
 
 from __future__ import annotations
 
-from policies.cel.cel_types import INT, INT64, CelType
+from cdigen.policies.cel.cel_types import INT, INT64, CelType
 
 
 def integer_in_range(literal: str, kind: CelType) -> bool:
@@ -32,6 +32,6 @@ def time_literal_converts(name: str, literal: str) -> bool:
 
 def regex_compiles(literal: str) -> bool:
     """ValidateRegexLiterals: a literal ``matches`` pattern must compile (RE2)."""
-    from policies.cel.regex import regex_problem
+    from cdigen.policies.cel.regex import regex_problem
 
     return regex_problem(literal) is None

@@ -14,8 +14,8 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
-from policies.cel.optional import NONE, Optional
-from policies.cel.urls import url_problem
+from cdigen.policies.cel.optional import NONE, Optional
+from cdigen.policies.cel.urls import url_problem
 
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _LABEL_1035 = "[a-z]([-a-z0-9]*[a-z0-9])?"

@@ -12,11 +12,11 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError, base_functions
 
-import policies.cel.limits as limits
-from policies.cel.call_args import function_error, no_overload
-from policies.cel.errors import OperandTypeError
-from policies.cel.quantity import Quantity
-from policies.cel.semver import Semver
+import cdigen.policies.cel.limits as limits
+from cdigen.policies.cel.call_args import function_error, no_overload
+from cdigen.policies.cel.errors import OperandTypeError
+from cdigen.policies.cel.quantity import Quantity
+from cdigen.policies.cel.semver import Semver
 
 
 def _cel_add(a: Any, b: Any) -> Any:

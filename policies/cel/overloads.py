@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.cel.cel_types import (
+from cdigen.policies.cel.cel_types import (
     BOOL,
     BYTES,
     CIDR,
@@ -37,7 +37,7 @@ from policies.cel.cel_types import (
     substitute,
     type_of,
 )
-from policies.cel.named_formats import FORMATS
+from cdigen.policies.cel.named_formats import FORMATS
 
 
 @dataclass(frozen=True)

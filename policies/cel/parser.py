@@ -19,7 +19,7 @@ from celpy.celparser import CELParseError, CELParser
 from lark import Lark, Token, Tree
 from lark.exceptions import LexError, ParseError, UnexpectedCharacters, UnexpectedToken
 
-from policies.cel.named_formats import FORMATS
+from cdigen.policies.cel.named_formats import FORMATS
 
 _OPTIONAL_SELECTION = """
 %extend member: member_dot_opt | member_index_opt

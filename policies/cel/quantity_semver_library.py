@@ -10,9 +10,9 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
-from policies.cel.call_args import function_error, no_overload
-from policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
-from policies.cel.semver import Semver, parse_semver
+from cdigen.policies.cel.call_args import function_error, no_overload
+from cdigen.policies.cel.quantity import INT64_MAX, INT64_MIN, Quantity, parse_quantity
+from cdigen.policies.cel.semver import Semver, parse_semver
 
 
 def _cel_quantity(text: Any) -> Any:

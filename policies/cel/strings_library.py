@@ -8,10 +8,10 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
-import policies.cel.limits as limits
-from policies.cel.call_args import all_ints, all_strings, function_error, no_overload
-from policies.cel.errors import type_name
-from policies.cel.operators import cel_equal
+import cdigen.policies.cel.limits as limits
+from cdigen.policies.cel.call_args import all_ints, all_strings, function_error, no_overload
+from cdigen.policies.cel.errors import type_name
+from cdigen.policies.cel.operators import cel_equal
 
 # -- cel-go's strings extension (version 2), with Kubernetes' size limits
 
@@ -145,7 +145,7 @@ def _render(value: Any) -> str:
 
 
 def _cel_format(text: Any, args: Any) -> Any:
-    from policies.cel.formatting import FormatError, apply_format
+    from cdigen.policies.cel.formatting import FormatError, apply_format
 
     if not (isinstance(text, str) and isinstance(args, list)):
         return no_overload("format", text, args)
@@ -159,7 +159,7 @@ def _cel_format(text: Any, args: Any) -> Any:
 
 
 def _pattern(pattern: Any) -> Any:
-    from policies.cel.regex import compiled, regex_problem
+    from cdigen.policies.cel.regex import compiled, regex_problem
 
     problem = regex_problem(str(pattern))
     if problem is not None:

@@ -22,8 +22,8 @@ from typing import Any
 
 from lark import Token, Tree
 
-from policies.cel import comprehensions
-from policies.cel.cel_types import (
+from cdigen.policies.cel import comprehensions
+from cdigen.policies.cel.cel_types import (
     BOOL,
     DYN,
     INT,
@@ -43,10 +43,14 @@ from policies.cel.cel_types import (
     optional_of,
     type_of,
 )
-from policies.cel.errors import CelCompileError
-from policies.cel.literal_checks import integer_in_range, regex_compiles, time_literal_converts
-from policies.cel.overloads import OPERATORS, did_you_mean, is_declared, overload_result
-from policies.cel.parse_tree import (
+from cdigen.policies.cel.errors import CelCompileError
+from cdigen.policies.cel.literal_checks import (
+    integer_in_range,
+    regex_compiles,
+    time_literal_converts,
+)
+from cdigen.policies.cel.overloads import OPERATORS, did_you_mean, is_declared, overload_result
+from cdigen.policies.cel.parse_tree import (
     call_position,
     list_literal,
     operator_position,
@@ -359,7 +363,7 @@ class _Checker:
         elements = list_literal(args_node)
         if text is None or elements is None:
             return
-        from policies.cel.formatting import FormatError, check_format
+        from cdigen.policies.cel.formatting import FormatError, check_format
 
         self.in_format += 1
         try:

@@ -11,9 +11,9 @@ from celpy import celtypes
 
 from cdigen.constants import DRA_DRIVER
 from cdigen.model import Gpu, Node
-from policies.cel.quantity import Quantity
-from policies.cel.semver import Semver, parse_semver
-from policies.device_view import STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
+from cdigen.policies.cel.quantity import Quantity
+from cdigen.policies.cel.semver import Semver, parse_semver
+from cdigen.policies.device_view import STANDARD_DOMAIN, Attribute, DeviceView, gpu_view
 
 DRIVER = "gpu.nvidia.com"
 KUBERNETES_DOMAIN = STANDARD_DOMAIN
@@ -95,8 +95,9 @@ def _cdigen_domain(gpu: Gpu) -> Any:
 
 
 def device_value(gpu: Gpu, node: Node) -> Any:
-    """The CEL ``device`` map of one full GPU: its DRA view (:func:`policies.device_view.gpu_view`)
-    under ``gpu.nvidia.com`` and the DRA driver's domain, plus cdigen's topology domain."""
+    """The CEL ``device`` map of one full GPU: its DRA view
+    (:func:`cdigen.policies.device_view.gpu_view`) under ``gpu.nvidia.com`` and the DRA driver's
+    domain, plus cdigen's topology domain."""
     value = view_value(gpu_view(node, gpu))
     value[celtypes.StringType("attributes")][celtypes.StringType(CDIGEN_DOMAIN)] = _cdigen_domain(
         gpu

@@ -3,8 +3,8 @@ and the scheduler would take them, on the devices cdigen's DRA driver publishes.
 
 The verdict is the scheduler's: a claim fails the check (exit 1) exactly when it could never be
 allocated on the given nodes' devices: the API server refuses it at create (the CEL type check,
-:mod:`policies.cel.typecheck`), it names a DeviceClass that does not exist, a selector errs on a
-device the scheduler evaluates, no device matches, no device has the capacity it asks, or it
+:mod:`cdigen.policies.cel.typecheck`), it names a DeviceClass that does not exist, a selector errs
+on a device the scheduler evaluates, no device matches, no device has the capacity it asks, or it
 asks more devices than the node has. Its one line says which.
 
 Besides, every name a selector, constraint or capacity request uses that the driver does not
@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.errors import InputError
-from policies.cel import CelCompileError, compile_expression
-from policies.device_view import published_attribute_names, published_capacity_names
-from policies.dra.claim_docs import (
+from cdigen.policies.cel import CelCompileError, compile_expression
+from cdigen.policies.device_view import published_attribute_names, published_capacity_names
+from cdigen.policies.dra.claim_docs import (
     Claim,
     DeviceClass,
     claim_from_doc,
     device_class,
     read_claim_documents,
 )
-from policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, FirstFit, NodeState
-from policies.dra.slice_devices import SliceDevice
+from cdigen.policies.dra.claims import DEVICE_VARIABLES, STANDARD_DOMAIN, FirstFit, NodeState
+from cdigen.policies.dra.slice_devices import SliceDevice
 
 NVIDIA_DOMAIN = "gpu.nvidia.com"
 

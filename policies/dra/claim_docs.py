@@ -1,7 +1,7 @@
 """ResourceClaims, ResourceClaimTemplates and DeviceClasses read from YAML manifests
 (resource.k8s.io/v1), as the scheduler sees them: requests, selectors, tolerations, constraints.
 
-Part of the offline scheduler simulator (:mod:`policies.dra.claims`).
+Part of the offline scheduler simulator (:mod:`cdigen.policies.dra.claims`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, InputError
 from cdigen.fileio import read_text
-from policies.dra.slice_devices import Taint, quantity
+from cdigen.policies.dra.slice_devices import Taint, quantity
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ devices with a ``NoSchedule``/``NoExecute`` taint, and backtracks when a later p
 the real one does. It is a simulator for tests and ``cdigen dra explain``: it answers what the
 scheduler's first fit would pick on a free (or given) node, not where pods go in a cluster.
 
-The manifests are read by :mod:`policies.dra.claim_docs`, the slices' devices by
-:mod:`policies.dra.slice_devices`: import their names from there.
+The manifests are read by :mod:`cdigen.policies.dra.claim_docs`, the slices' devices by
+:mod:`cdigen.policies.dra.slice_devices`: import their names from there.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from itertools import product
 from typing import Any
 
 from cdigen.errors import InputError
+from cdigen.policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
+from cdigen.policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
+from cdigen.policies.dra.slice_devices import CapacityPolicy, SliceDevice, qualify
 from cdigen.sizes import quantity_text
-from policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
-from policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
-from policies.dra.slice_devices import CapacityPolicy, SliceDevice, qualify
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 DEVICE_VARIABLES = frozenset({"device"})

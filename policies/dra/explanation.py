@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from cdigen.policies.dra.claim_docs import Claim, DeviceClass
+from cdigen.policies.dra.claims import Allocation
 from cdigen.sizes import quantity_text
-from policies.dra.claim_docs import Claim, DeviceClass
-from policies.dra.claims import Allocation
 
 
 def render_explanation(
@@ -49,8 +49,8 @@ def render_explanation(
 def refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
     """What the API server refuses when the claims and classes are created, one line each, in
     its words: every selector compiled as it compiles them."""
-    from policies.cel import CelCompileError, compile_expression
-    from policies.dra.claims import DEVICE_VARIABLES
+    from cdigen.policies.cel import CelCompileError, compile_expression
+    from cdigen.policies.dra.claims import DEVICE_VARIABLES
 
     selectors = [s for c in classes.values() for s in c.selectors]
     for claim in claims:
@@ -71,7 +71,7 @@ def refused_at_create(claims: Sequence[Claim], classes: Mapping[str, DeviceClass
 
 def unknown_classes(claims: Sequence[Claim], classes: Mapping[str, DeviceClass]) -> list[str]:
     """A line for each request naming a DeviceClass that is not among ``classes``."""
-    from policies.dra.check import unknown_class_message
+    from cdigen.policies.dra.check import unknown_class_message
 
     lines = []
     for claim in claims:

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Sequence
 
 from cdigen.model import Node
-from policies.device_view import DeviceView
-from policies.graph import Topology, build_topology
+from cdigen.policies.device_view import DeviceView
+from cdigen.policies.graph import Topology, build_topology
 
 # The most candidate sets one growth step may score before falling back to greedy growth.
 MAX_CANDIDATES = 5000

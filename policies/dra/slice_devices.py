@@ -1,7 +1,7 @@
 """The devices of our ResourceSlices as the DRA scheduler reads them: attributes, capacities
 (with their KEP-5075 request policies) and taints, qualified by driver domain.
 
-Part of the offline scheduler simulator (:mod:`policies.dra.claims`).
+Part of the offline scheduler simulator (:mod:`cdigen.policies.dra.claims`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from celpy import celtypes
 
 from cdigen.errors import InputError
+from cdigen.policies.cel import DomainMap, Quantity, parse_quantity, parse_semver
 from cdigen.sizes import quantity_text
-from policies.cel import DomainMap, Quantity, parse_quantity, parse_semver
 
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 

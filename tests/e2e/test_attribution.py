@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from cdigen.discover import load_node
-from plugin.dra.mps import MpsSettings
-from plugin.dra.slices import MemoryShares
+from cdigen.plugin.dra.mps import MpsSettings
+from cdigen.plugin.dra.slices import MemoryShares
 from tests.cdihost import build_host
 from tests.fake_apiserver import FakeApiServer, allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
@@ -426,9 +426,9 @@ def test_every_dashboard_query_is_answered_by_a_real_prometheus(
 ) -> None:
     import shutil
 
-    from plugin.agent.health import SOURCE_XID
-    from plugin.agent.xid import xid_reason
-    from plugin.dra.healthz import HealthServer
+    from cdigen.plugin.agent.health import SOURCE_XID
+    from cdigen.plugin.agent.xid import xid_reason
+    from cdigen.plugin.dra.healthz import HealthServer
 
     binary = shutil.which("prometheus")
     if binary is None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from plugin.agent.xid import xid_reason
-from plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.agent.xid import xid_reason
+from cdigen.plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import RegistrationRefused
 from tests.fake_apiserver import allocated_claim
@@ -58,8 +58,8 @@ def test_a_refusal_is_logged_with_the_kubelets_reason(
     plugin = harness.start()
     import grpc
 
-    from plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
-    from plugin.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
+    from cdigen.plugin.dra.api import pluginregistration_v1_pb2 as reg_pb
+    from cdigen.plugin.dra.api import pluginregistration_v1_pb2_grpc as reg_grpc
 
     with grpc.insecure_channel(f"unix:{plugin.socket_paths[0]}") as channel:
         reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
@@ -70,7 +70,7 @@ def test_a_refusal_is_logged_with_the_kubelets_reason(
 
 
 def test_the_simulator_refuses_a_plugin_with_unknown_versions(harness: Harness) -> None:
-    from plugin.dra import grpc_services
+    from cdigen.plugin.dra import grpc_services
 
     original = grpc_services.SUPPORTED_VERSIONS
     grpc_services.SUPPORTED_VERSIONS = ("v1beta1",)  # what a toy driver advertises

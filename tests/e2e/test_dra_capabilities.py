@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from cdigen.cdi.capabilities import CAPABILITIES
+from cdigen.plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.cli import DEFAULT_DRIVER
+from cdigen.plugin.dra.config import API_VERSION, KIND
 from cdigen.schemas import load_schema
-from plugin.dra.checkpoint import claim_spec_path
-from plugin.dra.cli import DEFAULT_DRIVER
-from plugin.dra.config import API_VERSION, KIND
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.helpers.dra import DRIVER, Harness, add_claim, entry, gpu_config

@@ -1,5 +1,5 @@
-"""A claim's transient spec is built for the claim (plugin.dra.claim_spec), not cut out of a node
-spec: each of its devices carries what ``cdigen generate``'s spec gives the same GPU or MIG
+"""A claim's transient spec is built for the claim (cdigen.plugin.dra.claim_spec), not cut out of a
+node spec: each of its devices carries what ``cdigen generate``'s spec gives the same GPU or MIG
 device, its common edits are generate's, and its cdiVersion is the lowest its whole content
 (MPS edits included) allows."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from cdigen.cdi.spec import SpecOptions, generate
 from cdigen.cdi.version import minimum_version
-from plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import DRIVER, Harness
 

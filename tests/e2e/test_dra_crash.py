@@ -23,7 +23,7 @@ import grpc
 import pynvml
 import pytest
 
-from plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
@@ -319,8 +319,8 @@ def test_a_kill_at_every_step_of_unprepare_leaves_nothing_stranded(
 
 def test_the_double_keeps_its_instances_across_processes(host: FakeHost, tmp_path: Path) -> None:
     """What the crash tests rely on: the MIG double's state outlives the process."""
-    from plugin.dra.dynamic_mig import MigMaker
-    from policies.device_view import device_views
+    from cdigen.plugin.dra.dynamic_mig import MigMaker
+    from cdigen.policies.device_view import device_views
 
     state = tmp_path / "state.json"
     first = MigNvml(host.node, state=state)

@@ -121,7 +121,7 @@ def test_a_claim_re_created_before_the_status_write_is_left_alone(
     plugin = harness.start()
     ref = harness.claim("again", "uid-old", "gpu-0")
     harness.api.hang.add("claimstatus")  # the write waits until the claim was replaced
-    with caplog.at_level(logging.DEBUG, logger="plugin.dra.status"):
+    with caplog.at_level(logging.DEBUG, logger="cdigen.plugin.dra.status"):
         assert harness.kubelet.prepare([ref]).claims["uid-old"].error == ""
         harness.claim("again", "uid-new", "gpu-1")  # deleted and re-created under the name
         harness.api.release.set()
@@ -139,7 +139,7 @@ def test_a_claim_gone_before_the_status_write_is_one_debug_line(
     plugin = harness.start()
     ref = harness.claim("gone", "uid-gone", "gpu-0")
     harness.api.hang.add("claimstatus")
-    with caplog.at_level(logging.DEBUG, logger="plugin.dra.status"):
+    with caplog.at_level(logging.DEBUG, logger="cdigen.plugin.dra.status"):
         assert harness.kubelet.prepare([ref]).claims["uid-gone"].error == ""
         del harness.api.claims[("default", "gone")]
         harness.api.release.set()

@@ -15,9 +15,9 @@ import pynvml
 import pytest
 
 from cdigen.model import Node
-from plugin.dra.checkpoint import checkpoint_bytes, claim_spec_path
-from plugin.dra.dynamic_mig import MigMaker
-from policies.device_view import device_views
+from cdigen.plugin.dra.checkpoint import checkpoint_bytes, claim_spec_path
+from cdigen.plugin.dra.dynamic_mig import MigMaker
+from cdigen.policies.device_view import device_views
 from tests.cdihost import CAPS_MAJOR, FakeHost, build_host, make_node
 from tests.fakes.fake_mig import MigNvml, cap_minor
 from tests.helpers.dra import DRIVER, Harness

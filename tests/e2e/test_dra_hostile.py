@@ -17,7 +17,7 @@ import pytest
 
 from cdigen.errors import InputError
 from cdigen.nodefile import dump_node
-from plugin.dra.checkpoint import checkpoint_bytes
+from cdigen.plugin.dra.checkpoint import checkpoint_bytes
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.fake_apiserver import FakeApiServer, allocated_claim
 from tests.helpers.dra import DRIVER, NODE_NAME, Harness
@@ -361,7 +361,7 @@ BAD_SHAPES = {
 def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
     tmp_path: Path, doc: Any, words: str
 ) -> None:
-    from plugin.dra.checkpoint import load_checkpoint
+    from cdigen.plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(doc))
@@ -373,7 +373,7 @@ def test_a_checkpoint_entry_of_the_wrong_shape_is_one_line_at_load(
 
 
 def test_a_good_checkpoint_loads(tmp_path: Path) -> None:
-    from plugin.dra.checkpoint import load_checkpoint
+    from cdigen.plugin.dra.checkpoint import load_checkpoint
 
     path = tmp_path / "checkpoint.json"
     path.write_text(json.dumps(GOOD))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from plugin.agent.xid import xid_reason
-from plugin.dra.healthz import HealthServer
+from cdigen.plugin.agent.xid import xid_reason
+from cdigen.plugin.dra.healthz import HealthServer
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
 

@@ -193,7 +193,7 @@ def test_the_simulator_reads_the_list_as_cel_does(harness: Harness) -> None:
     list there, as in the scheduler (not its text)."""
     from celpy import celtypes
 
-    from policies.dra.slice_devices import slice_devices
+    from cdigen.policies.dra.slice_devices import slice_devices
 
     harness.start(numa_form="list")
     devices = {d.name: d for d in slice_devices(harness.api.slices.values())}

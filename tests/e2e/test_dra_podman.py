@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import DRIVER_VERSION, LIB_DIR, NVIDIA_MAJOR, FakeHost, build_host, make_node
 from tests.helpers.dra import DRIVER, Harness, add_claim, entry, gpu_config
 from tests.helpers.podman import GRAPHICS_FILES, Podman, file_check

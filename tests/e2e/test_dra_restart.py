@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.errors import InputError
-from plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.checkpoint import claim_spec_path
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.helpers.dra import DRIVER, Harness

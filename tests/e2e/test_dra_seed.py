@@ -25,14 +25,14 @@ import yaml
 
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
-from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi
-from plugin.dra.kubelet_plugin import DraPlugin
-from plugin.dra.mps import MpsSettings
-from plugin.dra.prepare import claim_spec_path
-from policies.dra.claim_docs import claim_from_doc, device_class
-from policies.dra.claims import FirstFit, NodeState
-from policies.dra.slice_devices import slice_devices
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+from cdigen.plugin.dra.mps import MpsSettings
+from cdigen.plugin.dra.prepare import claim_spec_path
+from cdigen.policies.dra.claim_docs import claim_from_doc, device_class
+from cdigen.policies.dra.claims import FirstFit, NodeState
+from cdigen.policies.dra.slice_devices import slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer

@@ -1,8 +1,8 @@
 """DRA part 2 end to end without a cluster: one 24 GB card shared by claims with their own
 limits (consumable capacity), one claim shared by several pods (time-slicing), and health as
 device taints; the plugin talks to the fake API server through the official client, the kubelet
-simulator prepares, and the scheduler's side is policies.dra.claims' first fit over the slices the
-plugin actually published."""
+simulator prepares, and the scheduler's side is cdigen.policies.dra.claims' first fit over the
+slices the plugin actually published."""
 
 from __future__ import annotations
 
@@ -18,15 +18,15 @@ import yaml
 
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
-from plugin.agent.kubeapi import api_client
-from plugin.agent.xid import xid_reason
-from plugin.dra.checkpoint import claim_spec_path
-from plugin.dra.kube import KubeApi
-from plugin.dra.kubelet_plugin import DraPlugin
-from plugin.dra.mps import MpsSettings
-from policies.dra.claim_docs import claim_from_doc, device_class
-from policies.dra.claims import FirstFit, NodeState
-from policies.dra.slice_devices import slice_devices
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.agent.xid import xid_reason
+from cdigen.plugin.dra.checkpoint import claim_spec_path
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+from cdigen.plugin.dra.mps import MpsSettings
+from cdigen.policies.dra.claim_docs import claim_from_doc, device_class
+from cdigen.policies.dra.claims import FirstFit, NodeState
+from cdigen.policies.dra.slice_devices import slice_devices
 from tests.cdihost import FakeHost, build_host
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, allocated_claim
@@ -594,8 +594,8 @@ def test_a_pool_above_64_devices_with_a_taint_is_cut_into_slices_of_64() -> None
     """resource.k8s.io/v1 refuses a slice of more than 64 devices when one has a taint."""
     from dataclasses import replace
 
-    from plugin.dra.slices import MAX_DEVICES_PER_SLICE, build_slices
-    from policies.device_view import device_views
+    from cdigen.plugin.dra.slices import MAX_DEVICES_PER_SLICE, build_slices
+    from cdigen.policies.device_view import device_views
 
     node = load_node("builtin:dgx2-v100")
     base = device_views(node, mig_strategy="none")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.agent.xid import xid_reason
+from cdigen.plugin.agent.xid import xid_reason
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import DRIVER, Harness
 from tests.helpers.slice_rules import validate_pool

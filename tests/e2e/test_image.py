@@ -41,7 +41,8 @@ CHECKS = {
     "id": "id",
     "help": "cdigen --help",
     "generate": "cdigen generate --node builtin:rtx4090 --dry-run",
-    "imports": f"python3 -c 'import {MODULES}; import plugin.device_plugin, policies, cdigen.cli'",
+    "imports": f"python3 -c 'import {MODULES}; "
+    "import cdigen.plugin.device_plugin, cdigen.policies, cdigen.cli'",
 }
 
 

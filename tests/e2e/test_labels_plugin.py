@@ -18,9 +18,9 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.labels import node_labels
 from cdigen.nodefile import dump_node
-from plugin.agent.xid import xid_reason
-from plugin.config import HealthConfig, PluginConfig
-from plugin.device_plugin import Plugin
+from cdigen.plugin.agent.xid import xid_reason
+from cdigen.plugin.config import HealthConfig, PluginConfig
+from cdigen.plugin.device_plugin import Plugin
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
 from tests.helpers.mig import repartition

@@ -8,11 +8,11 @@ from typing import Any
 import yaml
 
 from cdigen.model import Node
-from plugin.agent.kubeapi import api_client
-from plugin.dra.config import API_VERSION, KIND
-from plugin.dra.kube import KubeApi
-from plugin.dra.kubelet_plugin import SLICE_RESYNC_S, DraPlugin
-from plugin.dra.options import DraOptions
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.dra.config import API_VERSION, KIND
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.kubelet_plugin import SLICE_RESYNC_S, DraPlugin
+from cdigen.plugin.dra.options import DraOptions
 from tests.cdihost import FakeHost
 from tests.dra_kubelet_sim import DraKubeletSim
 from tests.fake_apiserver import FakeApiServer, Identity, allocated_claim
@@ -95,7 +95,7 @@ class Harness:
         **overrides: Any,
     ) -> DraPlugin:
         """Start and register with the kubelet simulator (the slices may come later); ``mig``
-        makes the MIG devices of placements (plugin.dra.dynamic_mig.MigMaker)."""
+        makes the MIG devices of placements (cdigen.plugin.dra.dynamic_mig.MigMaker)."""
         options = dra_options(self.host, self.kubelet_dir, self.cdi_dir, **overrides)
         kube = KubeApi(api_client(str(self.kubeconfig)), timeout_s=api_timeout_s)
         self.plugin = DraPlugin(

@@ -25,12 +25,12 @@ from typing import Any
 
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra import prepare
-    from plugin.dra.dynamic_mig import MigMaker
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.kubelet_plugin import DraPlugin
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra import prepare
+    from cdigen.plugin.dra.dynamic_mig import MigMaker
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.kubelet_plugin import DraPlugin
+    from cdigen.plugin.dra.options import DraOptions
     from tests.fakes.fake_mig import MigNvml
 
     armed = threading.Event()
@@ -102,9 +102,9 @@ def zygote() -> None:
     from kubernetes import client
 
     # what a start imports, imported once
-    import plugin.agent.kubeapi
-    import plugin.dra.kube
-    import plugin.dra.kubelet_plugin  # noqa: F401
+    import cdigen.plugin.agent.kubeapi
+    import cdigen.plugin.dra.kube
+    import cdigen.plugin.dra.kubelet_plugin  # noqa: F401
     import tests.fakes.fake_mig  # noqa: F401
 
     client.CoreV1Api, client.ResourceV1Api, client.VersionApi  # noqa: B018  (lazy imports)

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.model import Gpu, Node
-from plugin.agent.health import HealthBoard
-from plugin.device_plugin import ResourceServer
-from plugin.kubelet_requests import PreferenceRequest
-from plugin.registration import register
-from plugin.servicer import DevicePluginService, Preference, Preferrer, advertised_devices
+from cdigen.plugin.agent.health import HealthBoard
+from cdigen.plugin.device_plugin import ResourceServer
+from cdigen.plugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.registration import register
+from cdigen.plugin.servicer import DevicePluginService, Preference, Preferrer, advertised_devices
 from tests.kubelet_sim import KubeletSimulator
 
 RESOURCE = "nvidia.com/gpu"

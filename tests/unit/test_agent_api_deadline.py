@@ -12,8 +12,8 @@ import threading
 import time
 from pathlib import Path
 
-from plugin.agent.kubeapi import api_client
-from plugin.node_config import NodeLabels
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.node_config import NodeLabels
 
 
 class TricklingServer:
@@ -104,7 +104,7 @@ def test_an_api_error_quoting_a_hostile_name_is_escaped() -> None:
     """The API server's Status message quotes the name asked for: escaped in our one line."""
     from kubernetes.client.exceptions import ApiException
 
-    from plugin.agent.kubeapi import api_error
+    from cdigen.plugin.agent.kubeapi import api_error
 
     exc = ApiException(status=404, reason="Not Found")
     exc.body = json.dumps(

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from plugin.agent.http import MAX_CONNECTIONS, AgentHttpServer
-from plugin.metrics import PluginMetrics
+from cdigen.plugin.agent.http import MAX_CONNECTIONS, AgentHttpServer
+from cdigen.plugin.metrics import PluginMetrics
 
 
 @pytest.fixture

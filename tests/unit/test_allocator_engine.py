@@ -18,11 +18,11 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.errors import AllocationError
 from cdigen.model import Node
-from policies import allocator as allocator_module
-from policies.allocator import AllocationAnswer, AllocationRequest, Allocator, PositionAnswer
-from policies.cel import compile_expression
-from policies.expression import Expression
-from policies.policy import Policy, builtin_policy
+from cdigen.policies import allocator as allocator_module
+from cdigen.policies.allocator import AllocationAnswer, AllocationRequest, Allocator, PositionAnswer
+from cdigen.policies.cel import compile_expression
+from cdigen.policies.expression import Expression
+from cdigen.policies.policy import Policy, builtin_policy
 
 ALLOCATION = frozenset({"allocation"})
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import load_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import load_policy
 
 PASSING_CONSTRAINT = "  constraints:\n    - allocation.size >= 1\n"
 NOT_GPU_3 = '  selector: device.attributes["cdigen.dev"].index != 3\n'

@@ -11,8 +11,8 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import Policy, builtin_policy, load_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import Policy, builtin_policy, load_policy
 
 NOT_GPU3 = (
     "apiVersion: cdigen/v1alpha1\nkind: AllocationPolicy\nmetadata: {name: not-gpu3}\n"

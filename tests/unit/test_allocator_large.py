@@ -6,7 +6,7 @@ import random
 from itertools import combinations
 
 from cdigen.model import Gpu, Link, MigDevice, Node
-from policies.allocator import EXACT_LIMIT, AllocationRequest, Allocator, why_lost
+from cdigen.policies.allocator import EXACT_LIMIT, AllocationRequest, Allocator, why_lost
 from tests.helpers.nodes import dgx1_v100
 
 

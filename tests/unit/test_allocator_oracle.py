@@ -20,8 +20,8 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.model import Node
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import load_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import load_policy
 
 WEIGHTS = {"PIX": 50, "PXB": 40, "PHB": 30, "NODE": 20, "SYS": 10}  # design.md; NVLink: 100 each
 EIGHT_GPU_NODES = ("dgx1-v100", "dgx1-p100", "dgx-a100", "dgx-h100", "pcie-8x4090", "pcie-8gpu-phb")

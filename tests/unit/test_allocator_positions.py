@@ -9,9 +9,9 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.errors import AllocationError
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import builtin_policy
 from cdigen.shares import replica_ids, slice_ids
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import builtin_policy
 
 
 @pytest.mark.parametrize("name", ["dgx1-v100", "dgx-a100", "pcie-8gpu-phb"])

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cdigen.model import PCIE_LEVELS, Gpu, Link, Node
-from policies.allocator import AllocationRequest, Allocator
-from policies.cel import compile_expression
-from policies.policy import builtin_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.cel import compile_expression
+from cdigen.policies.policy import builtin_policy
 
 compile_expression("true")  # build the CEL parser (it raises the recursion limit) before hypothesis
 

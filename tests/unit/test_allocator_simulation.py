@@ -7,8 +7,8 @@ from functools import cache
 import pytest
 
 from cdigen.discover import load_node
-from policies.allocator import AllocationRequest, Allocator, why_lost
-from policies.simulate import Figures, simulate
+from cdigen.policies.allocator import AllocationRequest, Allocator, why_lost
+from cdigen.policies.simulate import Figures, simulate
 
 
 @cache

@@ -8,7 +8,7 @@ from itertools import combinations
 import pytest
 
 from cdigen.errors import AllocationError
-from policies.allocator import AllocationAnswer, AllocationRequest, Allocator
+from cdigen.policies.allocator import AllocationAnswer, AllocationRequest, Allocator
 from tests.helpers.nodes import (
     EIGHT_GPU_NODES,
     dgx1_v100,

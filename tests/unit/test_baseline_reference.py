@@ -14,7 +14,7 @@ import json
 import pytest
 
 from cdigen.discover import load_node
-from policies.baseline import BestEffortBaseline, partition_count
+from cdigen.policies.baseline import BestEffortBaseline, partition_count
 from tests.helpers.shared import require_shared
 
 # recording -> (the built-in node it was made on, how many requests it holds)

@@ -6,8 +6,8 @@ from celpy import celtypes
 
 from cdigen.constants import DRA_DRIVER
 from cdigen.discover import load_node
-from policies.cel import compile_expression, device_value
-from policies.device_view import device_views
+from cdigen.policies.cel import compile_expression, device_value
+from cdigen.policies.device_view import device_views
 
 
 def _names(value: celtypes.MapType, domain: str) -> set[str]:

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from policies.cel import (
+from cdigen.policies.cel import (
     CelCompileError,
     CelEvaluationError,
     compile_expression,

@@ -1,7 +1,7 @@
 """CEL run-time errors: what a policy author reads, and the cel-python behaviour it rests on.
 
-policies.cel translates cel-python's errors from data (the exception class, the parse-tree node
-or token, ``__cause__``), never from message texts. The ``test_cel_python_*`` tests pin what
+cdigen.policies.cel translates cel-python's errors from data (the exception class, the parse-tree
+node or token, ``__cause__``), never from message texts. The ``test_cel_python_*`` tests pin what
 that data looks like in the cel-python versions pyproject.toml allows: when one fails after an
 upgrade, adapt policies/cel/errors.py and the pin together.
 """
@@ -19,15 +19,15 @@ from celpy.evaluation import CELEvalError
 from lark import Token, Tree
 from packaging.requirements import Requirement
 
-import policies.cel
-from policies.cel import (
+import cdigen.policies.cel
+from cdigen.policies.cel import (
     CelCompileError,
     CelEvaluationError,
     OperandTypeError,
     compile_expression,
     device_value,
 )
-from policies.cel import limits as cel_limits
+from cdigen.policies.cel import limits as cel_limits
 from tests.helpers.cel import DEVICE_A, NODE_A
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -50,7 +50,8 @@ def test_installed_versions_are_the_pinned_ones(name: str) -> None:
 def _raw(
     text: str, activation: dict[str, Any], functions: dict[str, Any] | None = None
 ) -> CELEvalError:
-    """The CELEvalError cel-python itself raises for ``text`` (no policies.cel in between)."""
+    """The CELEvalError cel-python itself raises for ``text`` (no cdigen.policies.cel in
+    between)."""
     env = celpy.Environment()
     with pytest.raises(CELEvalError) as info:
         env.program(env.compile(text), functions=functions).evaluate(activation)
@@ -149,12 +150,12 @@ def test_operand_type_error_is_a_type_error() -> None:
 
 
 def test_the_packages_limits_are_the_ones_the_evaluator_reads() -> None:
-    saved = policies.cel.MAX_VALUE_LENGTH
+    saved = cdigen.policies.cel.MAX_VALUE_LENGTH
     try:
-        policies.cel.MAX_VALUE_LENGTH = 3
+        cdigen.policies.cel.MAX_VALUE_LENGTH = 3
         assert cel_limits.MAX_VALUE_LENGTH == 3
         with pytest.raises(CelEvaluationError, match="over 3 characters"):
             compile_expression("'ab' + 'cd' == 'abcd'", frozenset()).evaluate({})
     finally:
-        policies.cel.MAX_VALUE_LENGTH = saved
+        cdigen.policies.cel.MAX_VALUE_LENGTH = saved
     assert compile_expression("'ab' + 'cd' == 'abcd'", frozenset()).evaluate({}) is True

@@ -16,7 +16,12 @@ import pytest
 import yaml
 
 from cdigen.cli import main
-from policies.cel import CelCompileError, CelEvaluationError, compile_expression, device_value
+from cdigen.policies.cel import (
+    CelCompileError,
+    CelEvaluationError,
+    compile_expression,
+    device_value,
+)
 from tests.helpers.cel import DEVICE_A, NODE_A
 
 NAME = 'device.attributes["gpu.nvidia.com"].productName'

@@ -12,17 +12,17 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
-from plugin.config import PluginConfig
-from plugin.device_plugin import Plugin
-from policies import cel
-from policies.cel import (
+from cdigen.plugin.config import PluginConfig
+from cdigen.plugin.device_plugin import Plugin
+from cdigen.policies import cel
+from cdigen.policies.cel import (
     CelCompileError,
     CelEvaluationError,
     compile_expression,
     device_value,
     parse_quantity,
 )
-from policies.policy import check_policy_file, load_policy
+from cdigen.policies.policy import check_policy_file, load_policy
 from tests.helpers.specs import write_spec
 from tests.kubelet_sim import KubeletSimulator
 
@@ -286,10 +286,10 @@ def test_a_request_stops_evaluating_constraints_past_its_budget(
 ) -> None:
     """A slow constraint never holds a kubelet call: past the request's CPU budget the sets
     not yet evaluated count as failing, and the answer is still a valid set."""
-    from policies import allocator as allocator_module
-    from policies.allocator import AllocationRequest, Allocator
-    from policies.expression import Expression
-    from policies.policy import Policy
+    from cdigen.policies import allocator as allocator_module
+    from cdigen.policies.allocator import AllocationRequest, Allocator
+    from cdigen.policies.expression import Expression
+    from cdigen.policies.policy import Policy
 
     node = load_node("builtin:dgx2-v100")
     slow = compile_expression(
@@ -308,7 +308,7 @@ def test_constraints_on_set_facts_give_the_answers_of_per_set_evaluation() -> No
     """The facts cache (one evaluation per distinct allocation facts) changes no answer."""
     import random
 
-    from policies.allocator import AllocationRequest, Allocator
+    from cdigen.policies.allocator import AllocationRequest, Allocator
 
     node = load_node("builtin:dgx1-v100")
     policy = load_policy("docs/policies/numa-local-nvlink.yaml")
@@ -328,7 +328,7 @@ def test_trial_evaluations_of_a_slow_policy_stop_at_their_budget(
 ) -> None:
     """A check (and so a plugin start or reload) never runs for long: past the trial budget
     the expression is refused, naming the field."""
-    from policies import policy_trial as policy_module
+    from cdigen.policies import policy_trial as policy_module
 
     monkeypatch.setattr(policy_module, "TRIAL_BUDGET_S", 0.0)
     path = tmp_path / "slow.yaml"

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cdigen.errors import InputError
-from policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
-from policies.dra.claims import CEL_ERROR, FirstFit
-from policies.dra.slice_devices import slice_devices
+from cdigen.policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
+from cdigen.policies.dra.claims import CEL_ERROR, FirstFit
+from cdigen.policies.dra.slice_devices import slice_devices
 from tests.helpers.shared import require_shared
 
 # The cases where we still differ, and why: a quantity compared with an int or a string is
@@ -71,7 +71,7 @@ def test_every_recorded_scheduler_case() -> None:
 def test_equality_and_order_across_types_as_kubernetes_cel(expression: str, value: bool) -> None:
     """Values of unknown type (attributes, dyn()) compare across numeric types when run; of
     declared types, only the ordering operators do (``4 == 4.0`` is refused at create)."""
-    from policies.cel import compile_expression
+    from cdigen.policies.cel import compile_expression
 
     assert compile_expression(expression, frozenset()).evaluate({}) is value
 
@@ -79,8 +79,8 @@ def test_equality_and_order_across_types_as_kubernetes_cel(expression: str, valu
 def test_a_cel_error_on_any_device_fails_the_whole_claim() -> None:
     """Was: an erroring device counted as not matching, and the rest were allocated."""
     from cdigen.discover import load_node
-    from plugin.dra.slices import build_slices
-    from policies.device_view import device_views
+    from cdigen.plugin.dra.slices import build_slices
+    from cdigen.policies.device_view import device_views
 
     views = device_views(load_node("builtin:dgx-a100-mig-mixed"))
     slices = build_slices(views, driver="gpu.cdigen.dev", node_name="n", generation=1)
@@ -158,7 +158,7 @@ spec:
 )
 def test_optional_syntax_as_kubernetes_enables_it(expression: str) -> None:
     """Was a syntax error: cel-python's grammar has no `.?` / `[?` selection."""
-    from policies.cel import compile_expression
+    from cdigen.policies.cel import compile_expression
 
     assert compile_expression(expression, frozenset()).evaluate({}) is True
 
@@ -182,8 +182,8 @@ def test_optional_syntax_as_kubernetes_enables_it(expression: str) -> None:
 def test_the_create_time_type_check(expression: str, refused: str | None) -> None:
     """The API server refuses a quantity or semver met by a value of another type when the
     claim is created; we refused nothing and evaluated it (so the claim failed later)."""
-    from policies.cel import compile_expression
-    from policies.cel.errors import CelCompileError
+    from cdigen.policies.cel import compile_expression
+    from cdigen.policies.cel.errors import CelCompileError
 
     if refused is None:
         compile_expression(expression)

@@ -283,7 +283,7 @@ def test_the_host_installed_driver_is_read_through_host_root(
 
 
 def test_the_checkpoint_survives_a_pod_restart(plugin: dict[str, Any], argv: list[str]) -> None:
-    from plugin.dra.options import DraOptions
+    from cdigen.plugin.dra.options import DraOptions
 
     options = DraOptions(
         node_name="n", driver=DRIVER, kubelet_dir=Path(flag(argv, "--kubelet-dir"))
@@ -400,10 +400,10 @@ def test_the_role_allows_every_call_the_plugin_makes(
     """Publish, republish, delete on exit and read a claim through the official client against
     the fake API server; every request it logged must be allowed by the ClusterRole."""
     from cdigen.discover import load_node
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.slice_publisher import SlicePublisher
-    from policies.device_view import device_views
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.slice_publisher import SlicePublisher
+    from cdigen.policies.device_view import device_views
     from tests.fake_apiserver import allocated_claim
     from tests.helpers.dra import plugin_identity
 
@@ -458,7 +458,7 @@ def test_the_whole_gpu_class_is_the_issues_selector(objects: list[dict[str, Any]
 def _builtin_views() -> dict[str, Any]:
     from cdigen.discover import load_node
     from cdigen.discover.builtin import names
-    from policies.device_view import device_views
+    from cdigen.policies.device_view import device_views
 
     return {n: device_views(load_node(f"builtin:{n}")) for n in names()}
 
@@ -479,7 +479,7 @@ def cel_device(view: Any, driver: str) -> Any:
     capacities grouped by domain, plain names in the driver's."""
     import celpy.celtypes as ct
 
-    from policies.cel import DomainMap, Quantity, parse_semver
+    from cdigen.policies.cel import DomainMap, Quantity, parse_semver
 
     def typed(kind: str, value: Any) -> Any:
         if kind == "version":
@@ -515,7 +515,7 @@ def test_each_class_selects_exactly_its_devices(objects: list[dict[str, Any]]) -
     """Every selector, compiled by cdigen's CEL (the Kubernetes dialect) and evaluated over the
     device view the slices publish for every built-in sample, picks exactly the devices its name
     promises, and nothing of another driver."""
-    from policies.cel import compile_expression
+    from cdigen.policies.cel import compile_expression
 
     programs = {
         n: compile_expression(e, frozenset({"device"})) for n, e in classes(objects).items()
@@ -551,10 +551,10 @@ def test_slices_sent_past_the_clients_models_arrive_as_built_and_refusals_raise(
     from kubernetes.client.exceptions import ApiException
 
     from cdigen.discover import load_node
-    from plugin.agent.kubeapi import api_client
-    from plugin.dra.kube import KubeApi
-    from plugin.dra.slices import build_slices
-    from policies.device_view import device_views
+    from cdigen.plugin.agent.kubeapi import api_client
+    from cdigen.plugin.dra.kube import KubeApi
+    from cdigen.plugin.dra.slices import build_slices
+    from cdigen.policies.device_view import device_views
 
     api = KubeApi(api_client(str(fake_api.kubeconfig(tmp_path / "kubeconfig"))))
     views = device_views(load_node("builtin:h100-mig-single"))
@@ -618,7 +618,7 @@ def test_mps_component_mounts_only_defined_volumes_without_host_network(
 def test_mps_daemon_pipes_where_the_plugin_mounts_them_into_claims(
     mps_pod: dict[str, Any],
 ) -> None:
-    from plugin.dra.serve_cli import _sharing_options
+    from cdigen.plugin.dra.serve_cli import _sharing_options
 
     plugin_container, daemon = mps_pod["containers"]
     args = build_parser().parse_args(plugin_container["command"][1:])
@@ -644,10 +644,10 @@ def test_mps_daemon_has_at_dev_shm_the_directory_the_plugin_mounts_there_in_clai
 ) -> None:
     """MPS clients reach the daemon's shared memory: the claims' /dev/shm is the daemon's."""
     from cdigen.discover import load_node
-    from plugin.dra.claims import AllocatedDevice
-    from plugin.dra.mps import claim_limits
-    from plugin.dra.serve_cli import _sharing_options
-    from policies.device_view import device_views
+    from cdigen.plugin.dra.claims import AllocatedDevice
+    from cdigen.plugin.dra.mps import claim_limits
+    from cdigen.plugin.dra.serve_cli import _sharing_options
+    from cdigen.policies.device_view import device_views
 
     plugin_container, daemon = mps_pod["containers"]
     args = build_parser().parse_args(plugin_container["command"][1:])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.errors import InputError
-from plugin.dra.checkpoint import (
+from cdigen.plugin.dra.checkpoint import (
     COMPLETED,
     checkpoint_bytes,
     load_checkpoint,

@@ -1,5 +1,5 @@
-"""The scheduler's first fit offline (policies.dra.claims), `cdigen dra explain` and `cdigen dra
-check` (policies.dra.check)."""
+"""The scheduler's first fit offline (cdigen.policies.dra.claims), `cdigen dra explain` and
+`cdigen dra check` (cdigen.policies.dra.check)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import yaml
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
-from plugin.dra.slices import build_slices
-from policies.device_view import attribute_names, device_views, published_attribute_names
-from policies.dra.claim_docs import claim_from_doc, load_manifests
-from policies.dra.claims import FirstFit, NodeState
-from policies.dra.slice_devices import CapacityPolicy, slice_devices
+from cdigen.plugin.dra.slices import build_slices
+from cdigen.policies.device_view import attribute_names, device_views, published_attribute_names
+from cdigen.policies.dra.claim_docs import claim_from_doc, load_manifests
+from cdigen.policies.dra.claims import FirstFit, NodeState
+from cdigen.policies.dra.slice_devices import CapacityPolicy, slice_devices
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
 DRIVER = "gpu.cdigen.dev"
@@ -323,7 +323,7 @@ def test_check_flags_nvidias_domain_and_syntax_errors(tmp_path: Path) -> None:
     selectors = doc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
     selectors[0]["cel"]["expression"] = 'device.attributes["gpu.nvidia.com"].index == 0'
     selectors.append({"cel": {"expression": "device.driver == "}})
-    from policies.dra.check import Published, check_document
+    from cdigen.policies.dra.check import Published, check_document
 
     problems = [str(p) for p in check_document(doc, "x.yaml", Published.of(DRIVER))]
     assert "publishes NVIDIA's names under 'gpu.cdigen.dev'" in problems[0]

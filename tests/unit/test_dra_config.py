@@ -12,8 +12,8 @@ import yaml
 from cdigen.cdi.capabilities import CAPABILITIES
 from cdigen.cli import main
 from cdigen.errors import InputError
-from plugin.dra.claims import ClaimRef
-from plugin.dra.config import API_VERSION, KIND, claim_configs, config_for
+from cdigen.plugin.dra.claims import ClaimRef
+from cdigen.plugin.dra.config import API_VERSION, KIND, claim_configs, config_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples" / "graphics-gpu.yaml"
 DRIVER = "gpu.cdigen.dev"
@@ -143,7 +143,7 @@ def test_dra_check_refuses_a_bad_sharing_setting_naming_file_and_field(
 
 
 def test_sharing_is_read_in_bytes_and_a_claim_keeps_one_setting() -> None:
-    from plugin.dra.config import ClaimSharing, claim_sharing
+    from cdigen.plugin.dra.config import ClaimSharing, claim_sharing
 
     mps = {
         "strategy": "MPS",

@@ -14,11 +14,11 @@ from cdigen.cli import build_parser, main
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, DRA_MIG_STRATEGY
-from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi
-from plugin.dra.slice_publisher import SlicePublisher
-from plugin.dra.slices import build_slices
-from policies.device_view import device_views
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.slice_publisher import SlicePublisher
+from cdigen.plugin.dra.slices import build_slices
+from cdigen.policies.device_view import device_views
 from tests.fake_apiserver import FakeApiServer
 from tests.helpers.slice_rules import capacity_problems, validate_pool
 
@@ -207,7 +207,7 @@ def test_labels_show_what_an_unchanged_pod_gets(capsys: pytest.CaptureFixture[st
 
 
 def test_the_dra_plugins_labels_carry_the_shares() -> None:
-    from plugin.dra.labels import dra_labels
+    from cdigen.plugin.dra.labels import dra_labels
 
     node = load_node("builtin:rtx4090")
     views = device_views(node)
@@ -278,7 +278,7 @@ def test_i_the_mig_strategy_defaults_are_one_constant_each_with_the_reason_in_he
     labels = parser.parse_args(["labels"])
     assert dra.mig_strategy == explain.mig_strategy == DRA_MIG_STRATEGY == "mixed"
     assert labels.mig_strategy == DEVICE_PLUGIN_MIG_STRATEGY == "none"
-    from plugin.config import PluginConfig
+    from cdigen.plugin.config import PluginConfig
 
     assert PluginConfig().mig_strategy == DEVICE_PLUGIN_MIG_STRATEGY
     for command in (["dra", "serve"], ["dra", "explain"], ["plugin", "serve"], ["labels"]):

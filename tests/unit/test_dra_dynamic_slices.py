@@ -9,9 +9,9 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.mig_profiles import mig_geometry
-from plugin.dra.counters import build_counter_slices
-from policies.device_view import device_views
-from policies.dra.order import ordered_views
+from cdigen.plugin.dra.counters import build_counter_slices
+from cdigen.policies.device_view import device_views
+from cdigen.policies.dra.order import ordered_views
 from tests.cdihost import make_node
 from tests.helpers.slice_rules import pool_problems, validate_pool
 
@@ -119,9 +119,9 @@ def test_the_shipped_mig_classes_select_placements_and_a_first_fit_fills_from_th
     and the scheduler's first fit meets each profile's highest placement first."""
     from pathlib import Path
 
-    from policies.dra.claim_docs import load_manifests
-    from policies.dra.claims import FirstFit, NodeState
-    from policies.dra.slice_devices import slice_devices
+    from cdigen.policies.dra.claim_docs import load_manifests
+    from cdigen.policies.dra.claims import FirstFit, NodeState
+    from cdigen.policies.dra.slice_devices import slice_devices
 
     claim = tmp_path / "claim.yaml"
     claim.write_text(
@@ -179,7 +179,7 @@ def _a30() -> tuple[Any, Any]:
 def test_nvml_tells_how_a_gpu_partitions_where_cdigens_table_does_not_know_it(
     tmp_path: Any,
 ) -> None:
-    from plugin.dra.dynamic_mig import MigMaker
+    from cdigen.plugin.dra.dynamic_mig import MigMaker
     from tests.fakes.fake_mig import MigNvml
 
     node, a30 = _a30()
@@ -210,7 +210,7 @@ def test_nvml_tells_how_a_gpu_partitions_where_cdigens_table_does_not_know_it(
 
 
 def test_the_table_read_back_through_nvml_is_the_table(tmp_path: Any) -> None:
-    from plugin.dra.dynamic_mig import MigMaker
+    from cdigen.plugin.dra.dynamic_mig import MigMaker
     from tests.fakes.fake_mig import MigNvml
 
     node = make_node(1, mig_gpu=0)

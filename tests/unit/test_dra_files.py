@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from cdigen.cdi.names import device_name_problem
 from cdigen.errors import WriteError
 from cdigen.fileio import atomic_write
-from plugin.dra.checkpoint import claim_spec_path, spec_path_problem
-from plugin.dra.claims import ClaimRef
+from cdigen.plugin.dra.checkpoint import claim_spec_path, spec_path_problem
+from cdigen.plugin.dra.claims import ClaimRef
 
 
 def test_atomic_write_creates_no_directory_through_dot_dot(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_checkpoint_of_an_earlier_version_names_a_yaml_spec_and_it_is_accepted
 ) -> None:
     """Earlier versions wrote the claim spec as JSON in a ``.yaml`` file: after an upgrade the
     checkpoint still names it, and unprepare must be able to remove it."""
-    from plugin.dra.checkpoint import legacy_claim_spec_path
+    from cdigen.plugin.dra.checkpoint import legacy_claim_spec_path
 
     legacy = legacy_claim_spec_path(tmp_path, "gpu.cdigen.dev", "uid-a")
     assert legacy.name == "k8s.gpu.cdigen.dev-claim_uid-a.yaml"

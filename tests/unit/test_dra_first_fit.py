@@ -1,5 +1,5 @@
-"""The first-fit simulator (policies.dra.claims) for everything its docstring names, on slices
-written by hand so that each rule decides alone: distinctAttribute and matchAttribute,
+"""The first-fit simulator (cdigen.policies.dra.claims) for everything its docstring names, on
+slices written by hand so that each rule decides alone: distinctAttribute and matchAttribute,
 allocationMode All, taints and tolerations, capacity on exclusive devices, consumable capacity
 and the ``consumed`` default of a capacity without a request policy."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.dra.claim_docs import DeviceClass, claim_from_doc
-from policies.dra.claims import FirstFit, NodeState
-from policies.dra.slice_devices import slice_devices
+from cdigen.policies.dra.claim_docs import DeviceClass, claim_from_doc
+from cdigen.policies.dra.claims import FirstFit, NodeState
+from cdigen.policies.dra.slice_devices import slice_devices
 
 DRIVER = "gpu.example.com"
 GIB = 1 << 30

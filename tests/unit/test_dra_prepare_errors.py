@@ -3,7 +3,7 @@ MAX_ERROR_CHARS (300) characters, cut with an ellipsis."""
 
 from __future__ import annotations
 
-from plugin.dra.prepare import one_line
+from cdigen.plugin.dra.prepare import one_line
 
 
 def test_an_error_is_one_line_of_at_most_300_characters() -> None:

@@ -13,11 +13,11 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.discover import load_node
-from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi
-from plugin.dra.slice_publisher import SlicePublisher
-from plugin.dra.stale import removal_command, served_resources, stale_resources
-from policies.device_view import device_views
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.slice_publisher import SlicePublisher
+from cdigen.plugin.dra.stale import removal_command, served_resources, stale_resources
+from cdigen.policies.device_view import device_views
 from tests.fake_apiserver import FakeApiServer
 from tests.helpers.deploy import extended_resource_classes, node_advertising
 
@@ -126,7 +126,7 @@ def test_only_classes_of_this_driver_count() -> None:
 
 
 def test_a_hostile_name_stays_one_quoted_line() -> None:
-    from plugin.dra.stale import stale_line
+    from cdigen.plugin.dra.stale import stale_line
 
     doc = node_advertising("node-a\nFAKE: injected", "1\x1b[31m")
     (found,) = stale_resources(doc, {"nvidia.com/gpu": "gpu.cdigen.dev"})

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from plugin.dra.status import StatusWriter
+from cdigen.plugin.dra.status import StatusWriter
 
 
 class RefusingApi:

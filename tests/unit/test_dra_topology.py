@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
-from plugin.dra.slices import build_slices
-from policies.device_view import device_views
-from policies.dra.claim_docs import Claim, load_manifests
-from policies.dra.claims import FirstFit
-from policies.dra.order import engine_order, ordered_views
-from policies.dra.slice_devices import slice_devices
-from policies.graph import build_topology
+from cdigen.plugin.dra.slices import build_slices
+from cdigen.policies.device_view import device_views
+from cdigen.policies.dra.claim_docs import Claim, load_manifests
+from cdigen.policies.dra.claims import FirstFit
+from cdigen.policies.dra.order import engine_order, ordered_views
+from cdigen.policies.dra.slice_devices import slice_devices
+from cdigen.policies.graph import build_topology
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
 DRIVER = "gpu.cdigen.dev"

@@ -13,11 +13,11 @@ import yaml
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.memory_shares import MemoryShares
-from plugin.agent.kubeapi import api_client
-from plugin.dra.kube import KubeApi
-from plugin.dra.slice_publisher import SlicePublisher
-from policies.device_view import device_views
-from policies.dra.order import ordered_views
+from cdigen.plugin.agent.kubeapi import api_client
+from cdigen.plugin.dra.kube import KubeApi
+from cdigen.plugin.dra.slice_publisher import SlicePublisher
+from cdigen.policies.device_view import device_views
+from cdigen.policies.dra.order import ordered_views
 from tests.fake_apiserver import FakeApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,7 +259,7 @@ def test_nodes_with_the_same_story_are_told_once(
 
 
 def test_a_pod_of_many_claims_still_fits_one_screen() -> None:
-    from plugin.dra.why import Cluster, explain_pod
+    from cdigen.plugin.dra.why import Cluster, explain_pod
 
     claims = {("default", f"c{n}"): _claim(f"c{n}", f"u{n}", "1Gi") for n in range(20)}
     pod = _pod("many", "t", "c0", None)

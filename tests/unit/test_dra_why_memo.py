@@ -1,4 +1,4 @@
-"""`dra why` remembers verdicts across nodes (plugin.dra.why_memo): on a mixed cluster every
+"""`dra why` remembers verdicts across nodes (cdigen.plugin.dra.why_memo): on a mixed cluster every
 node's story is the one it gets when it is explained alone, and a selector's memoized verdict
 is the one evaluated afresh, for devices that differ in one attribute's value or only its type
 (the bool ``true`` and the int ``1`` are equal in Python, not in CEL)."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from plugin.dra.why import Cluster, explain_pod
-from plugin.dra.why_memo import MemoPrograms, loads
-from policies.cel import CelEvaluationError, compile_expression
-from policies.dra.claim_docs import claim_from_doc, device_class
-from policies.dra.claims import DEVICE_VARIABLES, FirstFit
-from policies.dra.slice_devices import slice_devices
+from cdigen.plugin.dra.why import Cluster, explain_pod
+from cdigen.plugin.dra.why_memo import MemoPrograms, loads
+from cdigen.policies.cel import CelEvaluationError, compile_expression
+from cdigen.policies.dra.claim_docs import claim_from_doc, device_class
+from cdigen.policies.dra.claims import DEVICE_VARIABLES, FirstFit
+from cdigen.policies.dra.slice_devices import slice_devices
 
 DRIVER = "gpu.cdigen.dev"
 SELECTOR = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdigen.model import Gpu, Link, Node
-from policies.graph import build_topology, pair_score
+from cdigen.policies.graph import build_topology, pair_score
 from tests.helpers.nodes import dgx1_v100, dgx_a100
 
 

@@ -17,9 +17,9 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
 RULES = (
-    ("cdigen", ("policies", "plugin")),
-    ("policies", ("plugin",)),
-    ("plugin", ("plugin.dra",)),
+    ("cdigen", ("cdigen.policies", "cdigen.plugin")),
+    ("policies", ("cdigen.plugin",)),
+    ("plugin", ("cdigen.plugin.dra",)),
 )
 
 
@@ -27,6 +27,8 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in ("plugin", "policies"):  # installed as cdigen.plugin, cdigen.policies
+        parts.insert(0, "cdigen")
     return ".".join(parts)
 
 
@@ -68,14 +70,17 @@ def violations(top: str, forbidden: tuple[str, ...]) -> list[str]:
 
 
 # part -> the only packages under plugin/ it may import
-PLUGIN_PARTS = {"plugin.dra": ("plugin.dra", "plugin.agent"), "plugin.agent": ("plugin.agent",)}
+PLUGIN_PARTS = {
+    "cdigen.plugin.dra": ("cdigen.plugin.dra", "cdigen.plugin.agent"),
+    "cdigen.plugin.agent": ("cdigen.plugin.agent",),
+}
 
 
 def plugin_imports_outside(part: str, allowed: tuple[str, ...]) -> list[str]:
     found = []
     for path in modules(part.replace(".", "/")):
         for target in sorted(imported(path)):
-            if target.startswith("plugin.") and not any(
+            if target.startswith("cdigen.plugin.") and not any(
                 target == a or target.startswith(a + ".") for a in allowed
             ):
                 found.append(f"{path.relative_to(REPO_ROOT)} imports {target}")
@@ -88,7 +93,9 @@ def test_the_dra_plugin_and_the_agent_core_import_no_device_plugin_module(part: 
 
 
 def test_the_plugin_part_check_sees_a_device_plugin_import() -> None:
-    assert plugin_imports_outside("plugin.dra", ("plugin.dra",)) != []  # it imports the agent
+    assert (
+        plugin_imports_outside("cdigen.plugin.dra", ("cdigen.plugin.dra",)) != []
+    )  # it imports the agent
 
 
 @pytest.mark.parametrize(("top", "forbidden"), RULES, ids=[r[0] for r in RULES])
@@ -99,12 +106,12 @@ def test_no_arrow_points_back(top: str, forbidden: tuple[str, ...]) -> None:
 def test_the_checker_sees_a_forbidden_import_inside_a_function(tmp_path: Path) -> None:
     sneaky = REPO_ROOT / "cdigen" / "_import_rule_probe.py"
     sneaky.write_text(
-        "def f():\n    from policies.allocator import Allocator\n    return Allocator\n"
+        "def f():\n    from cdigen.policies.allocator import Allocator\n    return Allocator\n"
     )
     try:
-        assert violations("cdigen", ("policies", "plugin")) == [
-            "cdigen/_import_rule_probe.py imports policies.allocator",
-            "cdigen/_import_rule_probe.py imports policies.allocator.Allocator",
+        assert violations("cdigen", ("cdigen.policies", "cdigen.plugin")) == [
+            "cdigen/_import_rule_probe.py imports cdigen.policies.allocator",
+            "cdigen/_import_rule_probe.py imports cdigen.policies.allocator.Allocator",
         ]
     finally:
         sneaky.unlink()

@@ -297,9 +297,9 @@ def test_a_node_of_several_products_is_labelled_by_the_most_common() -> None:
 
 
 def test_the_plugin_config_gives_gfds_sharing_view() -> None:
-    from plugin.config import PluginConfig, ResourceConfig
-    from plugin.labels import plugin_labels
-    from plugin.sharing import Sharing
+    from cdigen.plugin.config import PluginConfig, ResourceConfig
+    from cdigen.plugin.labels import plugin_labels
+    from cdigen.plugin.sharing import Sharing
 
     node = load_node("builtin:rtx4090")  # 24564 MiB
     cases = {
@@ -349,9 +349,9 @@ def test_registering_labels_imports_no_label_code() -> None:
 def test_a_feature_file_that_cannot_be_written_is_logged_and_serving_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from plugin.agent.feature_file import FeatureFile
-    from plugin.config import PluginConfig
-    from plugin.labels import plugin_labels
+    from cdigen.plugin.agent.feature_file import FeatureFile
+    from cdigen.plugin.config import PluginConfig
+    from cdigen.plugin.labels import plugin_labels
 
     (tmp_path / "file").write_text("")
     features = FeatureFile(tmp_path / "file" / "cdigen")  # its directory is a file
@@ -370,7 +370,7 @@ def test_nvlink_domain_size_agrees_with_the_dra_attribute(name: str) -> None:
     from collections import Counter
 
     from cdigen.labels import nvlink_domain_size
-    from policies.graph import nvlink_groups
+    from cdigen.policies.graph import nvlink_groups
 
     node = load_node(f"builtin:{name}")
     domains = Counter(nvlink_groups(node).domain.values())
@@ -411,7 +411,7 @@ def test_a_failed_feature_file_write_is_retried_without_a_label_change(tmp_path:
     should be), then fixed; the labels are written without another update."""
     import time
 
-    from plugin.agent.feature_file import FeatureFile
+    from cdigen.plugin.agent.feature_file import FeatureFile
 
     features_d = tmp_path / "features.d"
     features_d.write_text("not a directory")

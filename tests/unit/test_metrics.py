@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cdigen.errors import InputError
-from plugin.agent.sockets import parse_address
-from plugin.metrics import PluginMetrics
+from cdigen.plugin.agent.sockets import parse_address
+from cdigen.plugin.metrics import PluginMetrics
 
 GPU = "nvidia.com/gpu"
 

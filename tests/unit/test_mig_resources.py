@@ -10,12 +10,12 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
-from plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
-from plugin.agent.health_watchers import NodeWatcher
-from plugin.agent.xid import xid_reason
-from plugin.config import PluginConfig, ResourceConfig, load_config
-from plugin.device_plugin import Plugin
-from plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
+from cdigen.plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
+from cdigen.plugin.agent.health_watchers import NodeWatcher
+from cdigen.plugin.agent.xid import xid_reason
+from cdigen.plugin.config import PluginConfig, ResourceConfig, load_config
+from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
 from tests.helpers.clock import FakeClock
 
 GPU = "nvidia.com/gpu"
@@ -234,7 +234,7 @@ def test_node_watcher_rescans_on_its_interval() -> None:
 
 
 def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
-    from plugin.metrics import PluginMetrics
+    from cdigen.plugin.metrics import PluginMetrics
 
     metrics = PluginMetrics()
     for name in (GPU, "nvidia.com/mig-7g.80gb", "nvidia.com/mig-4g.40gb"):
@@ -258,7 +258,7 @@ def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
 def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
     import threading
 
-    from plugin.servicer import DevicePluginService
+    from cdigen.plugin.servicer import DevicePluginService
     from tests.helpers.devices import mig as mig_device
     from tests.helpers.devices import replica
     from tests.helpers.servicer import first

@@ -2,7 +2,7 @@
 
 Every case is answered three ways that must agree: the fast path (whole GPUs, no constraints),
 the general path (a constraint every set passes sends the request there, where the exact search
-ranks by :func:`policies.objective.head`), and ``policy explain``'s ranking
+ranks by :func:`cdigen.policies.objective.head`), and ``policy explain``'s ranking
 (:meth:`Allocator.candidates`, by :meth:`Candidate.key`), whose runner-up's ``lostBecause``
 names the term that decided, with its numbers.
 """
@@ -16,11 +16,11 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from policies import objective as objective_module
-from policies.allocator import AllocationRequest, Allocator, why_lost
-from policies.cel import compile_expression
-from policies.expression import Expression
-from policies.policy import Policy
+from cdigen.policies import objective as objective_module
+from cdigen.policies.allocator import AllocationRequest, Allocator, why_lost
+from cdigen.policies.cel import compile_expression
+from cdigen.policies.expression import Expression
+from cdigen.policies.policy import Policy
 
 ALLOCATION = frozenset({"allocation"})
 INDEX = 'device.attributes["cdigen.dev"].index'
@@ -244,7 +244,7 @@ def test_past_its_budget_a_request_counts_the_sets_not_evaluated_as_failing(
     budget evaluates (0, 4) too, at its deadline: it passes, and no set left can beat it."""
     readings = itertools.count(1000)
     monkeypatch.setattr(objective_module.time, "thread_time", lambda: float(next(readings)))
-    monkeypatch.setattr("policies.allocator.CONSTRAINT_BUDGET_S", budget_s)
+    monkeypatch.setattr("cdigen.policies.allocator.CONSTRAINT_BUDGET_S", budget_s)
     allocator = Allocator(_node("dgx1-v100"), _policy("modest", constraint))
     answer = allocator.prefer(_request(tuple(range(8)), 2, (0,)))
     assert answer.devices == devices
@@ -252,7 +252,7 @@ def test_past_its_budget_a_request_counts_the_sets_not_evaluated_as_failing(
     assert answer.fallback_reason == (ran_past if budget_s == 2.5 else None)
     # what a request did not evaluate is not remembered as failing: the next one, with time
     # enough, evaluates it
-    monkeypatch.setattr("policies.allocator.CONSTRAINT_BUDGET_S", 1000.0)
+    monkeypatch.setattr("cdigen.policies.allocator.CONSTRAINT_BUDGET_S", 1000.0)
     later = allocator.prefer(_request(tuple(range(7)), 2, (0,)))
     assert later.devices == ("0", "4" if budget_s == 3.0 else "1")
     assert later.fallback_reason is None
@@ -302,8 +302,8 @@ def test_an_evaluation_cut_short_fails_its_set_and_says_which_limit_cut_it(
     4 s budget, the request is at its deadline, 1004, when it checks: not past it)."""
     readings = itertools.count(1000)
     monkeypatch.setattr(objective_module.time, "thread_time", lambda: float(next(readings)))
-    monkeypatch.setattr("policies.allocator.CONSTRAINT_BUDGET_S", budget_s)
-    monkeypatch.setattr("policies.cel.limits.EVAL_TIME_LIMIT_S", eval_limit_s)
+    monkeypatch.setattr("cdigen.policies.allocator.CONSTRAINT_BUDGET_S", budget_s)
+    monkeypatch.setattr("cdigen.policies.cel.limits.EVAL_TIME_LIMIT_S", eval_limit_s)
     slow = f"{TEN}.map(a, {TEN}.map(b, a + b)).size() > allocation.size"
     allocator = Allocator(_node("dgx1-v100"), _policy("slow", slow))
     answer = allocator.prefer(_request((0, 3), 2))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from plugin.api import deviceplugin_pb2 as pb
-from plugin.api.generate import GENERATED, PROTOS, REPO_ROOT, generate, generated_paths
+from cdigen.plugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.api.generate import GENERATED, PROTOS, REPO_ROOT, generate, generated_paths
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -17,7 +17,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     for path in written:
         committed = REPO_ROOT / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{committed} is stale: run 'python -m plugin.api.generate' and commit it"
+            f"{committed} is stale: run 'python -m cdigen.plugin.api.generate' and commit it"
         )
 
 
@@ -92,10 +92,10 @@ def test_a_kubelet_encoded_allocate_response_decodes() -> None:
 
 def test_dra_protos_match_the_kubelets_at_the_named_tag() -> None:
     """Service names and field numbers the kubelet's DRA client uses (k8s.io/kubelet v0.36.3)."""
-    from plugin.dra.api import dra_health_v1alpha1_pb2 as health
-    from plugin.dra.api import dra_v1_pb2 as v1
-    from plugin.dra.api import dra_v1beta1_pb2 as v1beta1
-    from plugin.dra.api import pluginregistration_v1_pb2 as reg
+    from cdigen.plugin.dra.api import dra_health_v1alpha1_pb2 as health
+    from cdigen.plugin.dra.api import dra_v1_pb2 as v1
+    from cdigen.plugin.dra.api import dra_v1beta1_pb2 as v1beta1
+    from cdigen.plugin.dra.api import pluginregistration_v1_pb2 as reg
 
     assert v1.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
         "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"

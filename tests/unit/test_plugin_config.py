@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.errors import InputError, SchemaError
-from plugin.config import DEFAULT_IGNORED_XIDS, ResourceConfig, load_config
+from cdigen.plugin.config import DEFAULT_IGNORED_XIDS, ResourceConfig, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -135,7 +135,7 @@ def test_capabilities_of_the_generated_spec_from_file_and_env(tmp_path: Path) ->
 def test_generated_spec_follows_the_capabilities(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from plugin.generate_specs import write_specs
+    from cdigen.plugin.generate_specs import write_specs
     from tests.cdihost import build_host, make_node
 
     host = build_host(tmp_path / "host", make_node(1), merged=True, graphics=True)

@@ -10,15 +10,15 @@ import pytest
 
 from cdigen.cdi.cache import SpecCache
 from cdigen.model import Gpu, Node
-from plugin.agent.health import (
+from cdigen.plugin.agent.health import (
     SOURCE_NODE,
     SOURCE_SPEC,
     SOURCE_XID,
     HealthBoard,
     node_reasons,
 )
-from plugin.agent.health_watchers import NodeWatcher, SpecDirWatcher
-from plugin.agent.xid import XidHealth, xid_reason
+from cdigen.plugin.agent.health_watchers import NodeWatcher, SpecDirWatcher
+from cdigen.plugin.agent.xid import XidHealth, xid_reason
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.clock import FakeClock
 

@@ -10,9 +10,9 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
-from plugin.config import HealthConfig, PluginConfig, ResourceConfig
-from plugin.device_plugin import Plugin
-from policies.allocator import AllocationRequest, Allocator
+from cdigen.plugin.config import HealthConfig, PluginConfig, ResourceConfig
+from cdigen.plugin.device_plugin import Plugin
+from cdigen.policies.allocator import AllocationRequest, Allocator
 from tests.kubelet_sim import KubeletSimulator
 
 RESOURCE = "nvidia.com/gpu"
@@ -62,12 +62,12 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     """Every CDI name a layout hands out is one the generated spec defines; each device knows
     its kind and its GPU's position, and each resource has its engine."""
     from cdigen.cdi.cache import load_state
-    from plugin.config import ResourceConfig
-    from plugin.generate_specs import write_specs
-    from plugin.gpu_selector import GpuSelector
-    from plugin.layout import plan_layout
-    from plugin.sharing import Sharing
-    from policies.policy_set import PolicySet
+    from cdigen.plugin.config import ResourceConfig
+    from cdigen.plugin.generate_specs import write_specs
+    from cdigen.plugin.gpu_selector import GpuSelector
+    from cdigen.plugin.layout import plan_layout
+    from cdigen.plugin.sharing import Sharing
+    from cdigen.policies.policy_set import PolicySet
     from tests.cdihost import build_host, make_node
 
     node = make_node(3, mig_gpu=1)
@@ -113,8 +113,8 @@ def test_a_health_state_seen_before_gets_its_engine_back_without_a_rebuild() -> 
     import dataclasses
 
     from cdigen.discover import load_node
-    from plugin.layout import AllocatorCache, plan_layout
-    from policies.policy_set import PolicySet
+    from cdigen.plugin.layout import AllocatorCache, plan_layout
+    from cdigen.policies.policy_set import PolicySet
 
     node = load_node("builtin:dgx1-v100")
     config = PluginConfig(node="builtin:dgx1-v100", resources=(ResourceConfig(RESOURCE),))

@@ -10,19 +10,19 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from plugin.agent.health import with_board_health
-from plugin.config import PluginConfig, ResourceConfig
-from plugin.gpu_selector import GpuSelector
-from plugin.kubelet_requests import PreferenceRequest, RequestInvalid, check_preference
-from plugin.layout import (
+from cdigen.plugin.agent.health import with_board_health
+from cdigen.plugin.config import PluginConfig, ResourceConfig
+from cdigen.plugin.gpu_selector import GpuSelector
+from cdigen.plugin.kubelet_requests import PreferenceRequest, RequestInvalid, check_preference
+from cdigen.plugin.layout import (
     AllocatorCache,
     Layout,
     gpus_down,
     plan_layout,
     plan_resources_for,
 )
-from plugin.sharing import Sharing
-from policies.policy_set import PolicySet
+from cdigen.plugin.sharing import Sharing
+from cdigen.policies.policy_set import PolicySet
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

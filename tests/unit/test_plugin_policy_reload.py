@@ -9,12 +9,12 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from plugin.config import PluginConfig
-from plugin.device_plugin import Plugin
-from plugin.kubelet_requests import PreferenceRequest
-from policies import allocator as allocator_module
-from policies.allocator import Allocator
-from policies.policy import Policy
+from cdigen.plugin.config import PluginConfig
+from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.kubelet_requests import PreferenceRequest
+from cdigen.policies import allocator as allocator_module
+from cdigen.policies.allocator import Allocator
+from cdigen.policies.policy import Policy
 
 MIG = "nvidia.com/mig-1g.10gb"
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from plugin.agent.health import SOURCE_NODE
-from plugin.call_records import CallSummary, RequestRecorder
-from plugin.kubelet_requests import (
+from cdigen.plugin.agent.health import SOURCE_NODE
+from cdigen.plugin.call_records import CallSummary, RequestRecorder
+from cdigen.plugin.kubelet_requests import (
     AllocateRefused,
     PreferenceRequest,
 )
-from plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
-from plugin.registration import socket_name
-from plugin.servicer import Preference
+from cdigen.plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
+from cdigen.plugin.registration import socket_name
+from cdigen.plugin.servicer import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
 
 

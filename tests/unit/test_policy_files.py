@@ -9,7 +9,7 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.errors import InputError
-from policies.policy import BUILTIN_NAMES, builtin_policy, check_policy_file, load_policy
+from cdigen.policies.policy import BUILTIN_NAMES, builtin_policy, check_policy_file, load_policy
 from tests.helpers.nodes import dgx_a100
 
 GOOD = """\
@@ -189,7 +189,7 @@ def test_check_several_files_reports_all(
 
 
 def test_constraint_error_at_run_time_falls_back_to_a_valid_answer(tmp_path: Path) -> None:
-    from policies.allocator import AllocationRequest, Allocator
+    from cdigen.policies.allocator import AllocationRequest, Allocator
 
     text = GOOD.replace(
         "allocation.numaNodes.size() == 1",

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.policy import check_policy_file
+from cdigen.policies.policy import check_policy_file
 
 ATOMS = st.sampled_from(
     [

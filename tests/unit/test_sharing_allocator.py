@@ -6,8 +6,8 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import builtin_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import builtin_policy
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.errors import AllocationError, InputError
 from cdigen.model import Node
-from cdigen.shares import gpu_part
-from plugin.sharing import (
+from cdigen.plugin.sharing import (
     ShareRefused,
     Sharing,
     advisory_warning,
@@ -19,8 +18,9 @@ from plugin.sharing import (
     shares_by_gpu,
     sharing_from_doc,
 )
-from policies.allocator import AllocationRequest, Allocator
-from policies.policy import builtin_policy
+from cdigen.policies.allocator import AllocationRequest, Allocator
+from cdigen.policies.policy import builtin_policy
+from cdigen.shares import gpu_part
 
 KIND = "nvidia.com/gpu"
 SLICES = Sharing(memory_slice_mib=1024)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cdigen.errors import InputError
+from cdigen.policies.cel import parse_quantity
 from cdigen.sizes import parse_bytes, quantity_text
-from policies.cel import parse_quantity
 
 KUBERNETES = [
     *("1", "1024", "1Ki", "1536Mi", "24Gi", "1Ti", "2Pi", "1Ei", "1k", "24G", "3M", "1T"),

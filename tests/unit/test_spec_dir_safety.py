@@ -25,8 +25,8 @@ from cdigen.cdi.cache import SpecCache, load_state
 from cdigen.cdi.write import LOCK_NAME
 from cdigen.cli import main
 from cdigen.nodefile import dump_node
-from plugin.agent.health import HealthBoard
-from plugin.agent.health_watchers import SpecDirWatcher
+from cdigen.plugin.agent.health import HealthBoard
+from cdigen.plugin.agent.health_watchers import SpecDirWatcher
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from policies.policy import BUILTIN_NAMES, check_policy_file
+from cdigen.policies.policy import BUILTIN_NAMES, check_policy_file
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("celpy", "policies.cel", "jsonschema")
+HEAVY = ("celpy", "cdigen.policies.cel", "jsonschema")
 
 
 def _loaded_after(code: str) -> set[str]:
@@ -55,4 +55,4 @@ def test_a_policy_with_cel_still_imports_the_engine(tmp_path: Path) -> None:
         "spec:\n  constraints: ['allocation.numaNodes.size() <= 1']\n"
     )
     code = f"from policies.policy import load_policy\nload_policy({str(policy)!r})\n"
-    assert _loaded_after(code) == {"celpy", "policies.cel", "jsonschema"}
+    assert _loaded_after(code) == {"celpy", "cdigen.policies.cel", "jsonschema"}

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from plugin.agent.api import podresources_v1_pb2 as plugin_dot_agent_dot_api_dot_podresources__v1__pb2
+from cdigen.plugin.agent.api import podresources_v1_pb2 as plugin_dot_agent_dot_api_dot_podresources__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

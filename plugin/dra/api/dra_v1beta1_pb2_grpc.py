@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from plugin.dra.api import dra_v1beta1_pb2 as plugin_dot_dra_dot_api_dot_dra__v1beta1__pb2
+from cdigen.plugin.dra.api import dra_v1beta1_pb2 as plugin_dot_dra_dot_api_dot_dra__v1beta1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
