@@ -10,42 +10,20 @@ import pytest
 import yaml
 
 from cdigen.cli import main
+from tests.helpers.doc_sessions import Session, expected_exit, sessions, shown_files
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "seed-4090.md"
 TEXT = DOC.read_text(encoding="utf-8")
 
 
-def _files() -> dict[str, str]:
-    """The YAML blocks whose first line names a file (``# NAME.yaml``), by that name."""
-    out = {}
-    for block in re.findall(r"```yaml\n(.*?)```", TEXT, re.S):
-        first = block.partition("\n")[0]
-        if m := re.fullmatch(r"# ([\w.-]+\.yaml)", first):
-            out[m.group(1)] = block
-    return out
-
-
-def _sessions() -> list[tuple[str, str]]:
-    """(command, expected output) for each ``$ cdigen`` line of the console blocks."""
-    out = []
-    for block in re.findall(r"```console\n(.*?)```", TEXT, re.S):
-        lines = block.splitlines()
-        for at, line in enumerate(lines):
-            if line.startswith("$ cdigen "):
-                rest = lines[at + 1 :]
-                end = next((k for k, x in enumerate(rest) if x.startswith("$ ")), len(rest))
-                out.append((line[2:], "\n".join(rest[:end])))
-    return out
-
-
-FILES = _files()
-SESSIONS = _sessions()
+FILES = shown_files("docs/seed-4090.md")
+SESSIONS = [(x.command, "\n".join(x.shown), x) for x in sessions([DOC])]
 
 
 def test_the_page_shows_both_wings() -> None:
     assert {"seed.yaml", "gpu-mps-4.yaml", "seed-a.yaml", "seed-b.yaml"} <= set(FILES)
-    commands = [c for c, _ in SESSIONS]
+    commands = [c for c, _, _ in SESSIONS]
     assert any(c.startswith("cdigen plugin config check") for c in commands)
     assert any(c.startswith("cdigen dra explain") for c in commands)
 
@@ -57,10 +35,13 @@ def test_the_seed_pod_asks_for_one_whole_gpu_and_nothing_else() -> None:
     assert "resourceClaims" not in pod["spec"]
 
 
-@pytest.mark.parametrize(("command", "expected"), SESSIONS, ids=[c for c, _ in SESSIONS])
+@pytest.mark.parametrize(
+    ("command", "expected", "session"), SESSIONS, ids=[c for c, _, _ in SESSIONS]
+)
 def test_each_session_prints_what_the_page_says(
     command: str,
     expected: str,
+    session: Session,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -70,7 +51,7 @@ def test_each_session_prints_what_the_page_says(
     monkeypatch.chdir(tmp_path)
     code = main(shlex.split(command)[1:])
     # the page says which one fails: the claim the whole-GPU default leaves without a GPU
-    assert code == (1 if "not allocatable" in expected else 0)
+    assert code == expected_exit(session)
     assert capsys.readouterr().out.rstrip("\n") == expected.rstrip("\n")
 
 
