@@ -396,6 +396,8 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=5) as r:
                 doc = json.loads(r.read())
         except urllib.error.HTTPError as exc:
+            if exc.code == 503:  # starting: the API answers 503 until its storage is ready
+                raise ConnectionError(f"{expr}: Prometheus is not ready yet") from None
             raise AssertionError(f"{expr}: {exc.read().decode()}") from None
         assert doc["status"] == "success", doc
         result: list[dict[str, Any]] = doc["data"]["result"]
