@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from cdigen.errors import ContentError, InputError
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
+from cdigen.plugin.agent.health_watchers import DEFAULT_POLL_INTERVAL_S
 from cdigen.plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER_S
 from cdigen.plugin.config_sources import (
     check_choice,
     overrides_from_env,
@@ -30,10 +32,6 @@ from cdigen.plugin.defaults import (
 if TYPE_CHECKING:  # cdigen.plugin.sharing is imported when a config file is read: --help stays fast
     from cdigen.plugin.gpu_selector import Claimant, GpuSelector
     from cdigen.plugin.sharing import Sharing
-
-# Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
-# skips the same set.
-DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 
 ENV_PREFIX = "CDIGEN_"
 
@@ -57,8 +55,8 @@ class HealthConfig:
     """How device health is watched."""
 
     ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
-    poll_interval_s: float = 0.5
-    recover_after_s: float = 60.0
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    recover_after_s: float = DEFAULT_RECOVER_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             )
         elif name == "rescan_interval_s":
             changes[name] = parse_seconds(value, where="rescanIntervalSeconds")
-        elif name == "health_recover_after":
+        elif name == "recover_after_s":
             health = replace(health, recover_after_s=float(value))
         else:
             changes[name] = value
