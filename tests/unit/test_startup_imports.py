@@ -30,16 +30,16 @@ def _loaded_after(code: str) -> set[str]:
 
 @pytest.mark.parametrize("name", BUILTIN_NAMES)
 def test_each_builtin_policy_file_passes_the_full_check(name: str) -> None:
-    path = resources.files("policies").joinpath("builtin", f"{name}.yaml")
+    path = resources.files("cdigen.policies").joinpath("builtin", f"{name}.yaml")
     assert check_policy_file(str(path)) == []
 
 
 def test_the_default_policy_and_its_engine_load_without_cel_or_jsonschema() -> None:
     code = (
         "from cdigen.discover import load_node\n"
-        "from plugin.config import load_config\n"
-        "from plugin.layout import plan_layout\n"
-        "from policies.policy_set import load_policy_set\n"
+        "from cdigen.plugin.config import load_config\n"
+        "from cdigen.plugin.layout import plan_layout\n"
+        "from cdigen.policies.policy_set import load_policy_set\n"
         "node = load_node('builtin:dgx-a100')\n"
         "config = load_config(None, flags={'node': 'builtin:dgx-a100'})\n"
         "layout = plan_layout(node, config, load_policy_set(None))\n"
@@ -54,5 +54,5 @@ def test_a_policy_with_cel_still_imports_the_engine(tmp_path: Path) -> None:
         "apiVersion: cdigen/v1alpha1\nkind: AllocationPolicy\nmetadata: {name: fast}\n"
         "spec:\n  constraints: ['allocation.numaNodes.size() <= 1']\n"
     )
-    code = f"from policies.policy import load_policy\nload_policy({str(policy)!r})\n"
+    code = f"from cdigen.policies.policy import load_policy\nload_policy({str(policy)!r})\n"
     assert _loaded_after(code) == {"celpy", "cdigen.policies.cel", "jsonschema"}
