@@ -180,7 +180,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
-    from cdigen.plugin.agent.mps import SHM_HINT, shm_directory_problem
+    from cdigen.plugin.agent.mps import PIPE_HINT, SHM_HINT, shm_directory_problem
     from cdigen.plugin.dra.mps import MpsSettings
     from cdigen.shares import MAX_REPLICAS
 
@@ -203,7 +203,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
         raise InputError(
             f"{args.mps_pipe_dir!r} is not an absolute path",
             where="--mps-pipe-dir",
-            hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
+            hint=PIPE_HINT,
         )
     if args.mps_shm_dir is not None:
         problem = shm_directory_problem(args.mps_shm_dir, args.mps_pipe_dir)
