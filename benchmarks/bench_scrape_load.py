@@ -21,9 +21,13 @@ Figures (2026-12-05, the shared 2-core build machine with other jobs on it, one 
     scraped    1200     5.99    19.69    33.38         6.87
     scraped/quiet: p50 11.41x, p99 22.26x; scrapes answered 4591, failed 0
 
-The goal (p99 under 64 scrapers no worse than without) is not met: every scrape renders the
-whole exposition in the plugin's process, in Python threads that take the interpreter from the
-gRPC handler (about 540 renders/s here, 6.9 ms of the plugin's CPU per Allocate call).
+The goal (p99 under 64 scrapers no worse than without) is not met: the scrapes are answered
+by Python threads in the plugin's process (one per connection, at most 32), which take the
+interpreter from the gRPC handler (about 540 scrapes/s here, 6.9 ms of the plugin's CPU per
+Allocate call). Letting concurrent scrapers share one render was tried and did not help: in one
+sitting (old, shared, shared, old; ``--rounds 2``) the scraped/quiet p99 was 22.8x, 17.0x,
+20.8x, 17.0x. What would: scrapes answered outside the interpreter the handlers need (another
+process), or a bound on scrapes per second.
 """
 
 from __future__ import annotations
