@@ -77,6 +77,11 @@ class InputError(CdigenError):
     """Bad input from the user: a missing or malformed file, a bad flag value."""
 
 
+class FlagError(InputError):
+    """A bad value given on the command line (or in the environment variable standing in for
+    the flag): bad usage, whatever a config file beside it says."""
+
+
 class ContentError(InputError):
     """Bad input whose message quotes the input itself (a value, a key): fine for the user who
     gave it on the command line, never for a log line, where :meth:`redacted` stands in: the

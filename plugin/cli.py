@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from cdigen.discover.cli import add_node_source
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from cdigen.plugin.agent.logs import LOG_FORMATS, setup_logging
+from cdigen.plugin.agent.xid import add_xid_options, xid_flags
 from cdigen.plugin.defaults import DEFAULT_PLUGIN_DIR, STRATEGIES
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SECONDS",
         help="how often node file, spec dirs and NVML are checked (default 0.5)",
     )
+    add_xid_options(serve, defaults="default: the config file's, else")  # as dra serve's
     serve.add_argument("--log-format", choices=LOG_FORMATS, help="log line format (default text)")
     serve.add_argument(
         "--metrics-address",
@@ -180,6 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
         "cdi_kind": args.cdi_kind,
         "device_list_strategy": args.device_list_strategy,
         "health_poll_interval": args.health_poll_interval,
+        **xid_flags(args),  # ignored_xids, recover_after_s: those given
         "log_level": args.log_level,  # cdigen's --log-level; None: the config's, else info
         "log_format": args.log_format,
         "metrics_address": args.metrics_address,

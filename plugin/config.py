@@ -8,9 +8,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cdigen.errors import ContentError, InputError
+from cdigen.errors import ContentError, FlagError, InputError
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
+from cdigen.plugin.agent.health_watchers import DEFAULT_POLL_INTERVAL_S
 from cdigen.plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER_S
 from cdigen.plugin.config_sources import (
     check_choice,
     overrides_from_env,
@@ -31,11 +33,12 @@ if TYPE_CHECKING:  # cdigen.plugin.sharing is imported when a config file is rea
     from cdigen.plugin.gpu_selector import Claimant, GpuSelector
     from cdigen.plugin.sharing import Sharing
 
-# Application errors (bad kernel, illegal address, ...): the GPU itself is fine. NVIDIA's plugin
-# skips the same set.
-DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
-
 ENV_PREFIX = "CDIGEN_"
+
+
+class ResourcesError(InputError):
+    """The resource list as a whole cannot be served (two owners of a GPU, a name twice, MIG
+    resources that do not fit the strategy): :func:`load_config` names the file it came from."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,8 @@ class HealthConfig:
     """How device health is watched."""
 
     ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
-    poll_interval_s: float = 0.5
-    recover_after_s: float = 60.0
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    recover_after_s: float = DEFAULT_RECOVER_AFTER_S
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,7 @@ def _apply(config: PluginConfig, overrides: Mapping[str, Any]) -> PluginConfig:
             )
         elif name == "rescan_interval_s":
             changes[name] = parse_seconds(value, where="rescanIntervalSeconds")
-        elif name == "health_recover_after":
+        elif name == "recover_after_s":
             health = replace(health, recover_after_s=float(value))
         else:
             changes[name] = value
@@ -186,7 +189,7 @@ def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[Resource
         return (replace(resources[0], name=str(name)),)
     if all(is_mig_resource(r.name) for r in resources):
         return (ResourceConfig(str(name)), *resources)
-    raise InputError(
+    raise FlagError(
         f"the config lists {len(resources)} resources but no whole-GPU resource to rename "
         f"to {name!r}",
         where="--resource/CDIGEN_RESOURCE",
@@ -228,7 +231,7 @@ def _check_served_names(config: PluginConfig) -> None:
     names = [r.name for r in config.resources]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise InputError(
+        raise ResourcesError(
             f"resource {twice[0]} is listed more than once",
             where="resources",
             hint="give each resource its own name (each is served on its own socket)",
@@ -244,7 +247,7 @@ def _check_resource_kinds(config: PluginConfig) -> None:
     ]
     mig_resources = [r for r in config.resources if is_mig_resource(r.name)]
     if mig_resources and config.mig_strategy != "mixed":
-        raise InputError(
+        raise ResourcesError(
             f"resource {mig_resources[0].name} is a per-profile MIG resource, but migStrategy "
             f"is {config.mig_strategy!r}",
             where="resources",
@@ -255,13 +258,13 @@ def _check_resource_kinds(config: PluginConfig) -> None:
     overlap = static_overlap(config.gpu_claimants)
     if overlap is not None:
         first, second, what = overlap
-        raise InputError(
+        raise ResourcesError(
             overlap_message(first.name, second.name, what), where="resources", hint=OVERLAP_HINT
         )
     if len(gpu_resources) > 1:
         # even on GPUs of their own: one whole-GPU resource is served (the MIG single strategy
         # and --resource rename it)
-        raise InputError(
+        raise ResourcesError(
             f"resources {gpu_resources[0].name} and {gpu_resources[1].name} both advertise "
             "whole GPUs; one whole-GPU resource is served",
             where="resources",
@@ -270,7 +273,7 @@ def _check_resource_kinds(config: PluginConfig) -> None:
         )
     mig_selected = [r.name for r in mig_resources if r.gpus is not None]
     if mig_selected:
-        raise InputError(
+        raise ResourcesError(
             f"resource {mig_selected[0]} is a per-profile MIG resource: its devices are the MIG "
             "devices of that profile, and gpus does not apply",
             where="resources",
@@ -278,7 +281,7 @@ def _check_resource_kinds(config: PluginConfig) -> None:
         )
     shared_mig = [r.name for r in config.resources if r.sharing and is_mig_resource(r.name)]
     if shared_mig:
-        raise InputError(
+        raise ResourcesError(
             f"resource {shared_mig[0]} is a per-profile MIG resource and cannot be shared",
             where="resources",
             hint="give the sharing resource a name such as nvidia.com/gpu.shared",
@@ -299,28 +302,45 @@ def load_config(
     ``content``: the file's bytes, already read (cdigen.plugin.agent.config_file), named by
     ``path``.
     """
+    config = PluginConfig() if path is None else config_from_file(path, content)
+    return merged_config(config, path=path, env=env, flags=flags)
+
+
+def config_from_file(path: str | Path, content: bytes | None = None) -> PluginConfig:
+    """The settings of the config file at ``path`` over the defaults (``content``: its bytes,
+    already read); every InputError names the file."""
     from cdigen.fileio import parse_document, read_document
 
-    config = PluginConfig()
-    if path is not None and content is not None:
+    if content is not None:
         try:
             text = content.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InputError(f"not UTF-8 text (byte {exc.start})", where=str(path)) from None
         doc = parse_document(text, where=str(path))
-        config = config_from_document({} if doc is None else doc, where=str(path))
-    elif path is not None:
+    else:
         doc = read_document(path, what="plugin config file")
-        config = config_from_document({} if doc is None else doc, where=str(path))
+    return config_from_document({} if doc is None else doc, where=str(path))
+
+
+def merged_config(
+    config: PluginConfig,
+    *,
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> PluginConfig:
+    """``config`` (the file's, from ``path``) under the ``CDIGEN_*`` variables and the flags,
+    checked as a whole: FlagError for a flag's (or its variable's) value, ResourcesError
+    naming ``path`` for a resource list that cannot be served, InputError otherwise."""
     env_overrides = overrides_from_env(with_nvidia_env(os.environ if env is None else env))
     config = _apply(config, env_overrides)
     config = _apply(config, dict(flags or {}))
     try:
         return _validate(config)
-    except InputError as exc:  # the resource list is the file's: name it
-        if path is None or exc.where != "resources":
+    except ResourcesError as exc:  # the resource list is the file's: name it
+        if path is None:
             raise
-        raise InputError(exc.message, where=f"{path}: resources", hint=exc.hint) from None
+        raise ResourcesError(exc.message, where=f"{path}: resources", hint=exc.hint) from None
 
 
 def config_from_document(doc: Any, *, where: str) -> PluginConfig:

@@ -109,9 +109,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from cdigen.errors import InputError
+    from cdigen.errors import FlagError, InputError
     from cdigen.fileio import read_document
-    from cdigen.plugin.config import load_config
+    from cdigen.plugin.config import ResourcesError, config_from_file, merged_config
     from cdigen.plugin.config_report import config_report, load_config_node
 
     read_document(args.file, what="plugin config file")  # unreadable, not YAML: bad input, 2
@@ -123,10 +123,16 @@ def _check(args: argparse.Namespace) -> int:
         )
     flags = {"node": args.node, "policy_dir": args.policy_dir}
     try:
-        config = load_config(args.file, flags=flags)
+        from_file = config_from_file(args.file)
     except InputError as exc:
-        if (exc.where or "").startswith("--"):  # a flag of this command: bad usage, 2
-            raise
+        return _refused(exc)  # names the file
+    try:
+        config = merged_config(from_file, path=args.file, flags=flags)
+    except FlagError:  # a flag of this command (or its variable): bad usage, 2
+        raise
+    except ResourcesError as exc:
+        return _refused(exc)  # names the file
+    except InputError as exc:
         return _refused(exc, args.file)
     node = load_config_node(config)  # discovery failing is about --node, not the config: 2
     try:
@@ -137,11 +143,12 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refused(exc: Exception, file: str) -> int:
-    """A config serve would refuse: one line, exit 1."""
+def _refused(exc: Exception, file: str | None = None) -> int:
+    """A config serve would refuse: one line, exit 1; ``file``: the config file the error
+    does not name yet, put before its field."""
     from cdigen.errors import InputError
 
-    if isinstance(exc, InputError) and not (exc.where or "").startswith(file):
+    if isinstance(exc, InputError) and file is not None:
         where = f"{file}: {exc.where}" if exc.where else file
         exc = InputError(exc.message, where=where, hint=exc.hint)
     print(f"cdigen: error: {exc}", file=sys.stderr)

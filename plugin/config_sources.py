@@ -11,6 +11,7 @@ from typing import Any
 from cdigen.errors import InputError
 from cdigen.model import MIG_STRATEGIES
 from cdigen.plugin.agent.logs import LOG_FORMATS, LOG_LEVELS
+from cdigen.plugin.agent.xid import parse_xids
 from cdigen.plugin.defaults import STRATEGIES
 
 # Environment variables and the overrides they map to (same value rules as the flags).
@@ -73,7 +74,7 @@ def overrides_from_file(doc: Mapping[str, Any]) -> dict[str, Any]:
     if "pollIntervalSeconds" in health:
         out["health_poll_interval"] = health["pollIntervalSeconds"]
     if "recoverAfterSeconds" in health:
-        out["health_recover_after"] = health["recoverAfterSeconds"]
+        out["recover_after_s"] = health["recoverAfterSeconds"]
     log = doc.get("log", {})
     if "level" in log:
         out["log_level"] = log["level"]
@@ -143,15 +144,6 @@ def overrides_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-def parse_xids(text: str, *, where: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(
-            f"expected comma-separated Xid numbers, got {text!r}", where=where, hint="e.g. 13,31,43"
-        ) from None
 
 
 def parse_bool(text: str, *, where: str) -> bool:

@@ -25,11 +25,13 @@ from cdigen.plugin.agent.mps import (
     LIMIT_KEYS,
     MPS_MEMORY_ENV,
     MPS_SHM_PATH,
+    PIPE_HINT,
     PROPORTIONAL,
     SHM_HINT,
     GpuLimit,
+    MpsDirectoryRefused,
     limits_env,
-    mps_directory_problem,
+    mps_mounts,
     shm_directory_problem,
 )
 from cdigen.plugin.cdi_names import entry_cdi_name
@@ -149,7 +151,7 @@ def _mps_settings(mps: Any, where: str) -> tuple[str | None, str | None, str]:
         raise InputError(
             f"mps.pipeDirectory must be an absolute path, got {pipe!r}",
             where=where,
-            hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
+            hint=PIPE_HINT,
         )
     shm = mps.get("shmDirectory")
     if shm is not None:
@@ -271,11 +273,7 @@ def hand_out_shares(
     gpus = {uuid: e.gpu for uuid, e in by_gpu.items()}
     uuids = tuple(per_gpu)
     env = _mps_env(uuids, per_gpu, gpus, sharing)
-    mounts: tuple[BindMount, ...] = ()
-    if sharing.mps_pipe_directory is not None:
-        mounts = (_mps_mount(sharing.mps_pipe_directory, resource),)
-    if sharing.mps_shm_directory is not None:
-        mounts += (_mps_shm_mount(sharing.mps_shm_directory, resource),)
+    mounts = _mps_mounts(sharing, resource)
     return ShareAllocation(
         gpu_uuids=uuids,
         cdi_names=tuple(entry_cdi_name(cdi_kind, by_gpu[u]) for u in uuids),
@@ -331,34 +329,23 @@ def _shares_per_gpu(
     return per_gpu
 
 
-def _mps_mount(pipe: str, resource: str) -> BindMount:
-    """The MPS pipe directory, read-only: clients only connect to the daemon's sockets and open
-    its named pipes, which a read-only mount allows (the kernel refuses writes there only to
-    regular files, directories and symlinks). ShareRefused if the directory exists but is not
+def _mps_mounts(sharing: Sharing, resource: str) -> tuple[BindMount, ...]:
+    """The MPS pipe directory (read-only) and shared-memory directory (at /dev/shm), as
+    :func:`cdigen.plugin.agent.mps.mps_mounts` has them; ShareRefused if one exists but is not
     what the MPS daemon makes (see :func:`cdigen.cdi.ipc.ipc_problem`)."""
-    problem = mps_directory_problem(pipe)
-    if problem:
+    try:
+        mounts = mps_mounts(sharing.mps_pipe_directory, sharing.mps_shm_directory)
+    except MpsDirectoryRefused as exc:
+        if exc.shm:
+            raise ShareRefused(
+                f"will not mount the MPS shared-memory directory at {MPS_SHM_PATH}: {exc.problem}",
+                where=resource,
+                hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at "
+                "/dev/shm",
+            ) from None
         raise ShareRefused(
-            f"will not mount the MPS pipe directory: {problem}",
+            f"will not mount the MPS pipe directory: {exc.problem}",
             where=resource,
             hint="point sharing.mps.pipeDirectory at the directory nvidia-cuda-mps-control made",
-        )
-    return BindMount(pipe, pipe, read_only=True)
-
-
-def _mps_shm_mount(shm: str, resource: str) -> BindMount:
-    """The MPS daemon's shared memory at /dev/shm, writable: clients make their segments there.
-
-    As for the pipe directory, a directory that is not there yet is mounted anyway (the runtime
-    makes it; the daemon's own mount of the same path then shares it), and one that exists but
-    is a symlink, no directory, owned by another user or in a world-writable directory is
-    refused with ShareRefused. It may itself be world-writable, as /dev/shm is.
-    """
-    problem = mps_directory_problem(shm, shared=True)
-    if problem:
-        raise ShareRefused(
-            f"will not mount the MPS shared-memory directory at {MPS_SHM_PATH}: {problem}",
-            where=resource,
-            hint="point sharing.mps.shmDirectory at the directory the MPS daemon has at /dev/shm",
-        )
-    return BindMount(shm, MPS_SHM_PATH)
+        ) from None
+    return tuple(BindMount(m.host_path, m.container_path, read_only=m.read_only) for m in mounts)

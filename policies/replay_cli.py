@@ -81,9 +81,11 @@ def _parse_request_line(line: str, where: str) -> dict[str, Any]:
             where=where,
             hint="a request is {available, mustInclude, size}",
         ) from None
-    except ValueError as exc:  # an integer of more than 4,300 digits
+    except ValueError:  # json's only other ValueError: an integer past Python's digit limit
         raise InputError(
-            f"invalid JSON: {str(exc).split(';')[0]}", where=where, hint="use short integers"
+            f"invalid JSON: an integer of more than {sys.get_int_max_str_digits()} digits",
+            where=where,
+            hint="use short integers",
         ) from None
     if not isinstance(doc, dict):
         raise InputError("expected an object {available, mustInclude, size}", where=where)

@@ -21,6 +21,8 @@ from cdigen.plugin.agent.health import SOURCE_SPEC, HealthBoard
 
 log = logging.getLogger("cdigen.plugin")
 
+# how often both wings probe their GPUs through NVML (and the device plugin checks its files)
+DEFAULT_POLL_INTERVAL_S = 0.5
 LOGGED_NAMES = 3  # CDI names quoted in the missing-names line; then "and N more"
 
 

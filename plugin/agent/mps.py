@@ -1,5 +1,6 @@
-"""MPS for both plugins: the client limits a container's environment carries, and which node
-directories may be mounted for the MPS control daemon's pipes and shared memory.
+"""MPS for both plugins: the client limits a container's environment carries, and the mounts of
+the MPS control daemon's pipe and shared-memory directories, with the checks that decide whether
+a node directory may be mounted at all. Each wing words a refusal in its own settings' names.
 
 A pinned-memory limit is keyed by default by the GPU's CUDA ordinal in the container, with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that the ordinals follow PCI bus order: NVIDIA's device plugin
@@ -23,6 +24,7 @@ DEVICE_ORDER_ENV = "CUDA_DEVICE_ORDER"
 # where an MPS client looks for the daemon's shared memory: the node's shm directory goes there
 MPS_SHM_PATH = "/dev/shm"
 LIMIT_KEYS = ("index", "uuid")
+PIPE_HINT = "the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps"
 PROPORTIONAL = 0  # as a thread percentage: the client's share of the GPU's memory
 
 
@@ -101,3 +103,49 @@ def mps_directory_problem(path: str, *, shared: bool = False) -> str | None:
     from cdigen.cdi.ipc import ipc_problem
 
     return ipc_problem(path, directory=True, shared=shared) if os.path.lexists(path) else None
+
+
+@dataclass(frozen=True)
+class MpsMount:
+    """A directory of the MPS control daemon bound into a container: the pipe directory at its
+    own path, read-only (clients only connect to the daemon's sockets and open its named pipes,
+    which a read-only mount allows: the kernel refuses writes there only to regular files,
+    directories and symlinks), or the shared-memory directory at /dev/shm, writable (clients
+    make their segments there)."""
+
+    host_path: str
+    container_path: str
+    shm: bool  # the shared-memory directory; False: the pipe directory
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the container sees it read-only: the pipe directory is."""
+        return not self.shm
+
+
+class MpsDirectoryRefused(Exception):
+    """An MPS directory exists but is no place to mount (:func:`mps_directory_problem`):
+    ``shm`` says which one, ``problem`` why; the wing words the refusal in its settings."""
+
+    def __init__(self, path: str, problem: str, *, shm: bool) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+        self.shm = shm
+
+
+def mps_mounts(pipe_dir: str | None, shm_dir: str | None) -> list[MpsMount]:
+    """The MPS mounts of a limited container: none without a pipe directory, then the pipe
+    directory and the shared-memory directory when there is one; MpsDirectoryRefused for the
+    first that exists but is no place to mount. One not there yet is mounted anyway: the
+    runtime makes it, and the daemon's own mount of the same path then shares it."""
+    if not pipe_dir:
+        return []
+    mounts = [MpsMount(pipe_dir, pipe_dir, shm=False)]
+    if shm_dir:
+        mounts.append(MpsMount(shm_dir, MPS_SHM_PATH, shm=True))
+    for mount in mounts:
+        problem = mps_directory_problem(mount.host_path, shared=mount.shm)
+        if problem:
+            raise MpsDirectoryRefused(mount.host_path, problem, shm=mount.shm)
+    return mounts

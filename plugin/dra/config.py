@@ -69,16 +69,14 @@ class RequestConfig:
 def parse_gpu_config(parameters: Any, where: str) -> GpuConfig:
     """``parameters`` of an opaque config for our driver -> GpuConfig; InputError naming the
     field at ``where`` on anything the schema refuses."""
-    from cdigen.schemas import schema_errors
+    from cdigen.schemas import schema_problems
 
-    problems = schema_errors(parameters, SCHEMA)
+    problems = schema_problems(parameters, SCHEMA)
     if problems:
-        first, _, why = problems[0].partition(": ")
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        field = "" if first == "<root>" else f".{first}" if not first.startswith("[") else first
         raise InputError(
-            f"{why}{more}",
-            where=f"{where}.opaque.parameters{field}",
+            f"{problems[0].message}{more}",
+            where=problems[0].field_under(f"{where}.opaque.parameters"),
             hint=f"use apiVersion: {API_VERSION}, kind: {KIND} and capabilities from "
             f"{', '.join(CAPABILITIES)} or all (docs/dra.md)",
         )

@@ -242,7 +242,7 @@ class DraPlugin:
                 recover_after_s=self.options.recover_after_s,
             )
             self._xid.open()
-            self._xid.start()
+            self._xid.start(self.options.health_poll_interval_s)  # polls: quiet GPUs recover
         self._reg_server.start()
         self._keeper = threading.Thread(target=self._keep_slices, name="dra-slices", daemon=True)
         self._keeper.start()

@@ -11,7 +11,7 @@ from cdigen.cdi.types import MountDoc
 from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.model import Gpu
-from cdigen.plugin.agent.mps import MPS_SHM_PATH, GpuLimit, limits_env, mps_directory_problem
+from cdigen.plugin.agent.mps import GpuLimit, MpsDirectoryRefused, limits_env, mps_mounts
 from cdigen.plugin.dra.claims import AllocatedDevice, quoted
 from cdigen.plugin.dra.config import ClaimSharing
 from cdigen.policies.cel import parse_quantity
@@ -135,29 +135,25 @@ def _memory_limits(
 
 
 def _daemon_mounts(mps: MpsSettings) -> list[MountDoc]:
-    """The MPS daemon's pipe directory (read-only, as the device plugin mounts it: a client
-    only connects to the sockets) and its shared memory at /dev/shm; InputError if either
-    exists but is no place to mount."""
-    if not mps.pipe_dir:
-        return []
-    _refuse_unsafe(mps.pipe_dir, "--mps-pipe-dir", shared=False)
-    mounts: list[MountDoc] = [
+    """The MPS daemon's pipe directory (read-only) and its shared memory at /dev/shm, as
+    :func:`cdigen.plugin.agent.mps.mps_mounts` has them, as CDI mounts; InputError (the claim
+    fails, saying why) if either exists but is no place to mount."""
+    try:
+        mounts = mps_mounts(mps.pipe_dir, mps.shm_dir)
+    except MpsDirectoryRefused as exc:
+        raise InputError(
+            f"will not mount the MPS directory into the claim's containers: {exc.problem}",
+            where="--mps-shm-dir" if exc.shm else "--mps-pipe-dir",
+            hint="fix the node directory, or point the flag at the one the MPS daemon uses",
+        ) from None
+    return [
         {
-            "hostPath": mps.pipe_dir,
-            "containerPath": mps.pipe_dir,
-            "options": list(IPC_MOUNT_OPTIONS),
+            "hostPath": m.host_path,
+            "containerPath": m.container_path,
+            "options": list(SHM_MOUNT_OPTIONS if m.shm else IPC_MOUNT_OPTIONS),
         }
+        for m in mounts
     ]
-    if mps.shm_dir:
-        _refuse_unsafe(mps.shm_dir, "--mps-shm-dir", shared=True)
-        mounts.append(
-            {
-                "hostPath": mps.shm_dir,
-                "containerPath": MPS_SHM_PATH,
-                "options": list(SHM_MOUNT_OPTIONS),
-            }
-        )
-    return mounts
 
 
 def consumed_memory(result: AllocatedDevice) -> int:
@@ -179,17 +175,3 @@ def consumed_memory(result: AllocatedDevice) -> int:
             hint="give the claim's capacity request at least 1Mi (docs/dra-sharing.md)",
         )
     return int(value)
-
-
-def _refuse_unsafe(directory: str, flag: str, *, shared: bool) -> None:
-    """InputError (the claim fails, saying why) if the MPS directory exists but is no place to
-    mount into a container: a symlink, not a directory, owned by another user, world-writable
-    (the shared-memory directory may be) or in a world-writable directory. A directory that is
-    not there yet is mounted anyway: the runtime makes it, and the daemon's mount shares it."""
-    problem = mps_directory_problem(directory, shared=shared)
-    if problem:
-        raise InputError(
-            f"will not mount the MPS directory into the claim's containers: {problem}",
-            where=flag,
-            hint="fix the node directory, or point the flag at the one the MPS daemon uses",
-        )

@@ -11,6 +11,8 @@ from cdigen.constants import DRA_DRIVER, KUBELET_DIR
 from cdigen.discover.numa import NumaForm
 from cdigen.memory_shares import MemoryShares
 from cdigen.model import DRA_MIG_STRATEGY
+from cdigen.plugin.agent.health_watchers import DEFAULT_POLL_INTERVAL_S
+from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER_S
 from cdigen.plugin.dra.mps import MpsSettings
 from cdigen.plugin.dra.taints import DEFAULT_TAINT_XIDS
 
@@ -35,8 +37,9 @@ class DraOptions:
     host_root: str = "/"
     proc_root: str = "/proc"  # nvidia-caps minors of the MIG devices made (dynamic)
     delete_slices_on_exit: bool = False
-    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
-    recover_after_s: float = 60.0
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    recover_after_s: float = DEFAULT_RECOVER_AFTER_S
+    health_poll_interval_s: float = DEFAULT_POLL_INTERVAL_S  # NVML probes: Xid recovery
     memory_shares: MemoryShares | None = None  # publish whole GPUs as consumable capacity
     mps: MpsSettings = field(default_factory=MpsSettings)
     taint_xids: Mapping[int, str] = field(default_factory=lambda: dict(DEFAULT_TAINT_XIDS))

@@ -16,6 +16,7 @@ from cdigen.memory_shares import add_share_options, memory_shares
 from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
 from cdigen.plugin.agent.logs import LOG_FORMATS
 from cdigen.plugin.agent.mps import LIMIT_KEYS
+from cdigen.plugin.agent.xid import add_xid_options, xid_flags
 from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "replaces the default list (48, 64, 79, 94, 95 NoSchedule; NoExecute also evicts); "
         "--taint-xid none taints on no Xid",
     )
+    add_xid_options(serve, defaults="default")  # the device plugin's health.* config keys
     serve.add_argument(
         "--log-format",
         dest="dra_log_format",
@@ -178,7 +180,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
     from cdigen.errors import InputError
-    from cdigen.plugin.agent.mps import SHM_HINT, shm_directory_problem
+    from cdigen.plugin.agent.mps import PIPE_HINT, SHM_HINT, shm_directory_problem
     from cdigen.plugin.dra.mps import MpsSettings
     from cdigen.shares import MAX_REPLICAS
 
@@ -201,7 +203,7 @@ def _sharing_options(args: argparse.Namespace) -> dict[str, object]:
         raise InputError(
             f"{args.mps_pipe_dir!r} is not an absolute path",
             where="--mps-pipe-dir",
-            hint="the directory the node's nvidia-cuda-mps-control uses, e.g. /run/nvidia/mps",
+            hint=PIPE_HINT,
         )
     if args.mps_shm_dir is not None:
         problem = shm_directory_problem(args.mps_shm_dir, args.mps_pipe_dir)
@@ -360,4 +362,5 @@ def _dra_options(args: argparse.Namespace) -> DraOptions:
         if args.capability_devices is not None
         else (),
         **_sharing_options(args),  # type: ignore[arg-type]
+        **xid_flags(args),  # ignored_xids, recover_after_s: those given
     )

@@ -180,19 +180,16 @@ def _check_attribute(name: Any, source: str, field: str, published: Published) -
 def _check_config(entries: Any, source: str, field: str, published: Published) -> list[Problem]:
     """Problems of the opaque config entries for the driver: their parameters against the
     GpuConfig schema (schemas/dra-gpu-config.schema.json), as NodePrepareResources reads them."""
-    from cdigen.schemas import schema_errors
+    from cdigen.schemas import schema_problems
 
     problems: list[Problem] = []
     for n, entry in enumerate(entries if isinstance(entries, list) else ()):
         opaque = (entry or {}).get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") != published.driver:
             continue
-        for problem in schema_errors(opaque.get("parameters"), "dra-gpu-config"):
-            path, _, why = problem.partition(": ")
-            where = f"{field}[{n}].opaque.parameters"
-            if path != "<root>":
-                where += path if path.startswith("[") else f".{path}"
-            problems.append(Problem(source, where, why, kind="config"))
+        for problem in schema_problems(opaque.get("parameters"), "dra-gpu-config"):
+            where = problem.field_under(f"{field}[{n}].opaque.parameters")
+            problems.append(Problem(source, where, problem.message, kind="config"))
     return problems
 
 

@@ -259,7 +259,7 @@ def test_a_type_error_behind_and_on_the_sample_gpu_is_found_on_another_node(
         ('{"available": ["0", 1], "mustInclude": [1, "1"], "size": 2}', "mustInclude lists"),
         ('{"available": [true], "size": 1}', "must be a list of IDs"),
         ('{"available": ' + "[" * 100_000 + "]" * 100_000 + ', "size": 1}', "nested too deeply"),
-        ('{"available": ["0"], "size": ' + "9" * 5000 + "}", "4300 digits"),
+        ('{"available": ["0"], "size": ' + "9" * 5000 + "}", "an integer of more than 4300 digits"),
     ],
     ids=["mixed-duplicate", "must-duplicate", "bool", "deep", "digits"],
 )

@@ -128,6 +128,20 @@ FACTS = (
         anywhere=lambda n: _holds_two(n, UNITS),
     ),
     Fact(
+        "the ignored Xids",
+        "plugin/agent/xid.py",
+        anywhere=lambda n: (
+            isinstance(n, ast.Tuple | ast.List | ast.Set)
+            and {_constant(e) for e in n.elts} >= {13, 31, 43, 45, 68, 109}
+        ),
+    ),
+    Fact(
+        "the Xid recovery time",
+        "plugin/agent/xid.py",
+        lambda n: _constant(n) in (60, 60.0),
+        named=lambda name: "RECOVER" in name.upper(),
+    ),
+    Fact(
         "the GPU family table",
         "cdigen/families.py",
         anywhere=lambda n: _holds_two(n, FAMILIES, fold=True),
@@ -224,6 +238,8 @@ NEW_COPIES = {
     "the device list strategies": 'OK = ("cdi-cri", "envvar")\n',
     "quantity formatting (binary units)": 'UNITS = (("Gi", 30), ("Mi", 20))\n',
     "the GPU family table": 'NAMES = {8: "Ampere", 9: "Hopper"}\n',
+    "the ignored Xids": "def f(xids=(13, 31, 43, 45, 68, 109)):\n    pass\n",
+    "the Xid recovery time": "class C:\n    recover_after_s: float = 60.0\n",
 }
 
 

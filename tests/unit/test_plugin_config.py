@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cdigen.errors import InputError, SchemaError
-from cdigen.plugin.config import DEFAULT_IGNORED_XIDS, ResourceConfig, load_config
+from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS
+from cdigen.plugin.config import ResourceConfig, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -134,3 +134,29 @@ def test_serve_refuses_what_check_refuses(
     err = capsys.readouterr().err
     assert "resources nvidia.com/gpu and a.com/r would both advertise every GPU" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_error_is_put_under_the_file_whatever_the_file_is_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36 point 4: which errors name the file is known, not guessed from their text (a
+    file called ``CDI`` once hid itself behind the field ``CDI kind``)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CDIGEN_CDI_KIND", "no-slash")
+    (tmp_path / "CDI").write_text("resources: [{name: nvidia.com/gpu}]\n")
+    assert main(["plugin", "config", "check", "CDI", "--node", RTX]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cdigen: error: CDI: CDI kind: ") and err.count("\n") == 1, err
+
+
+def test_a_rename_the_config_cannot_take_is_bad_usage_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CDIGEN_RESOURCE", "example.com/accel")
+    text = (
+        "resources: [{name: a.com/s, sharing: {replicas: 2}, gpus: [0]}, "
+        "{name: a.com/t, sharing: {replicas: 2}, gpus: [1]}]\n"
+    )
+    code, _, err = check(tmp_path, text, capsys, "--node", EIGHT)
+    assert code == 2 and "--resource/CDIGEN_RESOURCE: the config lists 2 resources" in err
+    assert err.count("\n") == 1

@@ -340,3 +340,44 @@ def test_an_empty_spec_dir_is_one_error_and_one_warning_per_gpu(
         f"23 devices ({node.gpus[0].uuid}::slice-0 … {node.gpus[0].uuid}::slice-22) are "
         f"Unhealthy: CDI name {name} missing from the spec dirs"
     ]
+
+
+@pytest.mark.parametrize("bad", ["pipe", "shm"])
+def test_both_wings_mount_the_mps_directories_alike_and_refuse_the_same_one(
+    tmp_path: Path, bad: str
+) -> None:
+    """Issue 36 point 1: one MPS module. A device-plugin share and a DRA claim limited on the
+    same node get the same mounts (the pipe directory read-only at its path, the shm directory
+    writable at /dev/shm) and refuse the same symlinked directory for the same reason."""
+    from cdigen.plugin.dra.claims import AllocatedDevice
+    from cdigen.plugin.dra.mps import MpsSettings, claim_limits
+    from cdigen.policies.device_view import device_views
+
+    node = load_node(RTX)
+    pipe, shm = tmp_path / "pipe", tmp_path / "shm"
+    sharing = Sharing(
+        memory_slice_mib=1024, mps_pipe_directory=str(pipe), mps_shm_directory=str(shm)
+    )
+    settings = MpsSettings(pipe_dir=str(pipe), shm_dir=str(shm))
+    views = {v.name: v for v in device_views(node)}
+    claim = [AllocatedDevice(request="r", device="gpu-0", consumed={"memory": "3Gi"})]
+
+    def plugin_mounts() -> list[tuple[str, str, bool]]:
+        share = [f"{node.gpus[0].uuid}::slice-0"]
+        got = allocate_shares(share, node, sharing, cdi_kind="nvidia.com/gpu", resource=SLICES)
+        return [(m.host_path, m.container_path, m.read_only) for m in got.mounts]
+
+    def dra_mounts() -> list[tuple[str, str, bool]]:
+        _, mounts = claim_limits(claim, views, settings)
+        return [(m["hostPath"], m["containerPath"], "ro" in m["options"]) for m in mounts]
+
+    expected = [(str(pipe), str(pipe), True), (str(shm), SHM, False)]
+    assert plugin_mounts() == dra_mounts() == expected
+    (tmp_path / "elsewhere").mkdir()
+    (pipe if bad == "pipe" else shm).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ShareRefused) as plugin_refused:
+        plugin_mounts()
+    with pytest.raises(InputError) as dra_refused:
+        dra_mounts()
+    reason = f"{tmp_path / bad} is a symlink"
+    assert reason in str(plugin_refused.value) and reason in str(dra_refused.value)
