@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -40,14 +39,20 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from benchmarks.common import percentile, rss_mb, vm_field, wait_for_socket  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CHANNEL_OPTIONS,
+    DEADLINE_S,
+    RESOURCE,
+    percentile,
+    requests_for,
+    rss_mb,
+    vm_field,
+    wait_for_socket,
+)
 from cdigen.plugin.api import deviceplugin_pb2 as pb  # noqa: E402
 from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
-RESOURCE = "nvidia.com/gpu"
-DEADLINE_S = 30.0
 # a connection per client, as separate kubelets or tools would have (gRPC shares one otherwise)
-CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 
 
 @dataclass(frozen=True)
@@ -62,41 +67,6 @@ class Run:
     def rate(self) -> float:
         """Completed calls per second."""
         return len(self.latencies) / self.wall_s
-
-
-def requests_for(uuids: Sequence[str], calls: int, seed: int) -> list[tuple[str, Any]]:
-    """``calls`` Allocate and ``calls`` GetPreferredAllocation requests over ``uuids``, as
-    (method, request) pairs taking turns."""
-    rng = random.Random(seed)
-    allocate = [
-        pb.AllocateRequest(
-            container_requests=[
-                pb.ContainerAllocateRequest(
-                    devices_ids=rng.sample(list(uuids), rng.randint(1, len(uuids)))
-                )
-            ]
-        )
-        for _ in range(calls)
-    ]
-    preferred = []
-    for _ in range(calls):
-        size = rng.randint(1, len(uuids))
-        free = rng.sample(list(uuids), rng.randint(max(size, len(uuids) // 2), len(uuids)))
-        must = free[:1] if rng.random() < 0.5 else []
-        preferred.append(
-            pb.PreferredAllocationRequest(
-                container_requests=[
-                    pb.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=free, must_include_deviceIDs=must, allocation_size=size
-                    )
-                ]
-            )
-        )
-    return [
-        pair
-        for a, p in zip(allocate, preferred, strict=True)
-        for pair in (("Allocate", a), ("GetPreferredAllocation", p))
-    ]
 
 
 def call(stub: Any, method: str, message: Any) -> Any:

@@ -49,8 +49,13 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
-from benchmarks.bench_load import CHANNEL_OPTIONS, DEADLINE_S, RESOURCE, requests_for  # noqa: E402
-from benchmarks.common import percentile  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CHANNEL_OPTIONS,
+    DEADLINE_S,
+    RESOURCE,
+    percentile,
+    requests_for,
+)
 from cdigen.plugin.api import deviceplugin_pb2 as pb  # noqa: E402
 from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
