@@ -12,9 +12,10 @@ from typing import Any, Protocol
 
 from cdigen.constants import MIB
 from cdigen.errors import InputError
+from cdigen.shares import MAX_REPLICAS
 from cdigen.sizes import parse_bytes, quantity_text
 
-MAX_SHARES_PER_GPU = 1024  # as many as the device plugin's replicas (cdigen.shares.MAX_REPLICAS)
+MAX_SHARES_PER_GPU = MAX_REPLICAS  # as many as the device plugin's replicas
 
 
 @dataclass(frozen=True)

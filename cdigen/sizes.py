@@ -29,7 +29,18 @@ _QUANTITY = re.compile(
 _WITH_B = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtpe]?)(i?)b$", re.IGNORECASE)
 # the binary suffixes and their powers of 1024: the one table (the CEL engine parses with it too)
 BINARY_SUFFIXES = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+DECIMAL_SUFFIXES = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
 _POWERS = "kmgtpe"
 _MOST = 2**63 - 1  # Kubernetes caps a quantity there
 HINT = "write it as Kubernetes does (1Gi, 1536Mi, 24G), with a B (1GiB, 24GB), or in bytes"
@@ -48,8 +59,8 @@ def _value(text: str) -> Fraction | None:
     number, suffix = Fraction(match.group(1)), match.group(2) or ""
     if suffix in BINARY_SUFFIXES:
         return number * Fraction(1024) ** BINARY_SUFFIXES[suffix]
-    if suffix in _DECIMAL:
-        return number * Fraction(10) ** _DECIMAL[suffix]
+    if suffix in DECIMAL_SUFFIXES:
+        return number * Fraction(10) ** DECIMAL_SUFFIXES[suffix]
     return number * Fraction(10) ** int(suffix[1:])
 
 

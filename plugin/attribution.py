@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cdigen.catalogue import CatalogueEntry
-from cdigen.constants import MIB
 from cdigen.model import Gpu
 from cdigen.plugin.agent.attribution import AttributionCollector, Slot, entry_memory
 from cdigen.plugin.agent.holdings import Holding
@@ -36,17 +35,14 @@ def plugin_limit(resource: Resource, held: Sequence[AdvertisedDevice]) -> int | 
 
     Memory slices: their size each; replicas: the GPU's memory in proportion, under MPS only
     (plain time-slicing limits nothing), as Allocate sets CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-    (cdigen.plugin.sharing._mps_env: MiB floored); MIG devices and whole GPUs: their memory.
+    (:meth:`cdigen.plugin.sharing.Sharing.memory_limit`); MIG devices and whole GPUs: their
+    memory.
     """
     sharing = resource.sharing
     entry = held[0].entry
     if sharing is None or entry.share is None:
         return sum(entry_memory(d.entry) for d in held)
-    if sharing.memory_slice_mib is not None:
-        return len(held) * sharing.memory_slice_mib * MIB
-    if sharing.mps_pipe_directory is None or not sharing.replicas:
-        return None
-    return ((entry.gpu.memory_bytes >> 20) * len(held) // sharing.replicas) << 20
+    return sharing.memory_limit(entry.gpu, len(held))
 
 
 def plugin_holdings(

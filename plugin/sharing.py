@@ -58,6 +58,17 @@ class Sharing:
         """``replica`` or ``slice``: the share kind this resource advertises."""
         return "replica" if self.replicas is not None else "slice"
 
+    def memory_limit(self, gpu: Gpu, count: int) -> int | None:
+        """The pinned memory ``count`` shares of ``gpu`` give one container, in bytes (whole
+        MiB, as CUDA_MPS_PINNED_DEVICE_MEM_LIMIT states it): slices their size each, replicas
+        the GPU's memory in proportion under MPS only (None without: plain time-slicing limits
+        nothing)."""
+        if self.memory_slice_mib is not None:
+            return count * self.memory_slice_mib << 20
+        if self.mps_pipe_directory is None or not self.replicas:
+            return None
+        return (gpu.memory_bytes >> 20) * count // self.replicas << 20
+
 
 @dataclass(frozen=True)
 class BindMount:
@@ -211,16 +222,7 @@ def _mps_env(
     replicas only when MPS is configured, since plain time-slicing has no limits to state."""
     if sharing.kind == "replica" and sharing.mps_pipe_directory is None:
         return ()
-    limits = []
-    for uuid in uuids:
-        gpu = gpus[uuid]
-        if sharing.kind == "slice":
-            assert sharing.memory_slice_mib is not None
-            limit_mib = per_gpu[uuid] * sharing.memory_slice_mib
-        else:
-            assert sharing.replicas is not None
-            limit_mib = (gpu.memory_bytes >> 20) * per_gpu[uuid] // sharing.replicas
-        limits.append(GpuLimit(gpu, limit_mib << 20))
+    limits = [GpuLimit(gpus[u], sharing.memory_limit(gpus[u], per_gpu[u])) for u in uuids]
     env = limits_env(
         limits,
         [gpus[u] for u in uuids],

@@ -77,7 +77,7 @@ def _check(args: argparse.Namespace) -> int:
 
     dns_subdomain(args.driver_name, "--driver-name")
     class_files = args.classes or [str(p) for p in shipped_classes()]
-    classes = load_manifests(class_files)[1] if class_files else {}
+    classes = load_manifests(class_files)[1]
     from cdigen.discover import load_node
 
     shares = memory_shares(args)

@@ -68,6 +68,11 @@ class SlicePublisher:
         self._said_taints = False  # the error about dropped device taints, said once
         self._said_counters = False  # the error about dropped counters, said once
 
+    def _server_minor(self) -> int | None:
+        """The API server's Kubernetes 1.x minor, where the api can tell (KubeApi can)."""
+        minor: int | None = getattr(self._api, "server_minor", lambda: None)()
+        return minor
+
     def set_owner(self, owner: dict[str, str] | None) -> None:
         """The Node owner reference for slices published from now on."""
         self._owner = owner
@@ -162,7 +167,7 @@ class SlicePublisher:
         }
         if not any(v.placement is not None for v in views):
             return build_slices(views, **common)
-        minor = getattr(self._api, "server_minor", lambda: None)()
+        minor = self._server_minor()
         if minor is None:
             raise ApiCallError(
                 "cannot read the API server's version, which decides where the MIG counters "
@@ -214,7 +219,7 @@ class SlicePublisher:
     ) -> Mapping[str, Sequence[TaintDoc]]:
         """``taints``, less those of effect None where the server does not know that effect
         (said once)."""
-        minor = getattr(self._api, "server_minor", lambda: None)()
+        minor = self._server_minor()
         if minor is not None and minor >= NONE_EFFECT_MINOR:
             return taints
         if not self._said_none:
@@ -231,7 +236,7 @@ class SlicePublisher:
     def _list_attributes(self, views: Sequence[DeviceView]) -> Sequence[DeviceView]:
         """``views``, their list attributes cut to their first value (the scalar form) where
         the server's DeviceAttribute has no lists (said once)."""
-        minor = getattr(self._api, "server_minor", lambda: None)()
+        minor = self._server_minor()
         if minor is not None and minor >= LIST_ATTRIBUTES_MINOR:
             return views
         if not self._said_lists:

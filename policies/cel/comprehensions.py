@@ -19,6 +19,8 @@ from celpy import celtypes
 from celpy.evaluation import CELEvalError
 from lark import Tree
 
+from cdigen.policies.cel.call_args import function_error
+
 ONE_VARIABLE = frozenset({"all", "exists", "exists_one", "map", "filter"})
 TWO_VARIABLES = frozenset(
     {"all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry"}
@@ -50,10 +52,6 @@ def variables(name: str, args: Sequence[Any]) -> list[str] | None:
     return None
 
 
-def _error(message: str) -> CELEvalError:
-    return CELEvalError(message, TypeError, None)
-
-
 def _items(target: Any, two: bool) -> Iterator[tuple[Any, ...]] | CELEvalError:
     if isinstance(target, celtypes.ListType):
         if two:
@@ -63,7 +61,7 @@ def _items(target: Any, two: bool) -> Iterator[tuple[Any, ...]] | CELEvalError:
         if two:
             return ((k, v) for k, v in target.items())
         return ((k,) for k in target)
-    return _error(
+    return function_error(
         f"expression of type '{type(target).__name__}' cannot be range of a comprehension"
     )
 
@@ -91,7 +89,7 @@ def run(
             if isinstance(value, CELEvalError):
                 return value
             if not isinstance(value, celtypes.BoolType):
-                return _error(f"no such overload: {name} predicate of a non-bool")
+                return function_error(f"no such overload: {name} predicate of a non-bool")
             count += bool(value)
         return celtypes.BoolType(count == 1)
     if name == "filter":
@@ -101,7 +99,7 @@ def run(
             if isinstance(value, CELEvalError):
                 return value
             if not isinstance(value, celtypes.BoolType):
-                return _error("no such overload: filter predicate of a non-bool")
+                return function_error("no such overload: filter predicate of a non-bool")
             if value:
                 kept.append(scope[names[0]])
         return celtypes.ListType(kept)
@@ -118,7 +116,7 @@ def _fold(conjunction: bool, bound: Iterator[dict[str, Any]], body: Callable[...
             continue
         if first_error is None:
             name = "all" if conjunction else "exists"
-            not_bool = _error(f"no such overload: {name} predicate of a non-bool")
+            not_bool = function_error(f"no such overload: {name} predicate of a non-bool")
             first_error = value if isinstance(value, CELEvalError) else not_bool
     return first_error if first_error is not None else celtypes.BoolType(conjunction)
 
@@ -139,7 +137,7 @@ def _transform(
             if isinstance(wanted, CELEvalError):
                 return wanted
             if not isinstance(wanted, celtypes.BoolType):
-                return _error(f"no such overload: {name} filter of a non-bool")
+                return function_error(f"no such overload: {name} filter of a non-bool")
             if not wanted:
                 continue
         value = make(scope)
@@ -151,10 +149,10 @@ def _transform(
             mapped[scope[names[0]]] = value
         else:  # transformMapEntry: the body gives a map of one entry
             if not isinstance(value, celtypes.MapType):
-                return _error("no such overload: transformMapEntry of a non-map")
+                return function_error("no such overload: transformMapEntry of a non-map")
             for key, entry in value.items():
                 if key in mapped:
-                    return _error(f"insert failed: key {key!s} already exists")
+                    return function_error(f"insert failed: key {key!s} already exists")
                 mapped[key] = entry
     if name in ("map", "transformList"):
         return celtypes.ListType(listed)

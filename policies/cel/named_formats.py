@@ -12,8 +12,8 @@ from datetime import date, datetime
 from typing import Any
 
 from celpy import celtypes
-from celpy.evaluation import CELEvalError
 
+from cdigen.policies.cel.call_args import function_error
 from cdigen.policies.cel.optional import NONE, Optional
 from cdigen.policies.cel.urls import url_problem
 
@@ -175,7 +175,7 @@ class NamedFormat:
 
 def _validate(fmt: Any, text: Any) -> Any:
     if not (isinstance(fmt, NamedFormat) and isinstance(text, str)):
-        return CELEvalError("no such overload: validate", TypeError, None)
+        return function_error("no such overload: validate")
     problems = FORMATS[fmt.name](str(text))
     if not problems:
         return NONE
@@ -184,7 +184,7 @@ def _validate(fmt: Any, text: Any) -> Any:
 
 def _named(name: Any) -> Any:
     if not isinstance(name, str):
-        return CELEvalError("no such overload: format.named", TypeError, None)
+        return function_error("no such overload: format.named")
     return Optional(NamedFormat(str(name))) if name in FORMATS else NONE
 
 

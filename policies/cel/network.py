@@ -10,12 +10,10 @@ from typing import Any
 from celpy import celtypes
 from celpy.evaluation import CELEvalError
 
+from cdigen.policies.cel.call_args import all_strings, function_error
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def _err(message: str) -> CELEvalError:
-    return CELEvalError(message, TypeError, None)
 
 
 class Ip:
@@ -83,68 +81,70 @@ def _network(text: str) -> Cidr | str:
     return Cidr(address, network)
 
 
-def _strings(*values: Any) -> bool:
-    return all(isinstance(v, str) for v in values)
-
-
 def cel_ip(value: Any) -> Any:
     if isinstance(value, Cidr):  # cidr.ip()
         return Ip(value.address)
-    if not _strings(value):
-        return _err("no such overload: ip")
+    if not all_strings(value):
+        return function_error("no such overload: ip")
     address = _address(str(value))
-    return _err(address) if isinstance(address, str) else Ip(address)
+    return function_error(address) if isinstance(address, str) else Ip(address)
 
 
 def cel_is_ip(value: Any) -> Any:
-    if not _strings(value):
-        return _err("no such overload: isIP")
+    if not all_strings(value):
+        return function_error("no such overload: isIP")
     return celtypes.BoolType(not isinstance(_address(str(value)), str))
 
 
 def cel_is_canonical(value: Any) -> Any:
-    if not _strings(value):
-        return _err("no such overload: ip.isCanonical")
+    if not all_strings(value):
+        return function_error("no such overload: ip.isCanonical")
     address = _address(str(value))
     if isinstance(address, str):
-        return _err(address)
+        return function_error(address)
     return celtypes.BoolType(str(address) == str(value))
 
 
 def cel_cidr(value: Any) -> Any:
-    if not _strings(value):
-        return _err("no such overload: cidr")
+    if not all_strings(value):
+        return function_error("no such overload: cidr")
     found = _network(str(value))
-    return _err(found) if isinstance(found, str) else found
+    return function_error(found) if isinstance(found, str) else found
 
 
 def cel_is_cidr(value: Any) -> Any:
-    if not _strings(value):
-        return _err("no such overload: isCIDR")
+    if not all_strings(value):
+        return function_error("no such overload: isCIDR")
     return celtypes.BoolType(not isinstance(_network(str(value)), str))
 
 
 def _ip_method(name: str, test: Any) -> Any:
     def apply(value: Any) -> Any:
         if not isinstance(value, Ip):
-            return _err(f"no such overload: {name}")
+            return function_error(f"no such overload: {name}")
         return test(value.address)
 
     return apply
 
 
+_BROADCAST = ipaddress.IPv4Address("255.255.255.255")
+_LINK_LOCAL_MULTICAST = {
+    4: ipaddress.ip_network("224.0.0.0/24"),
+    6: ipaddress.ip_network("ff02::/16"),
+}
+
+
 def _global_unicast(a: Address) -> bool:
     """Go's net.IP.IsGlobalUnicast."""
-    broadcast = ipaddress.IPv4Address("255.255.255.255")
     return not (
-        a.is_unspecified or a.is_loopback or a.is_multicast or a.is_link_local or a == broadcast
+        a.is_unspecified or a.is_loopback or a.is_multicast or a.is_link_local or a == _BROADCAST
     )
 
 
 def _cidr_method(name: str, apply: Any) -> Any:
     def run(value: Any, *args: Any) -> Any:
         if not isinstance(value, Cidr):
-            return _err(f"no such overload: {name}")
+            return function_error(f"no such overload: {name}")
         return apply(value, *args)
 
     return run
@@ -156,7 +156,7 @@ def _contains_ip(cidr: Cidr, other: Any) -> Any:
     if isinstance(other, CELEvalError):
         return other
     if not isinstance(other, Ip):
-        return _err("no such overload: containsIP")
+        return function_error("no such overload: containsIP")
     return celtypes.BoolType(other.address in cidr.network)
 
 
@@ -166,7 +166,7 @@ def _contains_cidr(cidr: Cidr, other: Any) -> Any:
     if isinstance(other, CELEvalError):
         return other
     if not isinstance(other, Cidr):
-        return _err("no such overload: containsCIDR")
+        return function_error("no such overload: containsCIDR")
     inner = other.network
     return celtypes.BoolType(
         inner.version == cidr.network.version and inner.subnet_of(cidr.network)  # type: ignore[arg-type]
@@ -184,10 +184,7 @@ NETWORK_FUNCTIONS: dict[str, Any] = {
     "isLoopback": _ip_method("isLoopback", lambda a: celtypes.BoolType(a.is_loopback)),
     "isLinkLocalMulticast": _ip_method(
         "isLinkLocalMulticast",
-        lambda a: celtypes.BoolType(
-            a.is_multicast
-            and a in ipaddress.ip_network("224.0.0.0/24" if a.version == 4 else "ff02::/16")
-        ),
+        lambda a: celtypes.BoolType(a.is_multicast and a in _LINK_LOCAL_MULTICAST[a.version]),
     ),
     "isLinkLocalUnicast": _ip_method(
         "isLinkLocalUnicast", lambda a: celtypes.BoolType(a.is_link_local and not a.is_multicast)

@@ -54,6 +54,9 @@ def _numeric(value: Any) -> bool:
     return isinstance(value, _NUMBERS) and not isinstance(value, celtypes.BoolType)
 
 
+_OPAQUE = (Semver, Quantity)  # compared only with their own type
+
+
 def cel_equal(left: Any, right: Any) -> Any:
     """``==`` as Kubernetes' CEL has it: numbers compare by value across int, uint and double
     (``index == 4.0``, ``index == 4u``); two values of other, different types are simply not
@@ -63,8 +66,7 @@ def cel_equal(left: Any, right: Any) -> Any:
         return left  # an error (a missing key, say) stays an error, as in CEL
     if isinstance(right, CELEvalError):
         return right
-    opaque = (Semver, Quantity)
-    if isinstance(left, opaque) or isinstance(right, opaque):
+    if isinstance(left, _OPAQUE) or isinstance(right, _OPAQUE):
         if type(left) is not type(right):
             raise OperandTypeError("==", left, right)
         return celtypes.BoolType(left == right)
@@ -125,36 +127,26 @@ def _cel_in(item: Any, container: Any) -> Any:
     return base_functions["_in_"](item, container)
 
 
-def _cel_and(left: Any, right: Any) -> Any:
-    """``&&`` as cel-go has it: false on either side wins over an error on the other (so a
-    guard written first, or last, makes the other side's error harmless); both true is true;
-    otherwise the left error, else the right one, else no such overload."""
-    if isinstance(left, celtypes.BoolType) and not left:
-        return celtypes.BoolType(False)
-    if isinstance(right, celtypes.BoolType) and not right:
-        return celtypes.BoolType(False)
-    if isinstance(left, celtypes.BoolType) and isinstance(right, celtypes.BoolType):
-        return celtypes.BoolType(True)
-    if isinstance(left, CELEvalError):
-        return left
-    if isinstance(right, CELEvalError):
-        return right
-    return no_overload("_&&_", left, right)
+def _logical(name: str, wins: bool) -> Callable[[Any, Any], Any]:
+    """``&&`` (``wins`` False) or ``||`` (``wins`` True) as cel-go has them: ``wins`` on either
+    side wins over an error on the other (so a guard written first, or last, makes the other
+    side's error harmless); two bools otherwise give ``not wins``; else the left error, else the
+    right one, else no such overload."""
 
+    def apply(left: Any, right: Any) -> Any:
+        if isinstance(left, celtypes.BoolType) and bool(left) is wins:
+            return celtypes.BoolType(wins)
+        if isinstance(right, celtypes.BoolType) and bool(right) is wins:
+            return celtypes.BoolType(wins)
+        if isinstance(left, celtypes.BoolType) and isinstance(right, celtypes.BoolType):
+            return celtypes.BoolType(not wins)
+        if isinstance(left, CELEvalError):
+            return left
+        if isinstance(right, CELEvalError):
+            return right
+        return no_overload(name, left, right)
 
-def _cel_or(left: Any, right: Any) -> Any:
-    """``||``: true on either side wins over an error on the other; see :func:`_cel_and`."""
-    if isinstance(left, celtypes.BoolType) and left:
-        return celtypes.BoolType(True)
-    if isinstance(right, celtypes.BoolType) and right:
-        return celtypes.BoolType(True)
-    if isinstance(left, celtypes.BoolType) and isinstance(right, celtypes.BoolType):
-        return celtypes.BoolType(False)
-    if isinstance(left, CELEvalError):
-        return left
-    if isinstance(right, CELEvalError):
-        return right
-    return no_overload("_||_", left, right)
+    return apply
 
 
 def _cel_condition(condition: Any, yes: Any, no: Any) -> Any:
@@ -176,7 +168,7 @@ OPERATOR_FUNCTIONS: dict[str, Any] = {
     "_in_": _typed_operator("in", _cel_in),
     **{name: _typed_operator(symbol, _numeric_order(name)) for symbol, name in _ORDERING.items()},
     **{name: _typed_operator(symbol, base_functions[name]) for symbol, name in _ARITHMETIC.items()},
-    "_&&_": _cel_and,
-    "_||_": _cel_or,
+    "_&&_": _logical("_&&_", wins=False),
+    "_||_": _logical("_||_", wins=True),
     "_?_:_": _cel_condition,
 }

@@ -6,20 +6,8 @@ import re
 from fractions import Fraction
 
 from cdigen.errors import shortened
-from cdigen.sizes import BINARY_SUFFIXES
+from cdigen.sizes import BINARY_SUFFIXES, DECIMAL_SUFFIXES
 
-_DECIMAL_SUFFIXES = {
-    "n": -9,
-    "u": -6,
-    "m": -3,
-    "": 0,
-    "k": 3,
-    "M": 6,
-    "G": 9,
-    "T": 12,
-    "P": 15,
-    "E": 18,
-}
 _QUANTITY_RE = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([a-zA-Z]*|[eE][+-]?[0-9]+)$")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -44,8 +32,8 @@ def parse_quantity(text: str) -> Fraction:
     number = Fraction(digits)
     if suffix in BINARY_SUFFIXES:
         return _bounded(number * Fraction(1024) ** BINARY_SUFFIXES[suffix])
-    if suffix in _DECIMAL_SUFFIXES:
-        return _bounded(number * Fraction(10) ** _DECIMAL_SUFFIXES[suffix])
+    if suffix in DECIMAL_SUFFIXES:
+        return _bounded(number * Fraction(10) ** DECIMAL_SUFFIXES[suffix])
     if suffix[:1] in ("e", "E") and len(suffix) > 1:
         exponent_text = suffix[1:].lstrip("+-").lstrip("0") or "0"
         if len(exponent_text) > 10 or int(exponent_text) > 2**31 - 1:

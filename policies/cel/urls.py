@@ -13,7 +13,8 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from celpy import celtypes
-from celpy.evaluation import CELEvalError
+
+from cdigen.policies.cel.call_args import function_error
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
 
@@ -53,29 +54,27 @@ def url_problem(text: str) -> str | None:
     return None
 
 
-def _err(message: str) -> CELEvalError:
-    return CELEvalError(message, TypeError, None)
-
-
 def cel_url(text: Any) -> Any:
     if not isinstance(text, str):
-        return _err("no such overload: url applied to a non-string")
+        return function_error("no such overload: url applied to a non-string")
     problem = url_problem(str(text))
     if problem is not None:
-        return _err(f'URL parse error during conversion from string: parse "{text}": {problem}')
+        return function_error(
+            f'URL parse error during conversion from string: parse "{text}": {problem}'
+        )
     return Url(str(text))
 
 
 def cel_is_url(text: Any) -> Any:
     if not isinstance(text, str):
-        return _err("no such overload: isURL applied to a non-string")
+        return function_error("no such overload: isURL applied to a non-string")
     return celtypes.BoolType(url_problem(str(text)) is None)
 
 
 def _part(name: str, read: Any) -> Any:
     def get(value: Any) -> Any:
         if not isinstance(value, Url):
-            return _err(f"no such overload: {name} applied to a non-URL")
+            return function_error(f"no such overload: {name} applied to a non-URL")
         return read(value.parts)
 
     return get
