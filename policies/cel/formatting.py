@@ -69,7 +69,7 @@ def clauses(text: str) -> list[tuple[str, int | None]]:
             precision = int(text[j + 1 : k] or "0")
             j = k
         verb = text[j]
-        if verb.lower() not in _ALLOWED or verb == "E" or verb == "D":
+        if verb not in _ALLOWED and verb != "X":  # cel-go: lowercase verbs, and X
             raise FormatError(
                 f'could not parse formatting clause: unrecognized formatting clause "{verb}"'
             )

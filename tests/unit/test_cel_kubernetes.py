@@ -74,6 +74,10 @@ REFUSED = [
         "too many arguments supplied to string.format (expected 1, got 2)",
     ),
     ('"%q".format([1]) == ""', 'unrecognized formatting clause "q"'),
+    # cel-go takes its verbs in lowercase (and X): an uppercase other is no clause
+    ('"%S".format(["ab"]) == ""', 'unrecognized formatting clause "S"'),
+    ('"%B".format([1]) == ""', 'unrecognized formatting clause "B"'),
+    ('"%O".format([1]) == ""', 'unrecognized formatting clause "O"'),
     ('matches("[", device.driver)', "invalid matches argument"),  # its first argument, as cel-go
     ('duration("1x") > duration("1s")', "invalid duration argument"),
     ('timestamp("bad") > timestamp("2024-01-01T00:00:00Z")', "invalid timestamp argument"),
