@@ -81,20 +81,15 @@ _TYPE_NAMES: tuple[tuple[type, str], ...] = (
 )
 
 
-def _url_type() -> type:
-    from cdigen.policies.cel.urls import Url
-
-    return Url
-
-
 def type_name(value: Any) -> str:
     """The CEL name of a value's type (``int``, ``quantity``), else its Python class name."""
     for cls, name in _TYPE_NAMES:
         if isinstance(value, cls):
             return name
-    if isinstance(value, _url_type()):
-        return "kubernetes.URL"
-    return type(value).__name__
+    # a library's own value type says its CEL name (urls.Url: kubernetes.URL), so that this
+    # module, which every library imports, imports none of them
+    named = getattr(type(value), "cel_type_name", None)
+    return named if isinstance(named, str) else type(value).__name__
 
 
 def runtime_error(exc: CELEvalError) -> CelEvaluationError:

@@ -23,6 +23,7 @@ class Url:
     """One parsed URL (a CEL value of type ``kubernetes.URL``)."""
 
     __slots__ = ("parts", "text")
+    cel_type_name = "kubernetes.URL"  # read by errors.type_name
 
     def __init__(self, text: str) -> None:
         self.text = text
