@@ -43,6 +43,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -87,9 +88,24 @@ def scrape_forever(url: str, scrapers: int) -> None:
 
 
 def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of process ``pid`` so far (all threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    """User plus system CPU seconds of process ``pid`` so far (all threads); 0 once gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of the live children of ``pid`` (the HTTP worker, where there is one)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        total += sum(cpu_s(int(child)) for child in children)
+    return total
 
 
 def allocate_run(stub: object, messages: list[object]) -> list[float]:
@@ -108,106 +124,147 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class Served:
+    """One tree's ``cdigen plugin serve`` on the node, its kubelet simulator and its samples."""
+
+    def __init__(self, name: str, tree: Path, node: str, tmp: Path) -> None:
+        from tests.kubelet_sim import KubeletSimulator
+
+        self.name, self.tree = name, tree
+        plugin_dir, spec_dir = tmp / name / "plugins", tmp / name / "cdi"
+        self.url = f"http://127.0.0.1:{free_port()}/metrics"
+        subprocess.run(
+            [sys.executable, "-m", "cdigen.cli", "generate", "--node", node,
+             "--output-dir", str(spec_dir)],
+            check=True, capture_output=True, cwd=tree,
+        )  # fmt: skip
+        self.kubelet = KubeletSimulator(plugin_dir).start()
+        with (tmp / f"{name}.log").open("wb") as log_file:
+            self.plugin = subprocess.Popen(
+                [sys.executable, "-m", "cdigen.cli", "plugin", "serve", "--node", node,
+                 "--plugin-dir", str(plugin_dir), "--spec-dir", str(spec_dir),
+                 "--metrics-address", self.url.split("/")[2], "--log-level", "warning"],
+                stderr=log_file, cwd=tree,
+            )  # fmt: skip
+        self.plugin_dir = plugin_dir
+        self.latencies: dict[str, list[float]] = {"quiet": [], "scraped": []}
+        self.cpu: dict[str, float] = {"quiet": 0.0, "scraped": 0.0}
+        self.worker_cpu: dict[str, float] = {"quiet": 0.0, "scraped": 0.0}
+        self.scrapes = [0, 0]  # answered, failed
+
+    def connect(self, gpus: int) -> Any:
+        self.kubelet.wait_registered(RESOURCE, timeout_s=30)
+        self.kubelet.wait_devices(RESOURCE, lambda d: len(d) == gpus, timeout_s=30)
+        self.channel = grpc.insecure_channel(
+            f"unix:{self.plugin_dir / self.kubelet.registrations[0].endpoint}",
+            options=CHANNEL_OPTIONS,
+        )
+        stub = pb_grpc.DevicePluginStub(self.channel)
+        stub.GetDevicePluginOptions(pb.Empty(), timeout=DEADLINE_S)
+        urllib.request.urlopen(self.url, timeout=DEADLINE_S).read()  # /metrics answers
+        return stub
+
+    def measure(self, stub: Any, mode: str, messages: list[Any], args: argparse.Namespace) -> None:
+        allocate_run(stub, messages[:10])  # warm
+        scrapers = None
+        if mode == "scraped":
+            scrapers = subprocess.Popen(
+                [sys.executable, __file__, "--scrape", self.url, str(args.scrapers),
+                 "--scraper-nice", str(args.scraper_nice)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert scrapers.stdout is not None
+            scrapers.stdout.readline()  # ready
+            time.sleep(0.5)  # all scraping
+        before, before_worker = cpu_s(self.plugin.pid), children_cpu_s(self.plugin.pid)
+        self.latencies[mode] += allocate_run(stub, messages)
+        self.cpu[mode] += cpu_s(self.plugin.pid) - before
+        self.worker_cpu[mode] += children_cpu_s(self.plugin.pid) - before_worker
+        if scrapers is not None:
+            scrapers.send_signal(signal.SIGTERM)
+            try:
+                out, _ = scrapers.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                scrapers.kill()
+                raise SystemExit("bench: the scrapers did not stop within 60 s") from None
+            answered, failed = out.split()
+            self.scrapes[0] += int(answered)
+            self.scrapes[1] += int(failed)
+
+    def stop(self) -> None:
+        self.plugin.send_signal(signal.SIGTERM)
+        self.plugin.wait(timeout=10)
+        self.kubelet.stop()
+
+
 def main() -> int:
+    """Long: argument parsing, then the rounds of the sitting, alternating trees and modes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each mode")
     parser.add_argument("--calls", type=int, default=300, help="Allocate calls per round")
     parser.add_argument("--scrapers", type=int, default=64)
     parser.add_argument("--node", default="builtin:dgx2-v100")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
+    parser.add_argument(
+        "--scraper-nice", type=int, default=0, help="niceness of the scrapers' process"
+    )
     parser.add_argument("--scrape", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scrape:
+        os.nice(args.scraper_nice)
         scrape_forever(args.scrape[0], int(args.scrape[1]))
         return 0
 
     from cdigen.discover import load_node
-    from tests.kubelet_sim import KubeletSimulator
 
     uuids = [g.uuid for g in sorted(load_node(args.node).gpus, key=lambda g: g.index)]
     tmp = Path(tempfile.mkdtemp(prefix="bench-scrape-"))
-    plugin_dir, spec_dir = tmp / "plugins", tmp / "cdi"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    subprocess.run(
-        [sys.executable, "-m", "cdigen.cli", "generate", "--node", args.node,
-         "--output-dir", str(spec_dir)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    kubelet = KubeletSimulator(plugin_dir).start()
-    with (tmp / "plugin.log").open("wb") as log_file:
-        plugin = subprocess.Popen(
-            [sys.executable, "-m", "cdigen.cli", "plugin", "serve", "--node", args.node,
-             "--plugin-dir", str(plugin_dir), "--spec-dir", str(spec_dir),
-             "--metrics-address", f"127.0.0.1:{port}"],
-            stderr=log_file,
-        )  # fmt: skip
-    latencies: dict[str, list[float]] = {"quiet": [], "scraped": []}
-    cpu: dict[str, float] = {"quiet": 0.0, "scraped": 0.0}
-    scrapes = [0, 0]  # answered, failed
+    trees = ([("baseline", args.baseline.resolve())] if args.baseline else []) + [("ours", REPO)]
+    served = [Served(name, tree, args.node, tmp) for name, tree in trees]
     try:
-        kubelet.wait_registered(RESOURCE, timeout_s=30)
-        kubelet.wait_devices(RESOURCE, lambda d: len(d) == len(uuids), timeout_s=30)
-        channel = grpc.insecure_channel(
-            f"unix:{plugin_dir / kubelet.registrations[0].endpoint}", options=CHANNEL_OPTIONS
-        )
-        stub = pb_grpc.DevicePluginStub(channel)
-        stub.GetDevicePluginOptions(pb.Empty(), timeout=DEADLINE_S)
-        urllib.request.urlopen(url, timeout=DEADLINE_S).read()  # /metrics answers
+        stubs = [s.connect(len(uuids)) for s in served]
         for r in range(args.rounds):
-            for mode in ("quiet", "scraped") if r % 2 == 0 else ("scraped", "quiet"):
-                pairs = requests_for(uuids, args.calls, seed=2 * r + (mode == "scraped"))
-                messages = [m for method, m in pairs if method == "Allocate"]
-                allocate_run(stub, messages[:10])  # warm: the scrapers have started too
-                scrapers = None
-                if mode == "scraped":
-                    scrapers = subprocess.Popen(
-                        [sys.executable, __file__, "--scrape", url, str(args.scrapers)],
-                        stdout=subprocess.PIPE, text=True,
-                    )  # fmt: skip
-                    assert scrapers.stdout is not None
-                    scrapers.stdout.readline()  # ready
-                    time.sleep(0.5)  # all scraping
-                before = cpu_s(plugin.pid)
-                latencies[mode] += allocate_run(stub, messages)
-                cpu[mode] += cpu_s(plugin.pid) - before
-                if scrapers is not None:
-                    scrapers.send_signal(signal.SIGTERM)
-                    out, _ = scrapers.communicate(timeout=60)
-                    answered, failed = out.split()
-                    scrapes[0] += int(answered)
-                    scrapes[1] += int(failed)
-        channel.close()
+            order = list(zip(served, stubs, strict=True))
+            for one, stub in order if r % 2 == 0 else order[::-1]:
+                for mode in ("quiet", "scraped") if r % 2 == 0 else ("scraped", "quiet"):
+                    pairs = requests_for(uuids, args.calls, seed=2 * r + (mode == "scraped"))
+                    messages = [m for method, m in pairs if method == "Allocate"]
+                    one.measure(stub, mode, messages, args)
+        for one in served:
+            one.channel.close()
     finally:
-        plugin.send_signal(signal.SIGTERM)
-        plugin.wait(timeout=10)
-        kubelet.stop()
-    report(args, latencies, cpu, scrapes)
+        for one in served:
+            one.stop()
+    report(args, served)
     return 0
 
 
-def report(
-    args: argparse.Namespace,
-    latencies: dict[str, list[float]],
-    cpu: dict[str, float],
-    scrapes: list[int],
-) -> None:
+def report(args: argparse.Namespace, served: list[Served]) -> None:
     print(
-        f"{args.node}: {args.rounds} rounds of each mode (ABBA), {args.calls} Allocate calls "
-        f"each from one client; {args.scrapers} scrapers of /metrics; cpu count {os.cpu_count()}"
+        f"{args.node}: {args.rounds} rounds of each mode (ABBA, trees alternating), "
+        f"{args.calls} Allocate calls each from one client; {args.scrapers} scrapers of /metrics "
+        f"at nice {args.scraper_nice}; cpu count {os.cpu_count()}"
     )
-    print(f"{'mode':<8}{'calls':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cpu ms/call':>13}")
-    for mode, samples in latencies.items():
+    print(
+        f"{'tree':<10}{'mode':<8}{'calls':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'cpu ms/call':>13}{'worker ms/call':>16}"
+    )
+    for one in served:
+        for mode, samples in one.latencies.items():
+            print(
+                f"{one.name:<10}{mode:<8}{len(samples):>7}{percentile(samples, 0.5):>9.2f}"
+                f"{percentile(samples, 0.99):>9.2f}{max(samples):>9.2f}"
+                f"{1000 * one.cpu[mode] / len(samples):>13.2f}"
+                f"{1000 * one.worker_cpu[mode] / len(samples):>16.2f}"
+            )
+    for one in served:
+        quiet, scraped = one.latencies["quiet"], one.latencies["scraped"]
+        p50 = percentile(scraped, 0.5) / percentile(quiet, 0.5)
+        p99 = percentile(scraped, 0.99) / percentile(quiet, 0.99)
         print(
-            f"{mode:<8}{len(samples):>7}{percentile(samples, 0.5):>9.2f}"
-            f"{percentile(samples, 0.99):>9.2f}{max(samples):>9.2f}"
-            f"{1000 * cpu[mode] / len(samples):>13.2f}"
+            f"{one.name}: scraped/quiet p50 {p50:.2f}x, p99 {p99:.2f}x; "
+            f"scrapes answered {one.scrapes[0]}, failed {one.scrapes[1]}"
         )
-    quiet, scraped = latencies["quiet"], latencies["scraped"]
-    print(
-        f"scraped/quiet: p50 {percentile(scraped, 0.5) / percentile(quiet, 0.5):.2f}x, "
-        f"p99 {percentile(scraped, 0.99) / percentile(quiet, 0.99):.2f}x; "
-        f"scrapes answered {scrapes[0]}, failed {scrapes[1]}"
-    )
 
 
 if __name__ == "__main__":

@@ -1,39 +1,54 @@
 """The one HTTP server of a node agent: ``/metrics`` and ``/healthz`` of both wings.
 
 A DaemonSet binds it on the node's address (0.0.0.0:9465), where anything on the network may
-connect, so it is bounded: at most :data:`MAX_CONNECTIONS` connections are served at once (one
-thread each; the next is closed at once, and a scraper retries), and a connection that sends
-nothing for :data:`CONNECTION_TIMEOUT_S` is closed (half-open or idle keep-alive connections
-hold nothing for long). HTTP/1.1 with keep-alive, GET and HEAD; a client that hangs up early
-is one DEBUG line, never a traceback. Each wing gives its routes: path -> a function answering
-(status, body, content type).
+connect, so it is bounded: at most :data:`MAX_CONNECTIONS` connections are served at once, and
+a connection that sends nothing for :data:`CONNECTION_TIMEOUT_S` is closed. HTTP/1.1 with
+keep-alive, GET and HEAD; a client that hangs up early is one DEBUG line, never a traceback.
+
+The connections are served by a worker process (:mod:`cdigen.plugin.agent.http_worker`) so that
+scrapers never compete with the kubelet's calls for this interpreter; this process binds the
+port, starts the worker, renders each route's answer when the worker asks (at most once per
+:data:`MIN_INTERVAL_S` per route, however many scrapers wait) and starts the worker again if it
+dies. Each wing gives its routes: path -> a function answering (status, body, content type).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+
+import cdigen
+from cdigen.plugin.agent.http_worker import ASK, LOG, TEXT, Answer, encode_answer, read_frame
+
+__all__ = ["TEXT", "AgentHttpServer", "Answer", "Route"]
 
 log = logging.getLogger("cdigen.plugin.http")
 
 MAX_CONNECTIONS = 32
 CONNECTION_TIMEOUT_S = 10.0
-TEXT = "text/plain; charset=utf-8"
+BACKLOG = 64
+# How stale a scrape may wait for, and so how often the plugin renders at most: Prometheus
+# scrapes every 15-60 s and the kubelet probes every 10 s, so four renders a second is plenty.
+MIN_INTERVAL_S = 0.25
+ANSWER_DEADLINE_S = 5.0  # a plugin that cannot render in this long is not healthy
+RESTART_DELAY_S = 1.0  # doubled after each quick exit, up to:
+MAX_RESTART_DELAY_S = 30.0
+STOP_GRACE_S = 5.0
 
-Answer = tuple[int, bytes, str]  # status, body, content type
 Route = Callable[[], Answer]
 
 
-class AgentHttpServer(ThreadingHTTPServer):
-    """Serves ``routes`` on ``address`` from a daemon thread once :meth:`start` is called;
-    :meth:`close` stops it and releases the port."""
-
-    daemon_threads = True
-    request_queue_size = 64
+class AgentHttpServer:
+    """Serves ``routes`` on ``address`` once :meth:`start` is called; :meth:`close` stops it
+    and releases the port. Binding happens here, so a port in use is an ``OSError`` now."""
 
     def __init__(
         self,
@@ -43,83 +58,152 @@ class AgentHttpServer(ThreadingHTTPServer):
         name: str = "cdigen-http",
         max_connections: int = MAX_CONNECTIONS,
         timeout_s: float = CONNECTION_TIMEOUT_S,
+        min_interval_s: float = MIN_INTERVAL_S,
+        answer_deadline_s: float = ANSWER_DEADLINE_S,
     ) -> None:
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
         self.routes = dict(routes)
         self.name = name
+        self.max_connections = max_connections
         self.timeout_s = timeout_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._thread: threading.Thread | None = None
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.debug("%s: %d connections open, closing a new one", self.name, MAX_CONNECTIONS)
-            self.shutdown_request(request)
-            return
+        self.min_interval_s = min_interval_s
+        self.answer_deadline_s = answer_deadline_s
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(address)
+            self._listener.listen(BACKLOG)
+        except OSError:
+            self._listener.close()
             raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed (the client hung up mid-answer): one DEBUG line."""
-        import sys
-
-        exc = sys.exc_info()[1]
-        log.debug("%s: connection from %s ended: %s", self.name, client_address, exc)
+        self.server_address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._worker: subprocess.Popen[bytes] | None = None
+        self._feed: socket.socket | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Serve in a daemon thread."""
-        self._thread = threading.Thread(
-            target=self.serve_forever, kwargs={"poll_interval": 0.2}, name=self.name, daemon=True
-        )
+        """Start the worker process, and the thread that answers it."""
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop serving, wait for the thread, and release the port."""
+        """Stop the worker, wait for it, and release the port."""
+        self._stopping.set()
+        with self._lock:
+            feed, worker = self._feed, self._worker
+        if feed is not None:
+            feed.shutdown(socket.SHUT_RDWR)  # the worker reads its end: it exits
+        if worker is not None:
+            try:
+                worker.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
         if self._thread is not None:
-            self.shutdown()
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=STOP_GRACE_S)
             self._thread = None
-        self.server_close()
+        self._listener.close()
 
+    def _run(self) -> None:
+        delay = RESTART_DELAY_S
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            try:
+                code = self._serve_one_worker()
+            except OSError as exc:
+                code = None
+                log.error("%s: cannot start the HTTP worker: %s", self.name, exc.strerror or exc)
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started > MAX_RESTART_DELAY_S:
+                delay = RESTART_DELAY_S  # it had been serving: not a crash loop
+            log.warning(
+                "%s: the HTTP worker exited (%s); starting it again in %g s",
+                self.name,
+                "could not start" if code is None else f"code {code}",
+                delay,
+            )
+            self._stopping.wait(delay)
+            delay = min(2 * delay, MAX_RESTART_DELAY_S)
 
-class _Handler(BaseHTTPRequestHandler):
-    server: AgentHttpServer
-    protocol_version = "HTTP/1.1"
+    def _serve_one_worker(self) -> int:
+        """Start a worker and answer it until it exits; its exit code."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            worker = self._spawn(theirs)
+            theirs.close()
+            with self._lock:
+                self._worker, self._feed = worker, ours
+            if self._stopping.is_set():  # close() ran before the feed was known
+                ours.shutdown(socket.SHUT_RDWR)
+            self._answer(ours)
+            return worker.wait()
 
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.timeout_s)  # each read and write of it
+    def _spawn(self, feed: socket.socket) -> subprocess.Popen[bytes]:
+        package_root = str(Path(cdigen.__file__).parent.parent)
+        path = os.environ.get("PYTHONPATH")
+        env = dict(os.environ, PYTHONPATH=package_root + (os.pathsep + path if path else ""))
+        argv = [
+            sys.executable, "-m", "cdigen.plugin.agent.http_worker",
+            "--listen-fd", str(self._listener.fileno()), "--feed-fd", str(feed.fileno()),
+            "--max-connections", str(self.max_connections), "--timeout", str(self.timeout_s),
+            "--min-interval", str(self.min_interval_s), "--deadline", str(self.answer_deadline_s),
+            "--log-level", str(log.getEffectiveLevel()),
+        ]  # fmt: skip
+        for path_name in self.routes:
+            argv += ["--path", path_name]
+        return subprocess.Popen(
+            argv,
+            pass_fds=(self._listener.fileno(), feed.fileno()),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
 
-    def do_GET(self) -> None:
-        route = self.server.routes.get(self.path.split("?", 1)[0])
+    def _answer(self, feed: socket.socket) -> None:
+        """Render what the worker asks for, and log what it reports, until it hangs up. Each
+        ask is rendered in a thread of its own, so a slow route (``/metrics`` asking the
+        kubelet's PodResources) never holds up another (``/healthz``); the worker asks at most
+        once at a time per route."""
+        stream = feed.makefile("rb")
+        sending = threading.Lock()
+        while (frame := read_frame(stream)) is not None:
+            kind, payload = frame
+            if kind == ASK:
+                path = payload.decode("utf-8", "replace")
+                threading.Thread(
+                    target=self._render_and_send, args=(feed, sending, path),
+                    name=f"{self.name} {path}", daemon=True,
+                ).start()  # fmt: skip
+            elif kind == LOG:
+                self._log_worker_line(payload)
+
+    def _render_and_send(self, feed: socket.socket, sending: threading.Lock, path: str) -> None:
+        frame = encode_answer(path, self._render(path))
+        with sending, contextlib.suppress(OSError):  # a worker gone: the feed loop ends
+            feed.sendall(frame)
+
+    def _render(self, path: str) -> Answer:
+        route = self.routes.get(path)
         if route is None:
-            paths = " or ".join(sorted(self.server.routes))
-            self._send((404, f"not found: try {paths}\n".encode(), TEXT))
+            return 404, b"not found\n", TEXT
+        try:
+            return route()
+        except Exception as exc:
+            log.error(
+                "%s: answering %s failed: %s", self.name, path, exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )  # fmt: skip
+            return 500, b"internal error: see the plugin's log\n", TEXT
+
+    def _log_worker_line(self, payload: bytes) -> None:
+        import json
+
+        try:
+            doc = json.loads(payload)
+            level, message = int(doc["level"]), str(doc["msg"])
+        except (ValueError, KeyError, TypeError):
             return
-        self._send(route())
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def _send(self, answer: Answer) -> None:
-        status, body, content_type = answer
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug(f"{self.server.name}: " + format, *args)
+        log.log(level, "%s: %s", self.name, message)
