@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from cdigen.plugin.agent.http import MAX_CONNECTIONS, AgentHttpServer
-from cdigen.plugin.metrics import PluginMetrics
+from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
 
 @pytest.fixture
