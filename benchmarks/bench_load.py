@@ -49,8 +49,8 @@ from benchmarks.common import (  # noqa: E402
     vm_field,
     wait_for_socket,
 )
-from cdigen.plugin.api import deviceplugin_pb2 as pb  # noqa: E402
-from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
 # a connection per client, as separate kubelets or tools would have (gRPC shares one otherwise)
 

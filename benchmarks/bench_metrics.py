@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cdigen.plugin.metrics import PluginMetrics
+from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
 GPU = "nvidia.com/gpu"
 

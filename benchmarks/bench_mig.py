@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import percentile  # noqa: E402
 from cdigen.discover import load_node  # noqa: E402
 from cdigen.nodefile import dump_node  # noqa: E402
-from cdigen.plugin.config import HealthConfig, PluginConfig  # noqa: E402
-from cdigen.plugin.device_plugin import Plugin  # noqa: E402
+from cdigen.plugin.deviceplugin.config import HealthConfig, PluginConfig  # noqa: E402
+from cdigen.plugin.deviceplugin.runner import Plugin  # noqa: E402
 from tests.helpers.mig import repartition  # noqa: E402
 from tests.kubelet_sim import KubeletSimulator  # noqa: E402
 

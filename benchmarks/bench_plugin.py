@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO))
 import grpc  # noqa: E402
 
 from benchmarks.common import percentile, rss_mb, wait_for_socket  # noqa: E402
-from cdigen.plugin.api import deviceplugin_pb2 as pb  # noqa: E402
-from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
 
 class Floor(pb_grpc.DevicePluginServicer):  # type: ignore[misc]

@@ -57,8 +57,8 @@ from benchmarks.common import (  # noqa: E402
     percentile,
     requests_for,
 )
-from cdigen.plugin.api import deviceplugin_pb2 as pb  # noqa: E402
-from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb  # noqa: E402
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
 
 def scrape_forever(url: str, scrapers: int) -> None:

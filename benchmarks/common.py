@@ -46,7 +46,7 @@ def requests_for(uuids: Sequence[str], calls: int, seed: int) -> list[tuple[str,
     (method, request) pairs taking turns."""
     import random
 
-    from cdigen.plugin.api import deviceplugin_pb2 as pb
+    from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
 
     rng = random.Random(seed)
     allocate = [

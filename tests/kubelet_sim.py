@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 
-from cdigen.plugin.api import deviceplugin_pb2 as pb
-from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's own file in the plugin dir

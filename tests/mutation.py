@@ -66,12 +66,12 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/unit/test_spec_dir_safety.py",
         "tests/unit/test_dra_files.py",
     ),
-    "plugin/kubelet_requests.py": (
+    "plugin/deviceplugin/kubelet_requests.py": (
         "tests/unit/test_plugin_requests.py",
         "tests/unit/test_plugin_service.py",
         "tests/unit/test_plugin_layout_engine.py",
     ),
-    "plugin/call_records.py": ("tests/unit/test_plugin_service.py",),
+    "plugin/deviceplugin/call_records.py": ("tests/unit/test_plugin_service.py",),
     "cdigen/cdi/spec_service.py": (
         "tests/unit/test_spec_service.py",
         "tests/unit/test_cdi_capability_devices.py",
@@ -108,7 +108,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/e2e/test_dra_restart.py",
         "tests/e2e/test_dra_dynamic_mig.py",
     ),
-    "plugin/layout.py": (
+    "plugin/deviceplugin/layout.py": (
         "tests/unit/test_plugin_layout_engine.py",
         "tests/unit/test_plugin_layout.py",
         "tests/unit/test_plugin_policy_reload.py",

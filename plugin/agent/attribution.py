@@ -4,8 +4,9 @@ a plugin's own registry.
 
 The kubelet's PodResources API (:mod:`cdigen.plugin.agent.podresources`) says which device IDs
 (device plugin) and which ResourceClaims (DRA) each container got; each wing (a :class:`Wing`:
-:mod:`cdigen.plugin.attribution` for the device plugin, :mod:`cdigen.plugin.dra.attribution` for
-DRA) maps them to GPUs through what it advertised or prepared, into
+:mod:`cdigen.plugin.deviceplugin.attribution` for the device plugin,
+:mod:`cdigen.plugin.dra.attribution` for DRA) maps them to GPUs through what it advertised or
+prepared, into
 :class:`~cdigen.plugin.agent.holdings.Holding` rows.
 
 Per container (labels ``namespace``, ``pod``, ``container``, ``gpu_uuid``, plus ``kind`` and

@@ -1,7 +1,7 @@
 """What ``cdigen plugin pods`` and ``cdigen dra pods`` share: the options that reach the
 kubelet's PodResources API, the one call to it, and the table or JSON they print.
 
-Each wing registers its own ``pods`` command (:mod:`cdigen.plugin.pods_cli`,
+Each wing registers its own ``pods`` command (:mod:`cdigen.plugin.deviceplugin.pods_cli`,
 :mod:`cdigen.plugin.dra.pods_cli`), because each maps the kubelet's answer through its own settings.
 """
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the DRA plugin, served at ``/metrics`` beside ``/healthz``
 (``dra serve --health-address``). Names start with ``cdigen_dra_``, in the style of the device
-plugin's ``cdigen_plugin_`` ones (plugin/metrics.py):
+plugin's ``cdigen_plugin_`` ones (plugin/deviceplugin/metrics.py):
 
 - ``cdigen_dra_requests_total{method}`` and ``cdigen_dra_request_duration_seconds{method}``:
   NodePrepareResources / NodeUnprepareResources calls from the kubelet and their time;

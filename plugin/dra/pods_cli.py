@@ -1,7 +1,7 @@
 """``cdigen dra pods``: the node's table of who holds which GPU, MIG device or claim, mapped
 through the checkpoint of the claims this driver prepared (driver name, state dir).
-``cdigen plugin pods`` is the device plugin's (:mod:`cdigen.plugin.pods_cli`); both print the same
-table or JSON (:mod:`cdigen.plugin.agent.pods_args`).
+``cdigen plugin pods`` is the device plugin's (:mod:`cdigen.plugin.deviceplugin.pods_cli`); both
+print the same table or JSON (:mod:`cdigen.plugin.agent.pods_args`).
 """
 
 from __future__ import annotations

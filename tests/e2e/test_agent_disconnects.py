@@ -12,8 +12,8 @@ from pathlib import Path
 
 import grpc
 
-from cdigen.plugin.api import deviceplugin_pb2 as pb
-from cdigen.plugin.api import deviceplugin_pb2_grpc as pb_grpc
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from tests.helpers.served import ServedPlugin
 
 NODE = "builtin:dgx-a100"

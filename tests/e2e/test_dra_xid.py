@@ -18,7 +18,7 @@ from cdigen.cli import build_parser, main
 from cdigen.discover import load_node
 from cdigen.plugin.agent.kubeapi import api_client
 from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER_S
-from cdigen.plugin.config import load_config
+from cdigen.plugin.deviceplugin.config import load_config
 from cdigen.plugin.dra.kube import KubeApi
 from cdigen.plugin.dra.kubelet_plugin import DraPlugin
 from cdigen.plugin.dra.serve_cli import _dra_options

@@ -42,7 +42,7 @@ CHECKS = {
     "help": "cdigen --help",
     "generate": "cdigen generate --node builtin:rtx4090 --dry-run",
     "imports": f"python3 -c 'import {MODULES}; "
-    "import cdigen.plugin.device_plugin, cdigen.policies, cdigen.cli'",
+    "import cdigen.plugin.deviceplugin.runner, cdigen.policies, cdigen.cli'",
 }
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
-from cdigen.plugin.resources import plan_resources
+from cdigen.plugin.deviceplugin.resources import plan_resources
 from tests.cdihost import build_host
 from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime
 from tests.kubelet_sim import KubeletSimulator

@@ -19,8 +19,8 @@ from cdigen.discover import load_node
 from cdigen.labels import node_labels
 from cdigen.nodefile import dump_node
 from cdigen.plugin.agent.xid import xid_reason
-from cdigen.plugin.config import HealthConfig, PluginConfig
-from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.deviceplugin.config import HealthConfig, PluginConfig
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.cdihost import FakeHost, build_host, make_node
 from tests.helpers.dra import Harness
 from tests.helpers.mig import repartition

@@ -15,8 +15,8 @@ from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
-from cdigen.plugin.config import HealthConfig, PluginConfig
-from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.deviceplugin.config import HealthConfig, PluginConfig
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.mig import repartition
 from tests.kubelet_sim import KubeletSimulator

@@ -20,7 +20,7 @@ import yaml
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from cdigen.plugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
 from cdigen.shares import gpu_part
 from tests.helpers.served import ServedPlugin, cdigen
 from tests.kubelet_sim import KubeletSimulator

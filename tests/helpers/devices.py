@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cdigen.catalogue import CatalogueEntry, Share
 from cdigen.model import Gpu, MigDevice
-from cdigen.plugin.resources import AdvertisedDevice
+from cdigen.plugin.deviceplugin.resources import AdvertisedDevice
 
 KIND = "nvidia.com/gpu"
 

@@ -8,10 +8,15 @@ from typing import Any
 
 from cdigen.model import Gpu, Node
 from cdigen.plugin.agent.health import HealthBoard
-from cdigen.plugin.device_plugin import ResourceServer
-from cdigen.plugin.kubelet_requests import PreferenceRequest
-from cdigen.plugin.registration import register
-from cdigen.plugin.servicer import DevicePluginService, Preference, Preferrer, advertised_devices
+from cdigen.plugin.deviceplugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.deviceplugin.registration import register
+from cdigen.plugin.deviceplugin.runner import ResourceServer
+from cdigen.plugin.deviceplugin.servicer import (
+    DevicePluginService,
+    Preference,
+    Preferrer,
+    advertised_devices,
+)
 from tests.kubelet_sim import KubeletSimulator
 
 RESOURCE = "nvidia.com/gpu"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cdigen.plugin.agent.kubeapi import api_client
-from cdigen.plugin.node_config import NodeLabels
+from cdigen.plugin.deviceplugin.node_config import NodeLabels
 
 
 class TricklingServer:

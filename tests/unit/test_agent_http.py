@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cdigen.plugin.agent.http import MAX_CONNECTIONS, TEXT, AgentHttpServer, Answer
-from cdigen.plugin.metrics import PluginMetrics
+from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
 
 @pytest.fixture
@@ -238,7 +238,7 @@ def test_a_worker_that_dies_is_started_again(caplog: pytest.LogCaptureFixture) -
 
 PLUGIN = """
 import sys, time
-from cdigen.plugin.metrics import PluginMetrics
+from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 server, port = PluginMetrics().start_http_server("127.0.0.1:0")
 print(port, flush=True)
 time.sleep(600)

@@ -14,10 +14,10 @@ from cdigen.plugin.agent.attribution import XidCounter
 from cdigen.plugin.agent.holdings import printable
 from cdigen.plugin.agent.podresources import ContainerClaim, ContainerResources
 from cdigen.plugin.agent.xid import xid_reason
-from cdigen.plugin.attribution import plugin_holdings
+from cdigen.plugin.deviceplugin.attribution import plugin_holdings
+from cdigen.plugin.deviceplugin.resources import shared_resource
+from cdigen.plugin.deviceplugin.sharing import Sharing, allocate_shares
 from cdigen.plugin.dra.checkpoint import load_checkpoint
-from cdigen.plugin.resources import shared_resource
-from cdigen.plugin.sharing import Sharing, allocate_shares
 
 NODE = load_node("builtin:pcie-8x4090")
 RESOURCE = "nvidia.com/gpu.shared"
@@ -108,8 +108,8 @@ def test_the_checkpoint_refuses_a_consumed_capacity_that_is_not_quantities(
 
 def test_mig_devices_on_both_wings_are_given_their_own_memory() -> None:
     from cdigen.catalogue import catalogue
+    from cdigen.plugin.deviceplugin.resources import plan_resources
     from cdigen.plugin.dra.attribution import dra_holdings
-    from cdigen.plugin.resources import plan_resources
 
     node = load_node("builtin:dgx-a100-mig-mixed")
     resources = plan_resources(
@@ -179,7 +179,11 @@ def test_the_dashboard_is_one_grafana_can_import() -> None:
         for m in re.findall(r"\b(cdigen_[a-z0-9_]+)", t["expr"])
     }
     exported = set()
-    for module in ("plugin/metrics.py", "plugin/dra/metrics.py", "plugin/agent/attribution.py"):
+    for module in (
+        "plugin/deviceplugin/metrics.py",
+        "plugin/dra/metrics.py",
+        "plugin/agent/attribution.py",
+    ):
         text = (path.parents[2] / module).read_text()
         exported |= set(re.findall(r'"(cdigen_[a-z0-9_]+)"', text))
     suffixes = ("_total", "_bucket")

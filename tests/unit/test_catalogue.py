@@ -13,8 +13,8 @@ from cdigen.catalogue import CatalogueEntry, catalogue, share_ids, whole_entry
 from cdigen.discover import load_node
 from cdigen.mig_profiles import mig_geometry
 from cdigen.model import Node
-from cdigen.plugin.resources import plan_resources, shared_resource
-from cdigen.plugin.sharing import Sharing
+from cdigen.plugin.deviceplugin.resources import plan_resources, shared_resource
+from cdigen.plugin.deviceplugin.sharing import Sharing
 from cdigen.policies.device_view import device_views
 from tests.cdihost import build_host, make_node
 from tests.cdihost import spec_options as options

@@ -260,7 +260,7 @@ def test_driver_root_absolute_symlink_resolves_inside_the_root(tmp_path: Path) -
 
 def test_only_memory_slice_containers_get_the_mps_pipe_dir_read_only(tmp_path: Path) -> None:
     from cdigen.catalogue import share_ids
-    from cdigen.plugin.sharing import ShareRefused, Sharing, allocate_shares
+    from cdigen.plugin.deviceplugin.sharing import ShareRefused, Sharing, allocate_shares
 
     node = make_node(1)
     gpu = node.gpus[0]

@@ -26,9 +26,9 @@ from cdigen.cdi.write import render_spec
 from cdigen.errors import InputError
 from cdigen.fileio import parse_document
 from cdigen.nodefile import dump_node
-from cdigen.plugin.config import load_config
-from cdigen.plugin.device_plugin import Plugin
-from cdigen.plugin.generate_specs import write_specs
+from cdigen.plugin.deviceplugin.config import load_config
+from cdigen.plugin.deviceplugin.generate_specs import write_specs
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.cdihost import LIB_DIR, FakeHost, build_host, make_node
 from tests.cdihost import spec_options as options
 from tests.helpers.cdi_runtime import CdiRuntime, cdi_runtime

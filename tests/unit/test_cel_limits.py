@@ -12,8 +12,8 @@ import pytest
 from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
-from cdigen.plugin.config import PluginConfig
-from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.deviceplugin.config import PluginConfig
+from cdigen.plugin.deviceplugin.runner import Plugin
 from cdigen.policies import cel
 from cdigen.policies.cel import (
     CelCompileError,

@@ -12,8 +12,8 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.errors import InputError
-from cdigen.plugin.config import ResourceConfig
-from cdigen.plugin.device_plugin import PolicySet
+from cdigen.plugin.deviceplugin.config import ResourceConfig
+from cdigen.plugin.deviceplugin.runner import PolicySet
 from cdigen.policies.policy import BUILTIN_NAMES, load_policy
 
 EXPLAIN = ["policy", "explain", "--node", "builtin:dgx1-v100", "--available", "0,2,3,5"]

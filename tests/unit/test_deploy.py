@@ -323,7 +323,7 @@ def test_plugin_command_parses_with_the_real_cli(
 
 def plugin_config(objects: list[dict[str, Any]], tmp_path: Path, replace: dict[str, str]) -> Any:
     """The PluginConfig the rendered plugin container runs with, container paths replaced."""
-    plugin_config = pytest.importorskip("cdigen.plugin.config")
+    plugin_config = pytest.importorskip("cdigen.plugin.deviceplugin.config")
 
     text = configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"]
     for old, new in replace.items():
@@ -344,7 +344,7 @@ def test_host_driver_plugin_writes_host_paths(
     objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     """The default install's spec writing, run with /host pointing at a fake host's /."""
-    from cdigen.plugin.generate_specs import write_specs
+    from cdigen.plugin.deviceplugin.generate_specs import write_specs
     from tests.cdihost import DRIVER_VERSION, LIB_DIR, build_host, make_node
 
     node = make_node(2)
@@ -376,7 +376,7 @@ def test_config_passes_the_plugin_config_schema(objects: list[dict[str, Any]], p
 
 
 def test_config_loads_with_the_plugin_loader(objects: list[dict[str, Any]], tmp_path: Path) -> None:
-    plugin_config = pytest.importorskip("cdigen.plugin.config")
+    plugin_config = pytest.importorskip("cdigen.plugin.deviceplugin.config")
     text = configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"]
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8")
@@ -443,7 +443,7 @@ def mps_objects() -> list[dict[str, Any]]:
 
 def loaded_config(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
     """The rendered plugin config, read by the plugin's own loader (schema included)."""
-    plugin_config = pytest.importorskip("cdigen.plugin.config")
+    plugin_config = pytest.importorskip("cdigen.plugin.deviceplugin.config")
     path = tmp_path / "config.yaml"
     path.write_text(configmap(objects, "cdigen-plugin-config")["data"]["config.yaml"], "utf-8")
     return plugin_config.load_config(path, env={})
@@ -452,7 +452,7 @@ def loaded_config(objects: list[dict[str, Any]], tmp_path: Path) -> Any:
 def test_mps_config_is_the_first_recipe_gpu_as_mps_replicas(
     mps_objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    from cdigen.plugin.sharing import advisory_warning
+    from cdigen.plugin.deviceplugin.sharing import advisory_warning
 
     config = loaded_config(mps_objects, tmp_path)
     (resource,) = config.resources  # nothing beside it: each GPU has one owner
@@ -474,7 +474,7 @@ def test_two_unchanged_gpu_pods_share_one_4090_each_with_its_own_mps_limit(
 
     from cdigen.cli import main
     from cdigen.discover import load_node
-    from cdigen.plugin.device_plugin import Plugin
+    from cdigen.plugin.deviceplugin.runner import Plugin
     from tests.kubelet_sim import KubeletSimulator
 
     spec_dir = tmp_path / "cdi"
@@ -534,7 +534,7 @@ def test_mps_daemon_serves_what_allocate_mounts_into_the_pods(
     in its chroot: the pipe directory, and the plugin's shmDirectory as the daemon's /dev/shm."""
     from cdigen.catalogue import share_ids
     from cdigen.discover import load_node
-    from cdigen.plugin.sharing import allocate_shares
+    from cdigen.plugin.deviceplugin.sharing import allocate_shares
 
     (resource,) = loaded_config(mps_objects, tmp_path).resources
     sharing = resource.sharing
@@ -686,8 +686,8 @@ def test_device_plugin_and_dra_mps_daemons_are_the_same() -> None:
 
 
 def test_node_configs_component_wires_the_named_configs_the_plugin_reads(tmp_path: Path) -> None:
-    from cdigen.plugin.config import load_config
-    from cdigen.plugin.node_config import NamedConfigs
+    from cdigen.plugin.deviceplugin.config import load_config
+    from cdigen.plugin.deviceplugin.node_config import NamedConfigs
 
     component = KUSTOMIZE_DIR / "components" / "node-configs"
     objects = render(overlay(tmp_path, ["host-driver", "node-configs"]))

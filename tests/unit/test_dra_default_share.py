@@ -278,7 +278,7 @@ def test_i_the_mig_strategy_defaults_are_one_constant_each_with_the_reason_in_he
     labels = parser.parse_args(["labels"])
     assert dra.mig_strategy == explain.mig_strategy == DRA_MIG_STRATEGY == "mixed"
     assert labels.mig_strategy == DEVICE_PLUGIN_MIG_STRATEGY == "none"
-    from cdigen.plugin.config import PluginConfig
+    from cdigen.plugin.deviceplugin.config import PluginConfig
 
     assert PluginConfig().mig_strategy == DEVICE_PLUGIN_MIG_STRATEGY
     for command in (["dra", "serve"], ["dra", "explain"], ["plugin", "serve"], ["labels"]):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdigen.plugin.config import load_config
+from cdigen.plugin.deviceplugin.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_EXAMPLES = REPO / "deploy" / "kubernetes" / "examples"

@@ -22,7 +22,7 @@ from cdigen.discover.topo_matrix import parse_topo
 from cdigen.errors import CdigenError, InputError, SchemaError
 from cdigen.fileio import MAX_INPUT_BYTES_ENV, dump_document, parse_document, read_document
 from cdigen.nodefile import load_node_file
-from cdigen.plugin.config import load_config
+from cdigen.plugin.deviceplugin.config import load_config
 from cdigen.policies.policy import check_policy_file
 from cdigen.schemas import _whole_value, load_schema
 from tests.fixtures.reference import TOPOLOGIES

@@ -2,9 +2,9 @@
 
 - the core (cdigen/) never imports a wing (policies/, plugin/), not even inside a function;
 - the engine (policies/) never imports plugin/;
-- the device plugin (plugin/ outside plugin/dra/) never imports the DRA plugin;
-- the DRA plugin (plugin/dra/) imports of plugin/ only itself and the node-agent core
-  (plugin/agent/), which imports of plugin/ only itself.
+- plugin/ is three packages: the device plugin (plugin/deviceplugin/) and the DRA plugin
+  (plugin/dra/) each import of plugin/ only themselves and the node-agent core (plugin/agent/),
+  which imports of plugin/ only itself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ GENERATED = ("_pb2.py", "_pb2_grpc.py")
 RULES = (
     ("cdigen", ("cdigen.policies", "cdigen.plugin")),
     ("policies", ("cdigen.plugin",)),
-    ("plugin", ("cdigen.plugin.dra",)),
 )
 
 
@@ -71,6 +70,7 @@ def violations(top: str, forbidden: tuple[str, ...]) -> list[str]:
 
 # part -> the only packages under plugin/ it may import
 PLUGIN_PARTS = {
+    "cdigen.plugin.deviceplugin": ("cdigen.plugin.deviceplugin", "cdigen.plugin.agent"),
     "cdigen.plugin.dra": ("cdigen.plugin.dra", "cdigen.plugin.agent"),
     "cdigen.plugin.agent": ("cdigen.plugin.agent",),
 }
@@ -87,8 +87,20 @@ def plugin_imports_outside(part: str, allowed: tuple[str, ...]) -> list[str]:
     return found
 
 
+def test_plugin_is_the_three_parts_and_an_empty_init() -> None:
+    """Every module under plugin/ lies in one of the parts the rules name."""
+    loose = [
+        str(path.relative_to(REPO_ROOT))
+        for path in modules("plugin")
+        if not any(module_name(path).startswith(part + ".") for part in PLUGIN_PARTS)
+        and module_name(path) not in PLUGIN_PARTS
+    ]
+    assert loose == ["plugin/__init__.py"]
+    assert (REPO_ROOT / "plugin" / "__init__.py").read_text() == ""
+
+
 @pytest.mark.parametrize("part", sorted(PLUGIN_PARTS))
-def test_the_dra_plugin_and_the_agent_core_import_no_device_plugin_module(part: str) -> None:
+def test_each_part_of_plugin_imports_only_itself_and_the_agent_core(part: str) -> None:
     assert plugin_imports_outside(part, PLUGIN_PARTS[part]) == []
 
 

@@ -297,9 +297,9 @@ def test_a_node_of_several_products_is_labelled_by_the_most_common() -> None:
 
 
 def test_the_plugin_config_gives_gfds_sharing_view() -> None:
-    from cdigen.plugin.config import PluginConfig, ResourceConfig
-    from cdigen.plugin.labels import plugin_labels
-    from cdigen.plugin.sharing import Sharing
+    from cdigen.plugin.deviceplugin.config import PluginConfig, ResourceConfig
+    from cdigen.plugin.deviceplugin.labels import plugin_labels
+    from cdigen.plugin.deviceplugin.sharing import Sharing
 
     node = load_node("builtin:rtx4090")  # 24564 MiB
     cases = {
@@ -350,8 +350,8 @@ def test_a_feature_file_that_cannot_be_written_is_logged_and_serving_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from cdigen.plugin.agent.feature_file import FeatureFile
-    from cdigen.plugin.config import PluginConfig
-    from cdigen.plugin.labels import plugin_labels
+    from cdigen.plugin.deviceplugin.config import PluginConfig
+    from cdigen.plugin.deviceplugin.labels import plugin_labels
 
     (tmp_path / "file").write_text("")
     features = FeatureFile(tmp_path / "file" / "cdigen")  # its directory is a file

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cdigen.errors import InputError
 from cdigen.plugin.agent.sockets import parse_address
-from cdigen.plugin.metrics import PluginMetrics
+from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
 GPU = "nvidia.com/gpu"
 

@@ -13,9 +13,14 @@ from cdigen.errors import InputError
 from cdigen.plugin.agent.health import SOURCE_NODE, SOURCE_XID, HealthBoard
 from cdigen.plugin.agent.health_watchers import NodeWatcher
 from cdigen.plugin.agent.xid import xid_reason
-from cdigen.plugin.config import PluginConfig, ResourceConfig, load_config
-from cdigen.plugin.device_plugin import Plugin
-from cdigen.plugin.resources import cdi_names, device_parents, mig_resource_name, plan_resources
+from cdigen.plugin.deviceplugin.config import PluginConfig, ResourceConfig, load_config
+from cdigen.plugin.deviceplugin.resources import (
+    cdi_names,
+    device_parents,
+    mig_resource_name,
+    plan_resources,
+)
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.helpers.clock import FakeClock
 
 GPU = "nvidia.com/gpu"
@@ -234,7 +239,7 @@ def test_node_watcher_rescans_on_its_interval() -> None:
 
 
 def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
-    from cdigen.plugin.metrics import PluginMetrics
+    from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
     metrics = PluginMetrics()
     for name in (GPU, "nvidia.com/mig-7g.80gb", "nvidia.com/mig-4g.40gb"):
@@ -258,7 +263,7 @@ def test_a_retired_mig_resource_no_longer_holds_readiness_down() -> None:
 def test_allocate_returns_each_devices_own_cdi_name_once() -> None:
     import threading
 
-    from cdigen.plugin.servicer import DevicePluginService
+    from cdigen.plugin.deviceplugin.servicer import DevicePluginService
     from tests.helpers.devices import mig as mig_device
     from tests.helpers.devices import replica
     from tests.helpers.servicer import first

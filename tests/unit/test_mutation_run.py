@@ -74,7 +74,15 @@ def test_a_module_without_a_selection_is_bad_usage() -> None:
     assert done.returncode == 2
     assert done.stderr == "mutation: no test selection for cdigen/model.py: pass --tests\n"
     listed = subprocess.run(
-        [sys.executable, "-m", "tests.mutation", "plugin/layout.py", "--list", "--only", "0"],
+        [
+            sys.executable,
+            "-m",
+            "tests.mutation",
+            "plugin/deviceplugin/layout.py",
+            "--list",
+            "--only",
+            "0",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from cdigen.cli import main
-from cdigen.plugin.config import load_config
-from cdigen.plugin.nvidia_env import nvidia_env
+from cdigen.plugin.deviceplugin.config import load_config
+from cdigen.plugin.deviceplugin.nvidia_env import nvidia_env
 from tests.helpers.nvidia_configs import MIG_MIXED, MPS, RENAMED, RESOURCES, TIME_SLICING
 
 # (NVIDIA's config, our resources, our top-level settings, a note that must be there)

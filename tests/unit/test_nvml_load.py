@@ -187,7 +187,7 @@ def test_a_real_library_under_driver_root_is_the_one_pynvml_uses(tmp_path: Path)
 
 
 def test_plugin_serve_loads_nvml_from_its_driver_root(tmp_path: Path) -> None:
-    from cdigen.plugin.device_plugin import open_nvml
+    from cdigen.plugin.deviceplugin.runner import open_nvml
 
     if _real_driver_present():  # pragma: no cover - the loader would then find the real one
         pytest.skip("this machine has an NVIDIA driver: NVML loads by name after the fake")

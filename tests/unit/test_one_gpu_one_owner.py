@@ -23,9 +23,14 @@ from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
 from cdigen.model import Node
-from cdigen.plugin.config import PluginConfig, config_from_document, load_config, validate_config
-from cdigen.plugin.device_plugin import Plugin
-from cdigen.plugin.nvidia_config import convert, is_nvidia_config
+from cdigen.plugin.deviceplugin.config import (
+    PluginConfig,
+    config_from_document,
+    load_config,
+    validate_config,
+)
+from cdigen.plugin.deviceplugin.nvidia_config import convert, is_nvidia_config
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.kubelet_sim import KubeletSimulator
 
 ROOT = Path(__file__).resolve().parents[2]

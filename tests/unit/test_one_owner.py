@@ -119,7 +119,7 @@ FACTS = (
     Fact("the k8s.<driver> vendor", "plugin/dra/checkpoint.py", anywhere=_k8s_vendor),
     Fact(
         "the device list strategies",
-        "plugin/defaults.py",
+        "plugin/deviceplugin/defaults.py",
         anywhere=lambda n: _holds_two(n, STRATEGIES),
     ),
     Fact(

@@ -49,7 +49,7 @@ def test_wheel_ships_the_deviceclasses_dra_explain_reads(wheel: zipfile.ZipFile)
 
 def test_wheel_ships_the_proto_and_its_stubs(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    for folder in ("plugin/api", "plugin/agent/api", "plugin/dra/api"):
+    for folder in ("plugin/deviceplugin/api", "plugin/agent/api", "plugin/dra/api"):
         files = [p for p in (REPO / folder).glob("*") if p.suffix in {".proto", ".py", ".pyi"}]
         assert files
         for path in files:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from cdigen.plugin.api import deviceplugin_pb2 as pb
-from cdigen.plugin.api.generate import GENERATED, PROTOS, REPO_ROOT, generate, generated_paths
+from cdigen.plugin.agent.api.generate import GENERATED, PROTOS, REPO_ROOT, generate, generated_paths
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
 
 
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
@@ -17,13 +17,13 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     for path in written:
         committed = REPO_ROOT / path.relative_to(tmp_path)
         assert committed.read_bytes() == path.read_bytes(), (
-            f"{committed} is stale: run 'python -m cdigen.plugin.api.generate' and commit it"
+            f"{committed} is stale: run 'python -m cdigen.plugin.agent.api.generate' and commit it"
         )
 
 
 def test_stubs_import_through_the_package() -> None:
-    text = (REPO_ROOT / "plugin" / "api" / "deviceplugin_pb2_grpc.py").read_text()
-    package = pb.__name__.rpartition(".")[0]  # the name plugin/api/ is installed under
+    text = (REPO_ROOT / "plugin" / "deviceplugin" / "api" / "deviceplugin_pb2_grpc.py").read_text()
+    package = pb.__name__.rpartition(".")[0]  # the name plugin/deviceplugin/api/ is installed under
     assert f"from {package} import deviceplugin_pb2" in text
 
 

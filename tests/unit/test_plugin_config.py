@@ -8,7 +8,7 @@ import pytest
 
 from cdigen.errors import InputError, SchemaError
 from cdigen.plugin.agent.xid import DEFAULT_IGNORED_XIDS
-from cdigen.plugin.config import ResourceConfig, load_config
+from cdigen.plugin.deviceplugin.config import ResourceConfig, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -136,7 +136,7 @@ def test_capabilities_of_the_generated_spec_from_file_and_env(tmp_path: Path) ->
 def test_generated_spec_follows_the_capabilities(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from cdigen.plugin.generate_specs import write_specs
+    from cdigen.plugin.deviceplugin.generate_specs import write_specs
     from tests.cdihost import build_host, make_node
 
     host = build_host(tmp_path / "host", make_node(1), merged=True, graphics=True)

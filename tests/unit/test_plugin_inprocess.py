@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
-from cdigen.plugin.config import HealthConfig, PluginConfig
-from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.deviceplugin.config import HealthConfig, PluginConfig
+from cdigen.plugin.deviceplugin.runner import Plugin
 from tests.fakes.event_nvml import EventNvml
 from tests.helpers.specs import write_spec
 from tests.kubelet_sim import KubeletSimulator
@@ -93,7 +93,7 @@ def test_spec_check_follows_the_strategy(tmp_path: Path) -> None:
 
 def test_unknown_policy_name_is_a_clear_input_error(tmp_path: Path) -> None:
     from cdigen.errors import InputError
-    from cdigen.plugin.config import ResourceConfig
+    from cdigen.plugin.deviceplugin.config import ResourceConfig
 
     config = PluginConfig(
         plugin_dir=tmp_path / "plugins",

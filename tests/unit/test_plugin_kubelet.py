@@ -19,9 +19,8 @@ import pytest
 from cdigen.errors import CdigenError, InputError
 from cdigen.plugin.agent.health import HealthBoard
 from cdigen.plugin.agent.sockets import make_plugin_dir, socket_in_use
-from cdigen.plugin.device_plugin import ResourceServer
-from cdigen.plugin.kubelet import Backoff, Registrar
-from cdigen.plugin.registration import (
+from cdigen.plugin.deviceplugin.kubelet import Backoff, Registrar
+from cdigen.plugin.deviceplugin.registration import (
     KubeletRefused,
     KubeletUnreachable,
     RegistrationCancelled,
@@ -29,7 +28,8 @@ from cdigen.plugin.registration import (
     register,
     resource_name_problem,
 )
-from cdigen.plugin.servicer import DevicePluginService
+from cdigen.plugin.deviceplugin.runner import ResourceServer
+from cdigen.plugin.deviceplugin.servicer import DevicePluginService
 from tests.helpers.clock import FakeClock
 from tests.helpers.devices import whole
 from tests.helpers.servicer import first
@@ -516,7 +516,7 @@ def test_a_foreign_plugins_socket_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_healthz_says_it_waits_for_the_kubelet() -> None:
-    from cdigen.plugin.metrics import PluginMetrics
+    from cdigen.plugin.deviceplugin.metrics import PluginMetrics
 
     metrics = PluginMetrics()
     metrics.declare_resource(RESOURCE)
@@ -533,13 +533,13 @@ def test_healthz_says_it_waits_for_the_kubelet() -> None:
 # A plugin whose shutdown hangs (as a gRPC worker stuck in a call would make it hang).
 HANGING_STOP = """
 import sys, time
-import cdigen.plugin.device_plugin
-real_stop = cdigen.plugin.device_plugin.Plugin.stop
+import cdigen.plugin.deviceplugin.runner
+real_stop = cdigen.plugin.deviceplugin.runner.Plugin.stop
 def stop(self):
     real_stop(self)
     if HANG:
         time.sleep(30)
-cdigen.plugin.device_plugin.Plugin.stop = stop
+cdigen.plugin.deviceplugin.runner.Plugin.stop = stop
 from cdigen.cli import main
 sys.exit(main(sys.argv[1:]))
 """

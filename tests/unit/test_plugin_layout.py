@@ -10,8 +10,8 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.nodefile import dump_node
-from cdigen.plugin.config import HealthConfig, PluginConfig, ResourceConfig
-from cdigen.plugin.device_plugin import Plugin
+from cdigen.plugin.deviceplugin.config import HealthConfig, PluginConfig, ResourceConfig
+from cdigen.plugin.deviceplugin.runner import Plugin
 from cdigen.policies.allocator import AllocationRequest, Allocator
 from tests.kubelet_sim import KubeletSimulator
 
@@ -62,11 +62,11 @@ def test_the_layout_names_devices_as_the_generated_spec_does(tmp_path: Path) -> 
     """Every CDI name a layout hands out is one the generated spec defines; each device knows
     its kind and its GPU's position, and each resource has its engine."""
     from cdigen.cdi.cache import load_state
-    from cdigen.plugin.config import ResourceConfig
-    from cdigen.plugin.generate_specs import write_specs
-    from cdigen.plugin.gpu_selector import GpuSelector
-    from cdigen.plugin.layout import plan_layout
-    from cdigen.plugin.sharing import Sharing
+    from cdigen.plugin.deviceplugin.config import ResourceConfig
+    from cdigen.plugin.deviceplugin.generate_specs import write_specs
+    from cdigen.plugin.deviceplugin.gpu_selector import GpuSelector
+    from cdigen.plugin.deviceplugin.layout import plan_layout
+    from cdigen.plugin.deviceplugin.sharing import Sharing
     from cdigen.policies.policy_set import PolicySet
     from tests.cdihost import build_host, make_node
 
@@ -113,7 +113,7 @@ def test_a_health_state_seen_before_gets_its_engine_back_without_a_rebuild() -> 
     import dataclasses
 
     from cdigen.discover import load_node
-    from cdigen.plugin.layout import AllocatorCache, plan_layout
+    from cdigen.plugin.deviceplugin.layout import AllocatorCache, plan_layout
     from cdigen.policies.policy_set import PolicySet
 
     node = load_node("builtin:dgx1-v100")

@@ -11,17 +11,21 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.model import Node
 from cdigen.plugin.agent.health import with_board_health
-from cdigen.plugin.config import PluginConfig, ResourceConfig
-from cdigen.plugin.gpu_selector import GpuSelector
-from cdigen.plugin.kubelet_requests import PreferenceRequest, RequestInvalid, check_preference
-from cdigen.plugin.layout import (
+from cdigen.plugin.deviceplugin.config import PluginConfig, ResourceConfig
+from cdigen.plugin.deviceplugin.gpu_selector import GpuSelector
+from cdigen.plugin.deviceplugin.kubelet_requests import (
+    PreferenceRequest,
+    RequestInvalid,
+    check_preference,
+)
+from cdigen.plugin.deviceplugin.layout import (
     AllocatorCache,
     Layout,
     gpus_down,
     plan_layout,
     plan_resources_for,
 )
-from cdigen.plugin.sharing import Sharing
+from cdigen.plugin.deviceplugin.sharing import Sharing
 from cdigen.policies.policy_set import PolicySet
 
 GPU = "nvidia.com/gpu"

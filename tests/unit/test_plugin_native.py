@@ -10,9 +10,9 @@ import pytest
 from cdigen.cdi.cache import SpecCache
 from cdigen.cdi.validate import spec_problems
 from cdigen.fileio import parse_document
-from cdigen.plugin.api import deviceplugin_pb2 as pb
-from cdigen.plugin.kubelet_requests import AllocateRefused
-from cdigen.plugin.native_edits import SpecEdits, fill_native
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.deviceplugin.kubelet_requests import AllocateRefused
+from cdigen.plugin.deviceplugin.native_edits import SpecEdits, fill_native
 
 SPEC = """\
 cdiVersion: 0.5.0

@@ -9,9 +9,9 @@ import pytest
 
 from cdigen.discover import load_node
 from cdigen.model import Node
-from cdigen.plugin.config import PluginConfig
-from cdigen.plugin.device_plugin import Plugin
-from cdigen.plugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.deviceplugin.config import PluginConfig
+from cdigen.plugin.deviceplugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.deviceplugin.runner import Plugin
 from cdigen.policies import allocator as allocator_module
 from cdigen.policies.allocator import Allocator
 from cdigen.policies.policy import Policy

@@ -14,9 +14,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from cdigen.plugin.api import deviceplugin_pb2 as pb
-from cdigen.plugin.kubelet_requests import PreferenceRequest
-from cdigen.plugin.servicer import FifoGate, Preference, short_id
+from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb
+from cdigen.plugin.deviceplugin.kubelet_requests import PreferenceRequest
+from cdigen.plugin.deviceplugin.servicer import FifoGate, Preference, short_id
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness, last_two
 
 BIG_ID = "GPU-" + "x" * (2**20 - 4)  # a 1 MB device ID

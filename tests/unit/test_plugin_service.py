@@ -15,14 +15,14 @@ import grpc
 import pytest
 
 from cdigen.plugin.agent.health import SOURCE_NODE
-from cdigen.plugin.call_records import CallSummary, RequestRecorder
-from cdigen.plugin.kubelet_requests import (
+from cdigen.plugin.deviceplugin.call_records import CallSummary, RequestRecorder
+from cdigen.plugin.deviceplugin.kubelet_requests import (
     AllocateRefused,
     PreferenceRequest,
 )
-from cdigen.plugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
-from cdigen.plugin.registration import socket_name
-from cdigen.plugin.servicer import Preference
+from cdigen.plugin.deviceplugin.native_edits import AllocateEdits, DeviceNodeEdit, MountEdit
+from cdigen.plugin.deviceplugin.registration import socket_name
+from cdigen.plugin.deviceplugin.servicer import Preference
 from tests.helpers.servicer import RESOURCE, UUIDS, Harness
 
 

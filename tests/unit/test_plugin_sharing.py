@@ -17,10 +17,10 @@ from cdigen.cli import main
 from cdigen.discover import load_node
 from cdigen.errors import InputError
 from cdigen.model import Node
-from cdigen.plugin.config import PluginConfig, ResourceConfig, load_config
-from cdigen.plugin.device_plugin import Plugin
-from cdigen.plugin.gpu_selector import GpuSelector
-from cdigen.plugin.sharing import ShareRefused, Sharing, allocate_shares
+from cdigen.plugin.deviceplugin.config import PluginConfig, ResourceConfig, load_config
+from cdigen.plugin.deviceplugin.gpu_selector import GpuSelector
+from cdigen.plugin.deviceplugin.runner import Plugin
+from cdigen.plugin.deviceplugin.sharing import ShareRefused, Sharing, allocate_shares
 from tests.kubelet_sim import KubeletSimulator
 
 SLICES = "nvidia.com/gpu-memory"

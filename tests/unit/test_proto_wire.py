@@ -14,7 +14,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool
 from google.protobuf.descriptor import Descriptor, FileDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
-from cdigen.plugin.api.generate import PROTOS, REPO_ROOT
+from cdigen.plugin.agent.api.generate import PROTOS, REPO_ROOT
 from tests.fixtures.proto_golden.capture import HERE, MODULES, fill, method_paths, stem
 
 GOLDEN = sorted(p for p in HERE.glob("*.bin") if not p.name.endswith(".descriptor.bin"))

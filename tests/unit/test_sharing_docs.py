@@ -10,7 +10,7 @@ import pytest
 
 from cdigen.cli import main
 from cdigen.errors import InputError
-from cdigen.plugin.sharing import sharing_from_doc
+from cdigen.plugin.deviceplugin.sharing import sharing_from_doc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sharing.md"
 

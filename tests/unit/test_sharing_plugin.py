@@ -1,4 +1,5 @@
-"""The issue's sharing rules at unit level: the allocator chooses, plugin/sharing.py hands out."""
+"""The issue's sharing rules at unit level: the allocator chooses, plugin/deviceplugin/sharing.py
+hands out."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from cdigen.discover import load_node
 from cdigen.errors import AllocationError, InputError
 from cdigen.model import Node
-from cdigen.plugin.sharing import (
+from cdigen.plugin.deviceplugin.sharing import (
     ShareRefused,
     Sharing,
     advisory_warning,

@@ -129,8 +129,10 @@ def test_the_check_sees_a_long_file_and_a_long_function(tmp_path: Path) -> None:
     ]
     (tmp_path / "cdigen").mkdir()
     (tmp_path / "cdigen" / "long.py").write_text("\n".join(source) + "\n")
-    (tmp_path / "plugin" / "api").mkdir(parents=True)
-    (tmp_path / "plugin" / "api" / "x_pb2.py").write_text("pass\n" * (MAX_FILE_LINES + 1))
+    (tmp_path / "plugin" / "deviceplugin" / "api").mkdir(parents=True)
+    (tmp_path / "plugin" / "deviceplugin" / "api" / "x_pb2.py").write_text(
+        "pass\n" * (MAX_FILE_LINES + 1)
+    )
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "short.py").write_text("pass\n" * MAX_FILE_LINES)
     assert over_limits(tmp_path) == [

@@ -37,8 +37,8 @@ def test_each_builtin_policy_file_passes_the_full_check(name: str) -> None:
 def test_the_default_policy_and_its_engine_load_without_cel_or_jsonschema() -> None:
     code = (
         "from cdigen.discover import load_node\n"
-        "from cdigen.plugin.config import load_config\n"
-        "from cdigen.plugin.layout import plan_layout\n"
+        "from cdigen.plugin.deviceplugin.config import load_config\n"
+        "from cdigen.plugin.deviceplugin.layout import plan_layout\n"
         "from cdigen.policies.policy_set import load_policy_set\n"
         "node = load_node('builtin:dgx-a100')\n"
         "config = load_config(None, flags={'node': 'builtin:dgx-a100'})\n"

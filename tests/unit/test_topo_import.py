@@ -300,7 +300,7 @@ def test_explain_and_the_plugin_say_why_a_gpu_has_no_slices(
 ) -> None:
     """Was: ``request for 3 devices but only 0 are available`` and nothing in the plugin log."""
     from cdigen.discover import load_node
-    from cdigen.plugin.sharing import Sharing, no_slices_warnings
+    from cdigen.plugin.deviceplugin.sharing import Sharing, no_slices_warnings
 
     node_file = tmp_path / "node.yaml"
     code = main(
