@@ -79,13 +79,10 @@ class Wing(Protocol):
 
 
 def entry_memory(entry: CatalogueEntry) -> int:
-    """The memory of a catalogue device in bytes: its MIG device's (made or to be made at
-    prepare), else its GPU's."""
-    if entry.mig is not None:
-        return entry.mig.memory_bytes
-    if entry.placement is not None:
-        return entry.placement.profile.memory_bytes
-    return entry.gpu.memory_bytes
+    """The memory of a catalogue device in bytes (:attr:`CatalogueEntry.memory_bytes`, the
+    rule's one owner); kept for the device-plugin wing's attribution, which calls it by this
+    name."""
+    return entry.memory_bytes
 
 
 class XidCounter:
