@@ -85,7 +85,7 @@ def gpu_device_nodes(
     ``options.dev_root``: the GPU's ``/dev/nvidia<minor>``, then for a whole GPU its DRM nodes
     that exist, for a MIG device its nvidia-caps nodes. The generated spec and DRA's per-claim
     specs both take a device's nodes from here."""
-    paths = [f"/dev/nvidia{gpu.minor}"]
+    paths = [devnodes.gpu_node(gpu.minor)]
     if mig is None:
         # DRM nodes only where they exist: they are extras, and a missing one would make the
         # runtime refuse the whole device
@@ -95,7 +95,7 @@ def gpu_device_nodes(
             if devnodes.node_exists(options.dev_root, p, fs)
         ]
     else:
-        paths += [f"/dev/nvidia-caps/nvidia-cap{n}" for n in mig.cap_minors]
+        paths += [devnodes.caps_node(n) for n in mig.cap_minors]
     return [node_doc(devnodes.device_node(options.dev_root, p, fs)) for p in paths]
 
 

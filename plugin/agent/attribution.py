@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cdigen.plugin.agent.holdings import Holding, printable
+from cdigen.plugin.agent.holdings import Holding, printable_name
 from cdigen.plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
 
 if TYPE_CHECKING:
@@ -253,12 +253,12 @@ def _pod_families(holdings: Sequence[Holding]) -> Iterator[Any]:
     )
     for h in holdings:
         values = [
-            printable(h.namespace),
-            printable(h.pod),
-            printable(h.container),
+            printable_name(h.namespace),
+            printable_name(h.pod),
+            printable_name(h.container),
             h.gpu_uuid,
             h.kind,
-            printable(h.source),
+            printable_name(h.source),
         ]
         devices.add_metric(values, len(h.devices))
         if h.memory_limit_bytes is not None:
