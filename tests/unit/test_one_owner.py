@@ -125,6 +125,20 @@ def _device_memory(node: ast.AST) -> bool:
     )
 
 
+def _line_of_offset(node: ast.AST) -> bool:
+    """Counting lines before an offset by hand: ``<text>.count("\\n") + 1``."""
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Add)
+        and isinstance(node.left, ast.Call)
+        and isinstance(node.left.func, ast.Attribute)
+        and node.left.func.attr == "count"
+        and len(node.left.args) == 1
+        and _constant(node.left.args[0]) == "\n"
+        and _constant(node.right) == 1
+    )
+
+
 @dataclass(frozen=True)
 class Fact:
     """``owner``: the one module that may write it. ``restates``: whether a value given as a
@@ -195,6 +209,7 @@ FACTS = (
     ),
     Fact("escaping a name from outside", "cdigen/errors.py", anywhere=_escapes),
     Fact("a catalogue device's memory", "cdigen/catalogue.py", anywhere=_device_memory),
+    Fact("the line and column of an offset", "policies/cel/errors.py", anywhere=_line_of_offset),
 )
 
 
@@ -292,6 +307,7 @@ NEW_COPIES = {
     "a GPU's and a MIG device's node paths": 'paths = [f"/dev/nvidia-caps/nvidia-cap{n}"]\n',
     "escaping a name from outside": 'def esc(ch):\n    return f"\\\\x{ord(ch):02x}"\n',
     "a catalogue device's memory": "def mem(view):\n    return view.mig.memory_bytes\n",
+    "the line and column of an offset": 'line = text[:at].count("\\n") + 1\n',
 }
 
 
