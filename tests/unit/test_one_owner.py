@@ -22,6 +22,7 @@ GENERATED = ("_pb2.py", "_pb2_grpc.py")
 MIB = 1 << 20
 STRATEGIES = {"cdi-cri", "cdi-annotations", "envvar", "native"}
 UNITS = {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"}
+FILE_KINDS = {"a directory", "a character device", "a block device", "a pipe", "a FIFO", "a socket"}
 FAMILIES = {
     "tesla",
     "fermi",
@@ -210,6 +211,9 @@ FACTS = (
     Fact("escaping a name from outside", "cdigen/errors.py", anywhere=_escapes),
     Fact("a catalogue device's memory", "cdigen/catalogue.py", anywhere=_device_memory),
     Fact("the line and column of an offset", "policies/cel/errors.py", anywhere=_line_of_offset),
+    Fact(
+        "the names of file kinds", "cdigen/fileio.py", anywhere=lambda n: _holds_two(n, FILE_KINDS)
+    ),
 )
 
 
@@ -307,6 +311,7 @@ NEW_COPIES = {
     "a GPU's and a MIG device's node paths": 'paths = [f"/dev/nvidia-caps/nvidia-cap{n}"]\n',
     "escaping a name from outside": 'def esc(ch):\n    return f"\\\\x{ord(ch):02x}"\n',
     "a catalogue device's memory": "def mem(view):\n    return view.mig.memory_bytes\n",
+    "the names of file kinds": 'KINDS = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"))\n',
     "the line and column of an offset": 'line = text[:at].count("\\n") + 1\n',
 }
 
