@@ -82,6 +82,16 @@ class CatalogueEntry:
         return self.share.id if self.share is not None else self.uuid
 
     @property
+    def memory_bytes(self) -> int:
+        """The device's memory in bytes: its MIG device's (made, or to be made at prepare from
+        its placement), else its GPU's (a share's too: the GPU it shares)."""
+        if self.mig is not None:
+            return self.mig.memory_bytes
+        if self.placement is not None:
+            return self.placement.profile.memory_bytes
+        return self.gpu.memory_bytes
+
+    @property
     def numa_node(self) -> int | None:
         """The NUMA node of the device's GPU."""
         return self.gpu.numa_node

@@ -138,6 +138,12 @@ def _did_you_mean(parser: argparse.ArgumentParser, option: str) -> str:
     return f": did you mean {close[0]!r}?" if close else ""
 
 
+def usage(parser: argparse.ArgumentParser) -> int:
+    """A command given without its subcommand: its help on stderr, and the bad-usage exit."""
+    parser.print_help(sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def _registrars(*, wings: bool) -> list[Register]:
     found: list[Register] = [importlib.import_module(n).register for n in CORE_COMMAND_MODULES]
     if not wings:
@@ -277,8 +283,7 @@ def _main(argv: Sequence[str] | None) -> int:
     logs.configure(args.log_level or logs.DEFAULT_LEVEL, now=wings)
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help(sys.stderr)
-        return EXIT_BAD_INPUT
+        return usage(parser)
     try:
         return int(func(args))
     except CheckFailed as exc:

@@ -19,21 +19,32 @@ def shortened(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal or in a log line: every control character (C0, DEL,
-    C1: ``\\n``, ``\\x1b`` and the like) and every backslash written as a Python escape, so a name
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` safe to print on a terminal or in a log line: every character Python does not
+    count printable (control characters C0, DEL and C1 such as ``\\n`` and ``\\x1b``, and the
+    invisible format ones such as U+202E that reorder a line) and every backslash written as a
+    Python escape (``\\n``, ``\\x1b``, ``\\u202e``, ``\\\\``), as ``repr`` writes them, so a name
     read from outside (an API object, a file) can neither forge a line nor drive the terminal,
-    and an escape in the output always means the name held one. Printable text is unchanged."""
+    and an escape in the output always means the name held one. Printable text, any script's
+    letters included, is unchanged. With ``limit``, the result is at most that long, ending in
+    "..." when cut (never inside an escape). The one rule for every name printed from outside."""
     if text.isprintable() and "\\" not in text:
-        return text
-    out = []
+        return text if limit is None else shortened(text, limit)
+    out: list[str] = []
+    size = 0
     for ch in text:
         if ch == "\\":
-            out.append("\\\\")
+            piece = "\\\\"
         elif ch.isprintable():
-            out.append(ch)
+            piece = ch
         else:
-            out.append(ch.encode("unicode_escape").decode("ascii"))
+            piece = ch.encode("unicode_escape").decode("ascii")
+        if limit is not None and size + len(piece) > limit:
+            while out and size > limit - 3:  # whole escapes only, then "..."
+                size -= len(out.pop())
+            return "".join(out) + "..."
+        out.append(piece)
+        size += len(piece)
     return "".join(out)
 
 

@@ -40,7 +40,10 @@ def max_input_bytes() -> int:
     return int(raw)
 
 
-def _kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, by its ``st_mode``, as an error says it
+    ("found a directory", "it is a pipe"); a pipe covers a named one (a FIFO) and an anonymous
+    one (``/dev/stdin`` of a pipeline) alike."""
     for test, name in (
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISCHR, "a character device"),
@@ -85,7 +88,7 @@ def read_text(path: str | Path, *, what: str = "file") -> str:
             raise InputError(f"expected a {what}, found a directory", where=where)
         if not stat.S_ISREG(mode):
             raise InputError(
-                f"expected a {what}, found {_kind_of(mode)}",
+                f"expected a {what}, found {file_kind(mode)}",
                 where=where,
                 hint="give the path of a regular file",
             )

@@ -23,7 +23,7 @@ import stat
 from pathlib import Path
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, InputError, printable
-from cdigen.fileio import make_dirs
+from cdigen.fileio import file_kind, make_dirs
 
 LOCK_NAME = "cdigen-gpus.lock"
 LOCK_MODE = 0o644
@@ -34,19 +34,6 @@ class LockUnavailable(CdigenError):
     """The lock cannot be taken (EPERM, EROFS, ...): the server does not serve without it."""
 
     exit_code = EXIT_CHECK_FAILED
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 class GpuServerLock:
@@ -110,7 +97,7 @@ class GpuServerLock:
         info = os.fstat(fd)
         problem = None
         if not stat.S_ISREG(info.st_mode):
-            problem = f"it is {_kind(info.st_mode)}, not a regular file"
+            problem = f"it is {file_kind(info.st_mode)}, not a regular file"
         elif info.st_nlink != 1:
             problem = f"it has {info.st_nlink} hard links (another file shares it)"
         elif info.st_uid != os.geteuid():

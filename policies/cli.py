@@ -6,9 +6,9 @@ Registration is cheap: the engine (CEL, networkx) is imported inside the handler
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
+from cdigen.cli import usage
 from cdigen.discover.cli import add_node_source
 from cdigen.errors import CheckFailed
 
@@ -135,12 +135,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--steps", type=int, default=2000, help="1-100000 arrivals or departures (default 2000)"
     )
     simulate.set_defaults(func=_simulate)
-    policy.set_defaults(func=lambda _args: _usage(policy))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    policy.set_defaults(func=lambda _args: usage(policy))
 
 
 def _check(args: argparse.Namespace) -> int:

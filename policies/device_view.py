@@ -161,7 +161,7 @@ def gpu_view(
 
 
 def _whole_view(entry: CatalogueEntry, attributes: Mapping[str, Attribute]) -> DeviceView:
-    return DeviceView(entry, attributes, {"memory": entry.gpu.memory_bytes})
+    return DeviceView(entry, attributes, {"memory": entry.memory_bytes})
 
 
 def _mig_view(entry: CatalogueEntry, gpu_attributes: Mapping[str, Attribute]) -> DeviceView:
@@ -175,10 +175,10 @@ def _mig_view(entry: CatalogueEntry, gpu_attributes: Mapping[str, Attribute]) ->
     attrs["parentUUID"] = Attribute("string", entry.gpu.uuid)
     if entry.mig is not None:
         attrs["profile"] = Attribute("string", entry.mig.profile)
-        return DeviceView(entry, attrs, {"memory": entry.mig.memory_bytes})
-    assert entry.placement is not None
-    attrs["profile"] = Attribute("string", entry.placement.profile.name)
-    return DeviceView(entry, attrs, {"memory": entry.placement.profile.memory_bytes})
+    else:
+        assert entry.placement is not None
+        attrs["profile"] = Attribute("string", entry.placement.profile.name)
+    return DeviceView(entry, attrs, {"memory": entry.memory_bytes})
 
 
 def device_views(

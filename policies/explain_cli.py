@@ -150,13 +150,19 @@ def _explain_doc(
     return doc
 
 
+def _device_set(doc: dict[str, Any]) -> str:
+    """A set of devices as the text shows the chosen one and each next-best one:
+    ``{a, b}  link score S  NUMA nodes N``."""
+    return (
+        f"{{{', '.join(doc['devices'])}}}  link score {doc['linkScore']}  "
+        f"NUMA nodes {doc['numaNodes']}"
+    )
+
+
 def _print_text(title: str, doc: dict[str, Any]) -> None:
     """:func:`_explain_doc`'s document as text, under ``title``."""
     print(title)
-    print(
-        f"chosen: {{{', '.join(doc['devices'])}}}  link score {doc['linkScore']}  "
-        f"NUMA nodes {doc['numaNodes']}"
-    )
+    print(f"chosen: {_device_set(doc)}")
     if doc.get("fallbackReason"):
         print(f"fallback: {doc['fallbackReason']}")
     if doc.get("sharesPerGpu"):
@@ -169,10 +175,7 @@ def _print_text(title: str, doc: dict[str, Any]) -> None:
     if doc["alternatives"]:
         print("next best:")
         for alt in doc["alternatives"]:
-            print(
-                f"  {{{', '.join(alt['devices'])}}}  link score {alt['linkScore']}  "
-                f"NUMA nodes {alt['numaNodes']}  lost: {alt['lostBecause']}"
-            )
+            print(f"  {_device_set(alt)}  lost: {alt['lostBecause']}")
     if doc["selectorFailures"]:
         print("devices that failed the selector (chosen last):")
         for failure in doc["selectorFailures"]:

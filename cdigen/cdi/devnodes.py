@@ -20,6 +20,17 @@ CONTROL_NODES = (
 )
 
 
+def gpu_node(minor: int) -> str:
+    """The device node of the GPU with char minor ``minor``: ``/dev/nvidia<minor>``."""
+    return f"/dev/nvidia{minor}"
+
+
+def caps_node(minor: int) -> str:
+    """The nvidia-caps node of a MIG capability with minor ``minor`` (a GI's or a CI's):
+    ``/dev/nvidia-caps/nvidia-cap<minor>``."""
+    return f"/dev/nvidia-caps/nvidia-cap{minor}"
+
+
 @dataclass(frozen=True)
 class DeviceNodeInfo:
     """A device node: its path in the container and on the host, and what ``stat`` says."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,14 +191,23 @@ def _first_existing(root: str | Path, paths: list[str], fs: HostFS) -> list[Host
     return found
 
 
+def _first_file(
+    driver_root: str | Path, dirs: Sequence[str], relative: str, fs: HostFS
+) -> tuple[str, str] | None:
+    """The first of ``dirs`` holding the regular file ``relative`` under the driver root, and
+    its host path; None when none does."""
+    for d in dirs:
+        full = host_path(driver_root, f"{d}/{relative}")
+        if fs.isfile(full):
+            return d, full
+    return None
+
+
 def _binaries(driver_root: str | Path, fs: HostFS) -> list[HostFile]:
     found = []
     for name in BINARIES:
-        for d in BINARY_DIRS:
-            full = host_path(driver_root, f"{d}/{name}")
-            if fs.isfile(full):
-                found.append(HostFile(path=f"{d}/{name}", host_path=full))
-                break
+        if hit := _first_file(driver_root, BINARY_DIRS, name, fs):
+            found.append(HostFile(path=f"{hit[0]}/{name}", host_path=hit[1]))
     return found
 
 
@@ -217,11 +227,8 @@ def _configs(driver_root: str | Path, fs: HostFS) -> list[HostFile]:
     each one, at the container path its loader reads."""
     found = []
     for relative, container_dir in CONFIG_FILES:
-        for d in CONFIG_DIRS:
-            full = host_path(driver_root, f"{d}/{relative}")
-            if fs.isfile(full):
-                found.append(HostFile(path=f"{container_dir}/{relative}", host_path=full))
-                break
+        if hit := _first_file(driver_root, CONFIG_DIRS, relative, fs):
+            found.append(HostFile(path=f"{container_dir}/{relative}", host_path=hit[1]))
     return found
 
 

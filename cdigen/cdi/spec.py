@@ -7,6 +7,7 @@ the driver capabilities asked for (:mod:`cdigen.cdi.capabilities`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cdigen.catalogue import catalogue
@@ -22,10 +23,10 @@ from cdigen.cdi.names import (
     capability_device_name,
     make_kind,
 )
-from cdigen.cdi.types import DeviceDoc, DeviceNodeDoc, SpecDoc
+from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, SpecDoc
 from cdigen.cdi.version import minimum_version, version_key, version_shortfall
 from cdigen.errors import InputError
-from cdigen.model import Node
+from cdigen.model import Gpu, MigDevice, Node
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 
@@ -77,32 +78,38 @@ def node_doc(info: DeviceNodeInfo) -> DeviceNodeDoc:
     return doc
 
 
+def gpu_device_nodes(
+    gpu: Gpu, mig: MigDevice | None, options: SpecOptions, fs: HostFS
+) -> list[DeviceNodeDoc]:
+    """The device nodes of one GPU or MIG device (``mig`` of ``gpu``), host paths under
+    ``options.dev_root``: the GPU's ``/dev/nvidia<minor>``, then for a whole GPU its DRM nodes
+    that exist, for a MIG device its nvidia-caps nodes. The generated spec and DRA's per-claim
+    specs both take a device's nodes from here."""
+    paths = [devnodes.gpu_node(gpu.minor)]
+    if mig is None:
+        # DRM nodes only where they exist: they are extras, and a missing one would make the
+        # runtime refuse the whole device
+        paths += [
+            p
+            for p in devnodes.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
+            if devnodes.node_exists(options.dev_root, p, fs)
+        ]
+    else:
+        paths += [devnodes.caps_node(n) for n in mig.cap_minors]
+    return [node_doc(devnodes.device_node(options.dev_root, p, fs)) for p in paths]
+
+
 def _device_entries(
     node: Node, options: SpecOptions, fs: HostFS
 ) -> list[tuple[list[str], list[DeviceNodeDoc]]]:
     """``(names, device nodes)`` per GPU or MIG device of the node's catalogue, in index order."""
-    entries = []
-    for entry in catalogue(node, mig_strategy="mixed"):
-        gpu = entry.gpu
-        parent = node_doc(devnodes.device_node(options.dev_root, f"/dev/nvidia{gpu.minor}", fs))
-        if entry.mig is None:
-            # DRM nodes only where they exist: they are extras, and a missing one would make
-            # the runtime refuse the whole device
-            extras = [
-                node_doc(devnodes.device_node(options.dev_root, p, fs))
-                for p in devnodes.drm_nodes(options.sysfs_root, gpu.pci_bus_id, fs)
-                if devnodes.node_exists(options.dev_root, p, fs)
-            ]
-        else:
-            extras = [
-                node_doc(
-                    devnodes.device_node(options.dev_root, f"/dev/nvidia-caps/nvidia-cap{n}", fs)
-                )
-                for n in entry.mig.cap_minors
-            ]
-        names = [entry.cdi_name(s) for s in options.name_strategies]
-        entries.append((names, [parent, *extras]))
-    return entries
+    return [
+        (
+            [entry.cdi_name(s) for s in options.name_strategies],
+            gpu_device_nodes(entry.gpu, entry.mig, options, fs),
+        )
+        for entry in catalogue(node, mig_strategy="mixed")
+    ]
 
 
 def extra_capabilities(options: SpecOptions) -> tuple[str, ...]:
@@ -115,6 +122,26 @@ def missing_capability_devices(spec: SpecDoc, options: SpecOptions) -> tuple[str
     for them (say so: a container asking for one would not start)."""
     names = {d["name"] for d in spec["devices"]}
     return tuple(c for c in extra_capabilities(options) if capability_device_name(c) not in names)
+
+
+def capability_edits(
+    driver: DriverFiles,
+    options: SpecOptions,
+    control: Iterable[DeviceNodeInfo],
+    extra: Iterable[str],
+) -> tuple[ContainerEditsDoc, dict[str, ContainerEditsDoc]]:
+    """The edits every device shares (``options``' capabilities and hook, the ``control``
+    nodes), and what each capability of ``extra`` adds to them, for those the driver root has
+    files for (a capability adding nothing gets no device)."""
+    docs = [node_doc(n) for n in control]
+    edits = driver_edits(driver, options.capabilities, options.hook_path, docs)
+    beyond: dict[str, ContainerEditsDoc] = {}
+    for cap in extra:
+        full = driver_edits(driver, (*options.capabilities, cap), options.hook_path, docs)
+        added = edits_beyond(full, edits)
+        if added.get("mounts") or added.get("hooks") or added.get("deviceNodes"):
+            beyond[cap] = added
+    return edits, beyond
 
 
 def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS) -> SpecDoc:
@@ -144,13 +171,10 @@ def build_spec(node: Node, options: SpecOptions, driver: DriverFiles, fs: HostFS
         {"name": "all", "containerEdits": {"deviceNodes": copy_nodes(all_nodes.values())}}
     )
 
-    control = [node_doc(n) for n in devnodes.control_nodes(options.dev_root, fs)]
-    edits = driver_edits(driver, options.capabilities, options.hook_path, control)
-    for cap in extra_capabilities(options):
-        full = driver_edits(driver, (*options.capabilities, cap), options.hook_path, control)
-        beyond = edits_beyond(full, edits)
-        if beyond.get("mounts") or beyond.get("hooks") or beyond.get("deviceNodes"):
-            devices.append({"name": capability_device_name(cap), "containerEdits": beyond})
+    control = devnodes.control_nodes(options.dev_root, fs)
+    edits, beyond = capability_edits(driver, options, control, extra_capabilities(options))
+    for cap, extra in beyond.items():
+        devices.append({"name": capability_device_name(cap), "containerEdits": extra})
 
     spec: SpecDoc = {"cdiVersion": "", "kind": kind, "devices": devices, "containerEdits": edits}
     spec["cdiVersion"] = pin_version(spec, options.cdi_version)

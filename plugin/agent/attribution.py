@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cdigen.plugin.agent.holdings import Holding, printable
+from cdigen.plugin.agent.holdings import Holding, printable_name
 from cdigen.plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
 
 if TYPE_CHECKING:
@@ -80,13 +80,10 @@ class Wing(Protocol):
 
 
 def entry_memory(entry: CatalogueEntry) -> int:
-    """The memory of a catalogue device in bytes: its MIG device's (made or to be made at
-    prepare), else its GPU's."""
-    if entry.mig is not None:
-        return entry.mig.memory_bytes
-    if entry.placement is not None:
-        return entry.placement.profile.memory_bytes
-    return entry.gpu.memory_bytes
+    """The memory of a catalogue device in bytes (:attr:`CatalogueEntry.memory_bytes`, the
+    rule's one owner); kept for the device-plugin wing's attribution, which calls it by this
+    name."""
+    return entry.memory_bytes
 
 
 class XidCounter:
@@ -257,12 +254,12 @@ def _pod_families(holdings: Sequence[Holding]) -> Iterator[Any]:
     )
     for h in holdings:
         values = [
-            printable(h.namespace),
-            printable(h.pod),
-            printable(h.container),
+            printable_name(h.namespace),
+            printable_name(h.pod),
+            printable_name(h.container),
             h.gpu_uuid,
             h.kind,
-            printable(h.source),
+            printable_name(h.source),
         ]
         devices.add_metric(values, len(h.devices))
         if h.memory_limit_bytes is not None:

@@ -16,19 +16,7 @@ import stat
 from pathlib import Path
 
 from cdigen.errors import InputError, printable
-from cdigen.fileio import max_input_bytes
-
-KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in KINDS if test(mode)), "not a regular file")
+from cdigen.fileio import file_kind, max_input_bytes
 
 
 def read_config_file(directory: Path, path: Path, *, limit: int | None = None) -> bytes:
@@ -55,7 +43,7 @@ def read_config_file(directory: Path, path: Path, *, limit: int | None = None) -
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise InputError(f"it is {_kind(info.st_mode)}, not a regular file", where=where)
+            raise InputError(f"it is {file_kind(info.st_mode)}, not a regular file", where=where)
         if info.st_nlink != 1:
             raise InputError(
                 f"it has {info.st_nlink} hard links (another file shares it); not read",

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cdigen.constants import MIB
+from cdigen.errors import printable
 
 # Kubernetes names are at most 253 characters; anything longer is cut before it is shown.
 NAME_LIMIT = 253
@@ -47,21 +48,12 @@ class Holding:
         return self.names or self.devices
 
 
-def printable(text: str, limit: int = NAME_LIMIT) -> str:
-    """``text`` safe for a terminal or a log line: backslashes doubled, every control or other
-    unprintable character as ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters."""
-    out = []
-    for ch in text[: limit + 1]:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x100:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
-    shown = "".join(out)
-    return shown if len(text) <= limit else shown[: limit - 3] + "..."
+def printable_name(text: str) -> str:
+    """A Kubernetes name from outside (a namespace, pod, container, claim, device, node or
+    resource) as cdigen shows it in a table, JSON, /metrics or a log line: escaped as
+    :func:`cdigen.errors.printable` escapes every name printed from outside, and cut to
+    :data:`NAME_LIMIT`."""
+    return printable(text, NAME_LIMIT)
 
 
 def sorted_holdings(rows: Iterable[Holding]) -> list[Holding]:
@@ -85,14 +77,14 @@ def table(rows: Sequence[Holding]) -> str:
     for h in sorted_holdings(rows):
         lines.append(
             (
-                printable(h.namespace),
-                printable(h.pod),
-                printable(h.container),
+                printable_name(h.namespace),
+                printable_name(h.pod),
+                printable_name(h.container),
                 str(h.gpu_index),
                 h.gpu_uuid,
                 h.kind,
-                printable(h.source),
-                ",".join(printable(d) for d in h.shown),
+                printable_name(h.source),
+                ",".join(printable_name(d) for d in h.shown),
                 memory_text(h.memory_limit_bytes),
             )
         )
@@ -107,15 +99,15 @@ def as_json(rows: Sequence[Holding]) -> str:
     """The rows as a JSON list (camelCase keys; names escaped as in the table)."""
     docs = [
         {
-            "namespace": printable(h.namespace),
-            "pod": printable(h.pod),
-            "container": printable(h.container),
+            "namespace": printable_name(h.namespace),
+            "pod": printable_name(h.pod),
+            "container": printable_name(h.container),
             "gpuIndex": h.gpu_index,
             "gpuUuid": h.gpu_uuid,
             "kind": h.kind,
-            "from": printable(h.source),
-            "devices": [printable(d) for d in h.devices],
-            "names": [printable(d) for d in h.shown],
+            "from": printable_name(h.source),
+            "devices": [printable_name(d) for d in h.devices],
+            "names": [printable_name(d) for d in h.shown],
             "memoryLimitBytes": h.memory_limit_bytes,
         }
         for h in sorted_holdings(rows)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.catalogue import CatalogueEntry
 from cdigen.model import Gpu
-from cdigen.plugin.agent.attribution import AttributionCollector, Slot, entry_memory
+from cdigen.plugin.agent.attribution import AttributionCollector, Slot
 from cdigen.plugin.agent.holdings import Holding
 from cdigen.plugin.agent.podresources import ContainerResources, socket_path
 
@@ -33,7 +33,7 @@ def dra_limit(device: PreparedDeviceDoc, entry: CatalogueEntry) -> int:
             return int(parse_quantity(consumed))
         except ValueError:
             pass  # the checkpoint checked it; a bad one counts as the whole device
-    return entry_memory(entry)
+    return entry.memory_bytes
 
 
 def dra_holdings(

@@ -11,12 +11,16 @@ from dataclasses import replace
 from cdigen.cdi import devnodes
 from cdigen.cdi.capabilities import ordered_capabilities
 from cdigen.cdi.devnodes import DeviceNodeInfo
-from cdigen.cdi.driveredits import driver_edits, edits_beyond
 from cdigen.cdi.driverfiles import DriverFiles
 from cdigen.cdi.hostfs import HostFS
 from cdigen.cdi.names import capability_device_name
-from cdigen.cdi.spec import SpecOptions, extra_capabilities, node_doc
-from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, DeviceNodeDoc, MountDoc, SpecDoc
+from cdigen.cdi.spec import (
+    SpecOptions,
+    capability_edits,
+    extra_capabilities,
+    gpu_device_nodes,
+)
+from cdigen.cdi.types import ContainerEditsDoc, DeviceDoc, MountDoc, SpecDoc
 from cdigen.cdi.version import minimum_version
 from cdigen.errors import InputError
 from cdigen.model import Node
@@ -145,7 +149,9 @@ class ClaimSpecs:
         devices: list[DeviceDoc] = [
             {
                 "name": claim_name(uid, view.name),
-                "containerEdits": {"deviceNodes": self._device_nodes(view)},
+                "containerEdits": {
+                    "deviceNodes": gpu_device_nodes(view.gpu, view.mig, opts, self._fs)
+                },
             }
             for view in views
         ]
@@ -182,19 +188,6 @@ class ClaimSpecs:
         spec["cdiVersion"] = minimum_version(spec)  # of the whole content, MPS edits included
         return spec
 
-    def _device_nodes(self, view: DeviceView) -> list[DeviceNodeDoc]:
-        opts, fs, gpu = self.options, self._fs, view.gpu
-        paths = [f"/dev/nvidia{gpu.minor}"]
-        if view.mig is None:  # DRM nodes only where they exist (the runtime refuses a missing one)
-            paths += [
-                p
-                for p in devnodes.drm_nodes(opts.sysfs_root, gpu.pci_bus_id, fs)
-                if devnodes.node_exists(opts.dev_root, p, fs)
-            ]
-        else:
-            paths += [f"/dev/nvidia-caps/nvidia-cap{n}" for n in view.mig.cap_minors]
-        return [node_doc(devnodes.device_node(opts.dev_root, p, fs)) for p in paths]
-
     def _edits(
         self, capabilities: tuple[str, ...], control: tuple[DeviceNodeInfo, ...]
     ) -> tuple[ContainerEditsDoc, dict[str, ContainerEditsDoc]]:
@@ -204,16 +197,9 @@ class ClaimSpecs:
         key = (capabilities, control)
         found = self._edit_cache.get(key)
         if found is None:
-            opts, docs = self.options, [node_doc(n) for n in control]
-            edits = driver_edits(self._driver_files, opts.capabilities, opts.hook_path, docs)
-            beyond: dict[str, ContainerEditsDoc] = {}
-            for cap in capabilities:
-                full = driver_edits(
-                    self._driver_files, (*opts.capabilities, cap), opts.hook_path, docs
-                )
-                extra = edits_beyond(full, edits)
-                if extra.get("mounts") or extra.get("hooks") or extra.get("deviceNodes"):
-                    beyond[cap] = extra
+            edits, beyond = capability_edits(
+                self._driver_files, self.options, control, capabilities
+            )
             if len(self._edit_cache) >= EDIT_CACHE_MAX:
                 self._edit_cache.pop(next(iter(self._edit_cache)))
             found = self._edit_cache[key] = (edits, beyond)

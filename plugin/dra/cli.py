@@ -6,8 +6,8 @@ GPU (:mod:`cdigen.plugin.dra.pods_cli`). Registering imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
-import sys
 
+from cdigen.cli import usage
 from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER
 
 __all__ = ["DEFAULT_DRIVER", "register"]
@@ -27,9 +27,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve_cli.register(dra_sub)
     claims_cli.register(dra_sub)
     pods_cli.register(dra_sub)
-    dra.set_defaults(func=lambda args: _usage(dra))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    dra.set_defaults(func=lambda args: usage(dra))

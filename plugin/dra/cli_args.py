@@ -3,10 +3,12 @@ common options. Light imports only: ``--help`` stays cheap."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cdigen.constants import DRA_DRIVER
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S
 
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
@@ -27,6 +29,19 @@ def dns_subdomain(value: str, flag: str, longest: int = 63, example: str = DEFAU
             where=flag,
             hint=f"use lowercase letters, digits, '-' and '.', e.g. {example}",
         )
+
+
+def add_api_options(parser: argparse.ArgumentParser) -> None:
+    """``--kubeconfig`` and ``--api-timeout``, as every ``dra`` subcommand that calls the API
+    server takes them (the timeout's default is the API client's own)."""
+    parser.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
+    parser.add_argument(
+        "--api-timeout",
+        type=float,
+        default=DEFAULT_API_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up on an API server call after this long (default {DEFAULT_API_TIMEOUT_S:g})",
+    )
 
 
 def api_timeout(seconds: float) -> None:

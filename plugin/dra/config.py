@@ -99,27 +99,38 @@ def _sharing(doc: Mapping[str, Any] | None, where: str) -> ClaimSharing | None:
         thread_percentage=mps.get("defaultActiveThreadPercentage"),
         memory_limit=None
         if default is None
-        else _limit(default, f"{where}.mpsConfig.defaultPinnedDeviceMemoryLimit"),
+        else pinned_limit(default, f"{where}.mpsConfig.defaultPinnedDeviceMemoryLimit"),
         per_device_limits=tuple(
-            (str(key), _limit(value, f"{where}.mpsConfig.defaultPerDevicePinnedMemoryLimit.{key}"))
+            (
+                str(key),
+                pinned_limit(value, f"{where}.mpsConfig.defaultPerDevicePinnedMemoryLimit.{key}"),
+            )
             for key, value in per_device.items()
         ),
     )
 
 
-def _limit(text: str, where: str) -> int:
-    """A pinned-memory limit in bytes: a quantity of at least 1Mi (MPS limits in MiB)."""
+def pinned_limit(
+    text: str,
+    where: str,
+    *,
+    quantity_hint: str = "give a quantity such as 4Gi",
+    least_hint: str = "give at least 1Mi, e.g. 4Gi",
+) -> int:
+    """An MPS pinned-memory limit in bytes (a claim config's, or the memory a claim consumed):
+    InputError unless ``text`` is a quantity of at least 1Mi, the unit of MPS's limit (0M would
+    be no limit to the driver, a negative one nonsense)."""
     from cdigen.policies.cel import parse_quantity
 
     try:
         value = parse_quantity(text)
     except ValueError as exc:
-        raise InputError(str(exc), where=where, hint="give a quantity such as 4Gi") from None
+        raise InputError(str(exc), where=where, hint=quantity_hint) from None
     if value < MIB:
         raise InputError(
-            f"{text!r} is less than 1Mi, the least memory MPS can limit a client to",
+            f"{quoted(text, 40)} is less than 1Mi, the least memory MPS can limit a client to",
             where=where,
-            hint="give at least 1Mi, e.g. 4Gi",
+            hint=least_hint,
         )
     return int(value)
 

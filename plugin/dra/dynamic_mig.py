@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from cdigen.cdi.devnodes import caps_node
 from cdigen.discover.nvml import read_mig_minors, text
 from cdigen.errors import CdigenError
 from cdigen.mig_profiles import MigGeometry, MigProfile
@@ -74,19 +75,14 @@ def complete_cap_nodes(spec: Mapping[str, Any], made: Sequence[MadeMig]) -> None
     the host has no such node yet (the driver makes the instance, not its /dev entry): with
     them the runtime makes the node in the container, without one on the host."""
     wanted = {
-        f"/dev/nvidia-caps/nvidia-cap{minor}": one.caps_major
-        for one in made
-        for minor in one.mig.cap_minors
+        caps_node(minor): (one.caps_major, minor) for one in made for minor in one.mig.cap_minors
     }
     for device in spec.get("devices", []):
         for node in device.get("containerEdits", {}).get("deviceNodes", []):
-            major = wanted.get(node["path"])
+            major, minor = wanted.get(node["path"], (None, 0))
             if major is None or "type" in node:
                 continue
-            node.update(
-                type="c", major=major, minor=int(node["path"].rpartition("cap")[2]),
-                fileMode=0o444, permissions="r",
-            )  # fmt: skip
+            node.update(type="c", major=major, minor=minor, fileMode=0o444, permissions="r")
 
 
 def mig_doc_problem(doc: Any) -> str | None:

@@ -8,13 +8,11 @@ from dataclasses import dataclass
 
 from cdigen.cdi.driveredits import IPC_MOUNT_OPTIONS
 from cdigen.cdi.types import MountDoc
-from cdigen.constants import MIB
 from cdigen.errors import InputError
 from cdigen.model import Gpu
 from cdigen.plugin.agent.mps import GpuLimit, MpsDirectoryRefused, limits_env, mps_mounts
 from cdigen.plugin.dra.claims import AllocatedDevice, quoted
-from cdigen.plugin.dra.config import ClaimSharing
-from cdigen.policies.cel import parse_quantity
+from cdigen.plugin.dra.config import ClaimSharing, pinned_limit
 from cdigen.policies.device_view import DeviceView
 
 # The daemon's shared memory, as a runtime mounts a container's own /dev/shm: writable, no
@@ -157,21 +155,11 @@ def _daemon_mounts(mps: MpsSettings) -> list[MountDoc]:
 
 
 def consumed_memory(result: AllocatedDevice) -> int:
-    """The bytes of memory ``result`` consumed; InputError (that claim's) unless it is a
-    quantity of at least 1 MiB, the unit of MPS's pinned-memory limit (0M would be no limit
-    to the driver, a negative one nonsense)."""
-    text = (result.consumed or {}).get("memory", "")
-    where = f"device {quoted(result.device, 40)} consumedCapacity.memory"
-    try:
-        value = parse_quantity(text)
-    except ValueError as exc:
-        raise InputError(
-            str(exc), where=where, hint="the scheduler writes a quantity such as 4Gi"
-        ) from None
-    if value < MIB:
-        raise InputError(
-            f"{quoted(text, 40)} is less than 1Mi, the least memory MPS can limit a client to",
-            where=where,
-            hint="give the claim's capacity request at least 1Mi (docs/dra-sharing.md)",
-        )
-    return int(value)
+    """The bytes of memory ``result`` consumed, as its MPS pinned-memory limit; InputError
+    (that claim's) unless it is a quantity of at least 1 MiB (:func:`pinned_limit`)."""
+    return pinned_limit(
+        (result.consumed or {}).get("memory", ""),
+        f"device {quoted(result.device, 40)} consumedCapacity.memory",
+        quantity_hint="the scheduler writes a quantity such as 4Gi",
+        least_hint="give the claim's capacity request at least 1Mi (docs/dra-sharing.md)",
+    )

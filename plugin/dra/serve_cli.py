@@ -17,7 +17,12 @@ from cdigen.model import DRA_MIG_STRATEGIES, DRA_MIG_STRATEGY
 from cdigen.plugin.agent.logs import LOG_FORMATS
 from cdigen.plugin.agent.mps import LIMIT_KEYS
 from cdigen.plugin.agent.xid import add_xid_options, xid_flags
-from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
+from cdigen.plugin.dra.cli_args import (
+    DEFAULT_DRIVER,
+    add_api_options,
+    api_timeout,
+    dns_subdomain,
+)
 
 if TYPE_CHECKING:
     from cdigen.plugin.dra.options import DraOptions
@@ -68,14 +73,7 @@ def register(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="where the checkpoint of prepared claims lives (default "
         "<kubelet-dir>/plugins/<driver>)",
     )
-    serve.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
-    serve.add_argument(
-        "--api-timeout",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="give up on an API server call after this long (default 5)",
-    )
+    add_api_options(serve)
     serve.add_argument(
         "--features-file",
         metavar="PATH",

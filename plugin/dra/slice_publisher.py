@@ -63,8 +63,7 @@ class SlicePublisher:
         self.generation = 0
         # name -> (resourceVersion the API gave our last write, the spec we sent)
         self._written: dict[str, tuple[str | None, Any]] = {}
-        self._said_none = False  # the warning about effect None, said once
-        self._said_lists = False  # the warning about list attributes, said once
+        self._said_lacking: set[str] = set()  # the features said to be left out, once each
         self._said_taints = False  # the error about dropped device taints, said once
         self._said_counters = False  # the error about dropped counters, said once
 
@@ -72,6 +71,24 @@ class SlicePublisher:
         """The API server's Kubernetes 1.x minor, where the api can tell (KubeApi can)."""
         minor: int | None = getattr(self._api, "server_minor", lambda: None)()
         return minor
+
+    def _server_lacks(self, needed: int, what: str, needs: str) -> bool:
+        """Whether the API server is older than Kubernetes 1.``needed`` (or of an unknown
+        version), so a feature that needs ``needed`` is left out; said once as a WARNING
+        (``<what>: the API server is 1.x, and <needs> Kubernetes 1.<needed> or newer``)."""
+        minor = self._server_minor()
+        if minor is not None and minor >= needed:
+            return False
+        if what not in self._said_lacking:
+            self._said_lacking.add(what)
+            log.warning(
+                "%s: the API server is %s, and %s Kubernetes 1.%d or newer",
+                what,
+                f"1.{minor}" if minor is not None else "of an unknown version",
+                needs,
+                needed,
+            )
+        return True
 
     def set_owner(self, owner: dict[str, str] | None) -> None:
         """The Node owner reference for slices published from now on."""
@@ -219,34 +236,24 @@ class SlicePublisher:
     ) -> Mapping[str, Sequence[TaintDoc]]:
         """``taints``, less those of effect None where the server does not know that effect
         (said once)."""
-        minor = self._server_minor()
-        if minor is not None and minor >= NONE_EFFECT_MINOR:
+        if not self._server_lacks(
+            NONE_EFFECT_MINOR,
+            "taints of effect None left out of the ResourceSlices",
+            "the effect needs",
+        ):
             return taints
-        if not self._said_none:
-            self._said_none = True
-            log.warning(
-                "taints of effect None left out of the ResourceSlices: the API server is %s, "
-                "and the effect needs Kubernetes 1.%d or newer",
-                f"1.{minor}" if minor is not None else "of an unknown version",
-                NONE_EFFECT_MINOR,
-            )
         kept = {d: [t for t in ts if t["effect"] != "None"] for d, ts in taints.items()}
         return {d: ts for d, ts in kept.items() if ts}
 
     def _list_attributes(self, views: Sequence[DeviceView]) -> Sequence[DeviceView]:
         """``views``, their list attributes cut to their first value (the scalar form) where
         the server's DeviceAttribute has no lists (said once)."""
-        minor = self._server_minor()
-        if minor is not None and minor >= LIST_ATTRIBUTES_MINOR:
+        if not self._server_lacks(
+            LIST_ATTRIBUTES_MINOR,
+            "list attributes (--numa-node-attribute list) published as their first value",
+            "lists need",
+        ):
             return views
-        if not self._said_lists:
-            self._said_lists = True
-            log.warning(
-                "list attributes (--numa-node-attribute list) published as their first value: "
-                "the API server is %s, and lists need Kubernetes 1.%d or newer",
-                f"1.{minor}" if minor is not None else "of an unknown version",
-                LIST_ATTRIBUTES_MINOR,
-            )
         return [_scalar_attributes(v) for v in views]
 
     def delete_all(self) -> None:

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdigen.plugin.dra.claims import quoted
+from cdigen.plugin.agent.holdings import printable_name
 
 log = logging.getLogger(__name__)
-_PLAIN = re.compile(
-    r"[A-Za-z0-9][A-Za-z0-9._/-]{0,252}"
-)  # names and quantities as Kubernetes has them
 
 DOCS = "docs/dra.md, 'Moving a node from the device plugin to DRA'"
 
@@ -69,12 +65,6 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _shown(value: str) -> str:
-    """``value`` as it is when Kubernetes could have made it, else quoted and cut short (a name
-    from the API server goes into a log line: no control character, no newline)."""
-    return value if _PLAIN.fullmatch(value) else quoted(value)
-
-
 def _nonzero(amount: Any) -> bool:
     from cdigen.policies.cel import parse_quantity
 
@@ -115,12 +105,13 @@ def stale_line(found: Sequence[StaleResource]) -> str:
     """One line for ``found`` (all of one node), or "" when there is nothing."""
     if not found:
         return ""
-    node = _shown(found[0].node)
+    node = printable_name(found[0].node)
     what = ", ".join(
-        f"{_shown(s.resource)}: {_shown(s.amount)} (DeviceClass {_shown(s.device_class)} serves it)"
+        f"{printable_name(s.resource)}: {printable_name(s.amount)} "
+        f"(DeviceClass {printable_name(s.device_class)} serves it)"
         for s in found
     )
-    command = removal_command(node, [_shown(s.resource) for s in found])
+    command = removal_command(node, [printable_name(s.resource) for s in found])
     return (
         f"node {node} still advertises {what} in its status, left by a device plugin: the "
         "scheduler counts that instead of this driver's devices, and pods asking for it get "

@@ -6,7 +6,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, api_timeout, dns_subdomain
+from cdigen.plugin.dra.cli_args import (
+    DEFAULT_DRIVER,
+    add_api_options,
+    api_timeout,
+    dns_subdomain,
+)
 
 
 def register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,14 +28,7 @@ def register_why(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     why.add_argument(
         "-n", "--namespace", default="default", help="the pod's namespace (default: default)"
     )
-    why.add_argument("--kubeconfig", metavar="FILE", help="default: the in-cluster config")
-    why.add_argument(
-        "--api-timeout",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="give up on an API server call after this long (default 5)",
-    )
+    add_api_options(why)
     why.add_argument(
         "--driver-name",
         default=DEFAULT_DRIVER,

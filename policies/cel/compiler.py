@@ -17,7 +17,13 @@ from lark import Token, Tree
 import cdigen.policies.cel.limits as limits
 from cdigen.policies.cel import comprehensions
 from cdigen.policies.cel.cel_types import DEVICE, DYN, TYPE_NAMES, CelType
-from cdigen.policies.cel.errors import CelCompileError, CelEvaluationError, runtime_error, type_name
+from cdigen.policies.cel.errors import (
+    CelCompileError,
+    CelEvaluationError,
+    line_column,
+    runtime_error,
+    type_name,
+)
 from cdigen.policies.cel.library import FUNCTIONS
 from cdigen.policies.cel.optional import OPTIONAL_FUNCTIONS, select
 from cdigen.policies.cel.parser import parse
@@ -243,44 +249,29 @@ def bracket_problem(text: str) -> CelCompileError | None:
     """The first unbalanced bracket outside string literals, said plainly (the parser only says
     where it gave up, often the end of the text); None when they balance."""
     opened: list[tuple[str, int]] = []
-    quote, index = "", 0
-    while index < len(text):
-        char = text[index]
-        if quote:
-            if char == "\\":
-                index += 1
-            elif char == quote:
-                quote = ""
-        elif char in "\"'":
-            quote = char
-        elif char in _CLOSER:
+    for index, char in limits.brackets(text):
+        if char in _CLOSER:
             opened.append((char, index))
-        elif char in ")]}":
-            line, column = _line_column(text, index)
-            if not opened:
-                return CelCompileError(f"syntax error: {char!r} closes nothing", line, column)
-            opener, at = opened.pop()
-            if _CLOSER[opener] != char:
-                where = _line_column(text, at)
-                return CelCompileError(
-                    f"syntax error: {char!r} where {_CLOSER[opener]!r} should close the "
-                    f"{opener!r} at line {where[0]}, column {where[1]}",
-                    line,
-                    column,
-                )
-        index += 1
+            continue
+        line, column = line_column(text, index)
+        if not opened:
+            return CelCompileError(f"syntax error: {char!r} closes nothing", line, column)
+        opener, at = opened.pop()
+        if _CLOSER[opener] != char:
+            where = line_column(text, at)
+            return CelCompileError(
+                f"syntax error: {char!r} where {_CLOSER[opener]!r} should close the "
+                f"{opener!r} at line {where[0]}, column {where[1]}",
+                line,
+                column,
+            )
     if opened:
         opener, at = opened[-1]
-        line, column = _line_column(text, at)
+        line, column = line_column(text, at)
         return CelCompileError(
             f"syntax error: missing {_CLOSER[opener]!r} to close this {opener!r}", line, column
         )
     return None
-
-
-def _line_column(text: str, offset: int) -> tuple[int, int]:
-    before = text[:offset]
-    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
 
 
 def _declared(variables: frozenset[str]) -> dict[str, CelType]:

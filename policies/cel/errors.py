@@ -22,6 +22,13 @@ from cdigen.policies.cel.semver import Semver
 MAX_MESSAGE = 200  # characters of a message passed on from cel-python
 
 
+def line_column(text: str, offset: int) -> tuple[int, int]:
+    """The 1-based line and column of character ``offset`` of an expression's ``text``, as a
+    :class:`CelCompileError` (and cel-go) report a place."""
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
 class CelCompileError(Exception):
     """A CEL expression that does not compile; ``line``/``column`` are 1-based within it."""
 

@@ -8,13 +8,13 @@ The limits are read at use (``limits.COST_LIMIT``), so that setting
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lark import Token, Tree
 
-from cdigen.policies.cel.errors import CelCompileError
+from cdigen.policies.cel.errors import CelCompileError, line_column
 
 MAX_EXPRESSION_BYTES = 10 * 1024
 # Limits, as Kubernetes bounds CEL in the API server (DRA selectors: a cost of 1,000,000, 10 KiB).
@@ -61,9 +61,10 @@ def position(node: Any) -> tuple[int | None, int | None]:
     return meta.line, meta.column
 
 
-def nesting_problem(text: str) -> CelCompileError | None:
-    """Brackets nested deeper than MAX_NESTING (outside string literals), before parsing."""
-    depth, quote, index = 0, "", 0
+def brackets(text: str) -> Iterator[tuple[int, str]]:
+    """Each bracket of a CEL ``text`` outside string literals, with its offset: what the
+    nesting limit counts and what the compiler's balance check reads."""
+    quote, index = "", 0
     while index < len(text):
         char = text[index]
         if quote:
@@ -73,25 +74,28 @@ def nesting_problem(text: str) -> CelCompileError | None:
                 quote = ""
         elif char in "\"'":
             quote = char
-        elif char in "([{":
+        elif char in "([{)]}":
+            yield index, char
+        index += 1
+
+
+def nesting_problem(text: str) -> CelCompileError | None:
+    """Brackets nested deeper than MAX_NESTING (outside string literals), before parsing."""
+    depth = 0
+    for index, char in brackets(text):
+        if char in "([{":
             depth += 1
             if depth > MAX_NESTING:
-                line, column = _offset_position(text, index)
+                line, column = line_column(text, index)
                 return CelCompileError(
                     f"the expression is nested too deeply (more than {MAX_NESTING} levels "
                     "of brackets)",
                     line,
                     column,
                 )
-        elif char in ")]}":
+        else:
             depth -= 1
-        index += 1
     return None
-
-
-def _offset_position(text: str, offset: int) -> tuple[int, int]:
-    before = text[:offset]
-    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
 
 
 def check_depth(tree: Any) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 from lark import Token, Tree
 
+from cdigen.policies.cel.errors import line_column
+
 
 def tree_position(where: Any) -> tuple[int | None, int | None]:
     if isinstance(where, tuple):
@@ -65,5 +67,4 @@ def operator_position(text: str, left: Any, symbol: str) -> tuple[int | None, in
     at = text.find(symbol, meta.end_pos)
     if at < 0:
         return meta.end_line, meta.end_column
-    before = text[:at]
-    return before.count("\n") + 1, at - (before.rfind("\n") + 1) + 1
+    return line_column(text, at)

@@ -24,6 +24,7 @@ from typing import Any
 
 from cdigen.errors import InputError
 from cdigen.policies.cel import CelCompileError, compile_expression
+from cdigen.policies.cel.errors import line_column
 from cdigen.policies.device_view import published_attribute_names, published_capacity_names
 from cdigen.policies.dra.claim_docs import (
     Claim,
@@ -93,11 +94,6 @@ def did_you_mean(name: str, names: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _position(text: str, offset: int) -> tuple[int, int]:
-    before = text[:offset]
-    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
-
-
 def check_expression(
     expression: str, source: str, field: str, published: Published
 ) -> list[Problem]:
@@ -112,7 +108,7 @@ def check_expression(
         found = _reference_problem(match, expression, published)
         if found is not None:
             message, at = found
-            problems.append(Problem(source, field, message, *_position(expression, at)))
+            problems.append(Problem(source, field, message, *line_column(expression, at)))
     return problems
 
 

@@ -224,11 +224,11 @@ def test_names_from_outside_are_escaped_in_the_table_and_the_metrics(
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "\x1b" not in result.stdout and "\t" not in result.stdout
-    assert "evil\\x1b[2J\\x0apod" in result.stdout and "c\\x09x" in result.stdout
+    assert "evil\\x1b[2J\\npod" in result.stdout and "c\\tx" in result.stdout
     assert len(result.stdout.splitlines()) == 2
     text = plugin.metrics()
     assert "\x1b" not in text
-    assert by(samples(text, "cdigen_pod_gpu_devices"), pod="evil\\x1b[2J\\x0apod") == [1]
+    assert by(samples(text, "cdigen_pod_gpu_devices"), pod="evil\\x1b[2J\\npod") == [1]
 
 
 def test_no_kubelet_socket_is_one_line_and_the_metrics_say_so(tmp_path: Path) -> None:

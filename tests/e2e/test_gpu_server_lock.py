@@ -165,7 +165,7 @@ def test_a_lock_that_is_a_symlink_out_is_never_followed(tmp_path: Path) -> None:
 def test_a_lock_that_is_a_fifo_is_one_line_and_exit_2(tmp_path: Path) -> None:
     os.mkfifo(_lock(tmp_path))
     line = _one_error_line(_plugin_serve(tmp_path), 2)
-    assert "a FIFO, not a regular file" in line
+    assert "a pipe, not a regular file" in line
 
 
 def test_a_lock_that_is_a_character_device_is_one_line_and_exit_2(tmp_path: Path) -> None:

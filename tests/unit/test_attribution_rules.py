@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from cdigen.discover import load_node
-from cdigen.errors import InputError
+from cdigen.errors import InputError, printable
 from cdigen.plugin.agent.attribution import XidCounter
-from cdigen.plugin.agent.holdings import printable
+from cdigen.plugin.agent.holdings import printable_name
 from cdigen.plugin.agent.podresources import ContainerClaim, ContainerResources
 from cdigen.plugin.agent.xid import xid_reason
 from cdigen.plugin.deviceplugin.attribution import plugin_holdings
@@ -24,9 +24,26 @@ RESOURCE = "nvidia.com/gpu.shared"
 
 
 def test_printable_escapes_control_characters_and_backslashes() -> None:
+    """The one rule for names from outside (cdigen.errors.printable): errors, logs, the pods
+    table and /metrics all escape this way, as repr does."""
     assert printable("pod-a") == "pod-a"
-    assert printable("a\x1b[2J\nb\\c\u202ed") == "a\\x1b[2J\\x0ab\\\\c\\u202ed"
-    assert printable("x" * 300) == "x" * 250 + "..."
+    assert printable("a\x1b[2J\nb\\c\u202ed") == "a\\x1b[2J\\nb\\\\c\\u202ed"
+    assert printable("\t\r\x00\x7f\x85\u2028") == "\\t\\r\\x00\\x7f\\x85\\u2028"
+    # nothing printable changes: other scripts, accents and emoji print as they are
+    for name in ("nœud-é", "ノード", "gpu-😀", "a b", "'quoted'"):
+        assert printable(name) == name == printable_name(name)
+    for hostile in ("a\nb", "\x1b[31m", "x\\y", "\u202eabc"):
+        assert printable_name(hostile) == printable(hostile) == repr(hostile)[1:-1]
+
+
+def test_a_name_is_cut_to_the_kubernetes_limit_never_inside_an_escape() -> None:
+    assert printable_name("x" * 253) == "x" * 253
+    assert printable_name("x" * 300) == "x" * 250 + "..."
+    cut = printable_name("\n" * 300)
+    assert len(cut) == 253 and cut == "\\n" * 125 + "..."
+    # \x00 is four characters: two fit in 13 with "...", one in 12 (no half escape)
+    assert printable("ab" + "\x00" * 10, 13) == "ab\\x00\\x00..."
+    assert printable("ab" + "\x00" * 10, 12) == "ab\\x00..."
 
 
 @pytest.mark.parametrize(

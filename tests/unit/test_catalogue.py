@@ -122,6 +122,34 @@ def test_shares_carry_kind_number_and_their_gpus_name() -> None:
     assert sliced[22].id.endswith("::slice-22") and sliced[22].share.kind == "slice"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("strategy", ["none", "mixed", "dynamic"])
+def test_a_devices_memory_is_what_dra_publishes_and_attribution_counts(strategy: str) -> None:
+    """One rule for a device's memory: the MIG device's (or, for a placement, its profile's),
+    else the GPU's; DRA's memory capacity and the agent's attribution both read it."""
+    from cdigen.plugin.agent.attribution import entry_memory
+
+    node = load_node(MIXED)
+    views = device_views(node, mig_strategy=strategy)
+    assert views
+    for view in views:
+        entry = view.entry
+        expected = (
+            entry.mig.memory_bytes
+            if entry.mig is not None
+            else entry.placement.profile.memory_bytes
+            if entry.placement is not None
+            else entry.gpu.memory_bytes
+        )
+        assert view.capacity["memory"] == entry.memory_bytes == expected, view.name
+        assert entry_memory(entry) == expected
+    seven = (
+        next(v for v in views if v.name == "gpu-0-7g-80gb-at-0") if strategy == "dynamic" else None
+    )
+    assert seven is None or seven.capacity["memory"] < seven.gpu.memory_bytes
+    shares = catalogue(node, sharing=Slices(replicas=2))
+    assert all(e.memory_bytes == e.gpu.memory_bytes for e in shares if e.share is not None)
+
+
 def test_dynamic_leaves_out_placements_over_taken_slices() -> None:
     node = load_node(MIXED)
     gpu0 = next(g for g in node.gpus if g.index == 0)

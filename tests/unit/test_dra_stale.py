@@ -125,11 +125,24 @@ def test_only_classes_of_this_driver_count() -> None:
     assert found == []
 
 
-def test_a_hostile_name_stays_one_quoted_line() -> None:
+def test_a_hostile_name_stays_one_escaped_line() -> None:
     from cdigen.plugin.dra.stale import stale_line
 
     doc = node_advertising("node-a\nFAKE: injected", "1\x1b[31m")
     (found,) = stale_resources(doc, {"nvidia.com/gpu": "gpu.cdigen.dev"})
     line = stale_line([found])
     assert "\n" not in line and "\x1b" not in line
-    assert "'node-a\\nFAKE: injected'" in line and "'1\\x1b[31m'" in line
+    # escaped as every name from outside is (cdigen.errors.printable), not quoted
+    assert "node node-a\\nFAKE: injected still advertises" in line
+    assert "nvidia.com/gpu: 1\\x1b[31m (DeviceClass" in line
+
+
+def test_a_unicode_name_prints_as_it_is_and_a_long_one_is_cut() -> None:
+    from cdigen.plugin.dra.stale import stale_line
+
+    doc = node_advertising("nœud-é", "1")
+    (found,) = stale_resources(doc, {"nvidia.com/gpu": "gpu.cdigen.dev"})
+    assert "node nœud-é still advertises" in stale_line([found])
+    doc = node_advertising("n" * 1000 + "\x07", "1")
+    (found,) = stale_resources(doc, {"nvidia.com/gpu": "gpu.cdigen.dev"})
+    assert f"node {'n' * 250}... still advertises" in stale_line([found])

@@ -22,6 +22,7 @@ GENERATED = ("_pb2.py", "_pb2_grpc.py")
 MIB = 1 << 20
 STRATEGIES = {"cdi-cri", "cdi-annotations", "envvar", "native"}
 UNITS = {"Ki", "Mi", "Gi", "Ti", "Pi", "Ei"}
+FILE_KINDS = {"a directory", "a character device", "a block device", "a pipe", "a FIFO", "a socket"}
 FAMILIES = {
     "tesla",
     "fermi",
@@ -81,6 +82,62 @@ def _k8s_vendor(node: ast.AST) -> bool:
         first = node.values[0]
         return isinstance(first, ast.Constant) and str(first.value).startswith("k8s.")
     return False
+
+
+def _device_node_path(node: ast.AST) -> bool:
+    """An f-string making a GPU's or an nvidia-caps node's path: ``f"/dev/nvidia{minor}"``,
+    ``f"/dev/nvidia-caps/nvidia-cap{n}"``."""
+    if not isinstance(node, ast.JoinedStr) or len(node.values) < 2:
+        return False
+    first, second = node.values[0], node.values[1]
+    return (
+        isinstance(first, ast.Constant)
+        and first.value in ("/dev/nvidia", "/dev/nvidia-caps/nvidia-cap")
+        and isinstance(second, ast.FormattedValue)
+    )
+
+
+def _escapes(node: ast.AST) -> bool:
+    """Escaping text by hand: ``.encode("unicode_escape")`` (or ``backslashreplace``), or an
+    f-string that writes ``\\x..``, ``\\u..`` or ``\\U..``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr in ("encode", "decode") and node.args:
+            return _constant(node.args[-1]) in ("unicode_escape", "backslashreplace")
+        return False
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        return isinstance(first, ast.Constant) and str(first.value)[:2] in ("\\x", "\\u", "\\U")
+    return False
+
+
+def _device_memory(node: ast.AST) -> bool:
+    """Reading a catalogue device's memory from its parts: ``<x>.mig.memory_bytes`` or
+    ``<x>.placement.profile.memory_bytes`` (CatalogueEntry.memory_bytes says it once)."""
+    if not (isinstance(node, ast.Attribute) and node.attr == "memory_bytes"):
+        return False
+    inner = node.value
+    if isinstance(inner, ast.Attribute) and inner.attr == "mig":
+        return True
+    return (
+        isinstance(inner, ast.Attribute)
+        and inner.attr == "profile"
+        and isinstance(inner.value, ast.Attribute)
+        and inner.value.attr == "placement"
+    )
+
+
+def _line_of_offset(node: ast.AST) -> bool:
+    """Counting lines before an offset by hand: ``<text>.count("\\n") + 1``."""
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Add)
+        and isinstance(node.left, ast.Call)
+        and isinstance(node.left.func, ast.Attribute)
+        and node.left.func.attr == "count"
+        and len(node.left.args) == 1
+        and _constant(node.left.args[0]) == "\n"
+        and _constant(node.right) == 1
+    )
 
 
 @dataclass(frozen=True)
@@ -145,6 +202,17 @@ FACTS = (
         "the GPU family table",
         "cdigen/families.py",
         anywhere=lambda n: _holds_two(n, FAMILIES, fold=True),
+    ),
+    Fact(
+        "a GPU's and a MIG device's node paths",
+        "cdigen/cdi/devnodes.py",
+        anywhere=_device_node_path,
+    ),
+    Fact("escaping a name from outside", "cdigen/errors.py", anywhere=_escapes),
+    Fact("a catalogue device's memory", "cdigen/catalogue.py", anywhere=_device_memory),
+    Fact("the line and column of an offset", "policies/cel/errors.py", anywhere=_line_of_offset),
+    Fact(
+        "the names of file kinds", "cdigen/fileio.py", anywhere=lambda n: _holds_two(n, FILE_KINDS)
     ),
 )
 
@@ -240,6 +308,11 @@ NEW_COPIES = {
     "the GPU family table": 'NAMES = {8: "Ampere", 9: "Hopper"}\n',
     "the ignored Xids": "def f(xids=(13, 31, 43, 45, 68, 109)):\n    pass\n",
     "the Xid recovery time": "class C:\n    recover_after_s: float = 60.0\n",
+    "a GPU's and a MIG device's node paths": 'paths = [f"/dev/nvidia-caps/nvidia-cap{n}"]\n',
+    "escaping a name from outside": 'def esc(ch):\n    return f"\\\\x{ord(ch):02x}"\n',
+    "a catalogue device's memory": "def mem(view):\n    return view.mig.memory_bytes\n",
+    "the names of file kinds": 'KINDS = ((S_ISDIR, "a directory"), (S_ISFIFO, "a FIFO"))\n',
+    "the line and column of an offset": 'line = text[:at].count("\\n") + 1\n',
 }
 
 
