@@ -35,7 +35,6 @@ from cdigen.plugin.agent.holdings import Holding, printable_name
 from cdigen.plugin.agent.podresources import ContainerResources, PodResourcesError, list_resources
 
 if TYPE_CHECKING:
-    from cdigen.catalogue import CatalogueEntry
     from cdigen.model import Gpu
     from cdigen.plugin.agent.health import HealthBoard
 
@@ -77,13 +76,6 @@ class Wing(Protocol):
     def used(self, holdings: Sequence[Holding]) -> set[tuple[str, str]]:
         """The ``(resource, device)`` slots in use."""
         ...
-
-
-def entry_memory(entry: CatalogueEntry) -> int:
-    """The memory of a catalogue device in bytes (:attr:`CatalogueEntry.memory_bytes`, the
-    rule's one owner); kept for the device-plugin wing's attribution, which calls it by this
-    name."""
-    return entry.memory_bytes
 
 
 class XidCounter:
@@ -280,4 +272,4 @@ def _allocated(holdings: Sequence[Holding]) -> dict[str, int]:
     return out
 
 
-__all__ = ["AttributionCollector", "Slot", "Wing", "XidCounter", "entry_memory"]
+__all__ = ["AttributionCollector", "Slot", "Wing", "XidCounter"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.catalogue import CatalogueEntry
 from cdigen.model import Gpu
-from cdigen.plugin.agent.attribution import AttributionCollector, Slot, entry_memory
+from cdigen.plugin.agent.attribution import AttributionCollector, Slot
 from cdigen.plugin.agent.holdings import Holding
 from cdigen.plugin.agent.podresources import ContainerResources, socket_path
 
@@ -41,7 +41,7 @@ def plugin_limit(resource: Resource, held: Sequence[AdvertisedDevice]) -> int | 
     sharing = resource.sharing
     entry = held[0].entry
     if sharing is None or entry.share is None:
-        return sum(entry_memory(d.entry) for d in held)
+        return sum(d.entry.memory_bytes for d in held)
     return sharing.memory_limit(entry.gpu, len(held))
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cdigen.cli import usage
 from cdigen.discover.cli import add_node_source
 from cdigen.model import DEVICE_PLUGIN_MIG_STRATEGY, MIG_STRATEGIES
 from cdigen.plugin.agent.logs import LOG_FORMATS, setup_logging
@@ -157,12 +157,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from cdigen.plugin.deviceplugin import pods_cli
 
     pods_cli.register(plugin_sub)
-    plugin.set_defaults(func=lambda args: _usage(plugin))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    plugin.set_defaults(func=lambda args: usage(plugin))
 
 
 def _serve(args: argparse.Namespace) -> int:

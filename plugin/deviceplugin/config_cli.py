@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from cdigen.cli import usage
+
 
 def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``plugin config convert`` to the ``plugin`` subcommands."""
@@ -64,12 +66,7 @@ def register(plugin_sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="as plugin serve --policy-dir (default: the config's policyDir)",
     )
     check.set_defaults(func=_check)
-    config.set_defaults(func=lambda args: _usage(config))
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
+    config.set_defaults(func=lambda args: usage(config))
 
 
 def _convert(args: argparse.Namespace) -> int:
