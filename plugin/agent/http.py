@@ -160,6 +160,7 @@ class AgentHttpServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             env=env,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the plugin, not the worker
         )
 
     def _answer(self, feed: socket.socket) -> None:

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import struct
 import sys
@@ -235,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, required=True)
     parser.add_argument("--log-level", type=int, required=True)
     args = parser.parse_args(argv)
+    # It goes when the plugin goes (the feed's end), never before it: a Ctrl-C to the terminal's
+    # process group or systemd's SIGTERM to every process of the unit is the plugin's to handle.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
     feed = Feed(

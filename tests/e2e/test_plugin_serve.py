@@ -153,6 +153,38 @@ def test_stop_signal_exits_0_and_removes_the_socket(
     assert "Traceback" not in plugin.logs()
 
 
+def test_ctrl_c_to_the_process_group_stops_the_plugin_and_its_http_worker(
+    tmp_path: Path, spec_dir: Path
+) -> None:
+    """A terminal's Ctrl-C reaches every process of the foreground group: the plugin stops as
+    on SIGINT, and its /metrics worker goes with it (it does not die first, with a traceback,
+    nor get started again)."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    kubelet = KubeletSimulator(tmp_path / "plugins").start()
+    plugin = ServedPlugin(
+        tmp_path, "--node", NODE_SRC, "--spec-dir", str(spec_dir),
+        "--metrics-address", f"127.0.0.1:{port}", own_group=True,
+    )  # fmt: skip
+    try:
+        kubelet.wait_registered(RESOURCE, timeout_s=20)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+        plugin.signal_group(signal.SIGINT)
+        assert plugin.proc.wait(timeout=10) == 0
+    finally:
+        plugin.stop()
+        kubelet.stop()
+    logs = plugin.logs()
+    assert "Traceback" not in logs and "HTTP worker exited" not in logs, logs
+    with pytest.raises(OSError):  # no worker left holding the port
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
 def test_health_flip_in_the_node_file_reaches_list_and_watch(
     tmp_path: Path, spec_dir: Path
 ) -> None:

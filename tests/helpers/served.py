@@ -19,7 +19,9 @@ def cdigen(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 class ServedPlugin:
     """A ``cdigen plugin serve`` subprocess; its stderr goes to ``log``."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
+    def __init__(self, tmp: Path, *args: str, own_group: bool = False) -> None:
+        """``own_group``: the plugin leads a process group of its own, as a shell's foreground
+        job does, so that :meth:`signal_group` reaches it and every process it started."""
         self.plugin_dir = tmp / "plugins"
         self.log = tmp / "plugin.log"
         self._log_file = self.log.open("w")
@@ -39,10 +41,15 @@ class ServedPlugin:
             # a process killed by a signal of its own (SIGABRT from a native library at exit)
             # leaves its threads' Python stacks in the log
             env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+            process_group=0 if own_group else None,
         )
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
+
+    def signal_group(self, signum: int) -> None:
+        """``signum`` to the plugin's whole process group (a terminal's Ctrl-C)."""
+        os.killpg(self.proc.pid, signum)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
