@@ -1,7 +1,7 @@
 """Allocate latency with and without 64 concurrent /metrics scrapers (issue 36, point 6).
 
     python benchmarks/bench_scrape_load.py [--rounds 4] [--calls 300] [--scrapers 64]
-        [--node builtin:dgx2-v100]
+        [--node builtin:dgx2-v100] [--baseline DIR] [--scraper-nice N]
 
 Starts ``cdigen plugin serve`` on the node (16 GPUs by default, a CDI spec generated for it, a
 kubelet simulator it registers with, /metrics on a loopback port) and then, in one sitting,
@@ -124,6 +124,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def tree_python(tree: Path) -> str:
+    """The Python to run ``tree`` with: its own venv's where it has one (the entry points of
+    ``cdigen plugin`` are read from the installed metadata, so another tree needs its own
+    install), else this one."""
+    own = tree / ".venv" / "bin" / "python"
+    return str(own) if tree != REPO and own.exists() else sys.executable
+
+
 class Served:
     """One tree's ``cdigen plugin serve`` on the node, its kubelet simulator and its samples."""
 
@@ -131,17 +139,18 @@ class Served:
         from tests.kubelet_sim import KubeletSimulator
 
         self.name, self.tree = name, tree
+        python = tree_python(tree)
         plugin_dir, spec_dir = tmp / name / "plugins", tmp / name / "cdi"
         self.url = f"http://127.0.0.1:{free_port()}/metrics"
         subprocess.run(
-            [sys.executable, "-m", "cdigen.cli", "generate", "--node", node,
+            [python, "-m", "cdigen.cli", "generate", "--node", node,
              "--output-dir", str(spec_dir)],
             check=True, capture_output=True, cwd=tree,
         )  # fmt: skip
         self.kubelet = KubeletSimulator(plugin_dir).start()
         with (tmp / f"{name}.log").open("wb") as log_file:
             self.plugin = subprocess.Popen(
-                [sys.executable, "-m", "cdigen.cli", "plugin", "serve", "--node", node,
+                [python, "-m", "cdigen.cli", "plugin", "serve", "--node", node,
                  "--plugin-dir", str(plugin_dir), "--spec-dir", str(spec_dir),
                  "--metrics-address", self.url.split("/")[2], "--log-level", "warning"],
                 stderr=log_file, cwd=tree,
@@ -206,12 +215,19 @@ def main() -> int:
     parser.add_argument("--node", default="builtin:dgx2-v100")
     parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
     parser.add_argument(
-        "--scraper-nice", type=int, default=0, help="niceness of the scrapers' process"
+        "--scraper-nice",
+        type=int,
+        default=0,
+        help="niceness of the scrapers' process; -1: SCHED_IDLE (they run on idle CPU only, as "
+        "scrapers on other machines would)",
     )
     parser.add_argument("--scrape", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.scrape:
-        os.nice(args.scraper_nice)
+        if args.scraper_nice < 0:  # stand-ins for scrapers on other machines: idle CPU only
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.nice(args.scraper_nice)
         scrape_forever(args.scrape[0], int(args.scrape[1]))
         return 0
 

@@ -42,6 +42,7 @@ HEAD = struct.Struct("!cI")
 MAX_FRAME = 64 << 20  # a rendered /metrics is kilobytes; anything near this is a broken peer
 TEXT = "text/plain; charset=utf-8"
 NICENESS = 10  # scrapers wait a little; the kubelet's calls do not
+SLOT_WAIT_S = 0.2  # how long the accept loop waits for a free slot before looking again
 
 Answer = tuple[int, bytes, str]  # status, body, content type
 
@@ -53,11 +54,12 @@ def encode(kind: bytes, payload: bytes) -> bytes:
     return HEAD.pack(kind, len(payload)) + payload
 
 
-def encode_answer(path: str, answer: Answer) -> bytes:
-    """The plugin's answer for ``path`` as one frame."""
+def encode_answer(path: str, answer: Answer, pause_s: float) -> bytes:
+    """The plugin's answer for ``path`` as one frame; ``pause_s``: how long after this ask the
+    worker must wait before asking for ``path`` again."""
     status, body, content_type = answer
-    head = json.dumps({"path": path, "status": status, "type": content_type}).encode()
-    return encode(ANSWER, head + b"\n" + body)
+    head = {"path": path, "status": status, "type": content_type, "pause": pause_s}
+    return encode(ANSWER, json.dumps(head).encode() + b"\n" + body)
 
 
 def read_frame(stream: Any) -> tuple[bytes, bytes] | None:
@@ -82,7 +84,7 @@ class Feed:
         self._cond = threading.Condition()
         self._latest: dict[str, tuple[float, Answer]] = {}  # path -> (when asked, answer)
         self._asked: dict[str, float] = {}  # path -> when the ask in flight was sent
-        self._last_ask: dict[str, float] = {}
+        self._due: dict[str, float] = {}  # path -> when it may be asked for again
         self._closed = False
         self._send_lock = threading.Lock()
 
@@ -99,13 +101,13 @@ class Feed:
                 now = time.monotonic()
                 if now >= deadline:
                     break
-                due = self._last_ask.get(path, -1e9) + self._min_interval_s
+                due = self._due.get(path, now)
                 if path in self._asked:
                     self._cond.wait(deadline - now)
                 elif now < due:
                     self._cond.wait(min(due, deadline) - now)
                 else:
-                    self._asked[path] = self._last_ask[path] = now
+                    self._asked[path] = now
                     self.send(ASK, path.encode())
         reason = "stopping" if self._closed else f"did not answer within {self._deadline_s:g} s"
         return 503, f"the plugin {reason}\n".encode(), TEXT
@@ -124,6 +126,7 @@ class Feed:
             try:
                 doc = json.loads(head)
                 path, answer = str(doc["path"]), (int(doc["status"]), body, str(doc["type"]))
+                pause = float(doc["pause"])
             except (ValueError, KeyError, TypeError):
                 break  # not the plugin's answer: stop, as at the feed's end
             if kind != ANSWER:
@@ -131,6 +134,7 @@ class Feed:
             with self._cond:
                 asked = self._asked.pop(path, time.monotonic())
                 self._latest[path] = (asked, answer)
+                self._due[path] = asked + max(self._min_interval_s, pause)
                 self._cond.notify_all()
         with self._cond:
             self._closed = True
@@ -151,7 +155,7 @@ class FeedLogHandler(logging.Handler):
 
 class WorkerServer(ThreadingHTTPServer):
     """Answers on an inherited listening socket: at most ``max_connections`` at once (one
-    thread each; the next is closed at once and a scraper retries), each closed after
+    thread each; the next waits in the listen queue until one ends), each closed after
     ``timeout_s`` without a byte."""
 
     daemon_threads = True
@@ -170,26 +174,34 @@ class WorkerServer(ThreadingHTTPServer):
         self.timeout_s = timeout_s
         self._slots = threading.BoundedSemaphore(max_connections)
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept the next connection once a slot is free. While all are taken, connections
+        wait in the kernel's listen queue (costing this process nothing), instead of being
+        accepted and closed, which had scrapers retry in a storm of connections."""
+        if not self._slots.acquire(timeout=SLOT_WAIT_S):
+            raise OSError("every connection slot is taken")  # the serve loop tries again
+        try:
+            return self.socket.accept()
+        except BaseException:
+            self._slots.release()
+            raise
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.debug("%d connections open, closing a new one", self.max_connections)
-            self.shutdown_request(request)
-            return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
             raise
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that failed (the client hung up mid-answer): one DEBUG line."""
+        log.debug("connection from %s ended: %s", client_address, sys.exc_info()[1])
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed (the client hung up mid-answer): one DEBUG line."""
-        log.debug("connection from %s ended: %s", client_address, sys.exc_info()[1])
 
 
 class _Handler(BaseHTTPRequestHandler):
