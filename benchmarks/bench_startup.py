@@ -9,7 +9,9 @@ when the plugin registers and when its first device list arrives. The child's CP
 system, /proc/<pid>/stat) is read at that moment. Runs alternate with the floor: ``python -c
 pass`` exec'd and waited for. Prints medians and the spread. ``--baseline DIR``: a checkout of
 the tree to compare with (``git worktree add --detach DIR main``), its plugin started from DIR
-(the interpreter finds DIR's packages first) in runs alternating with ours.
+(the interpreter finds DIR's packages first; DIR/.venv's Python where DIR has one, for its entry
+points) in runs alternating with ours. ``--metrics``: the plugin serves /metrics too (its HTTP
+worker process started), as the DaemonSet runs it.
 
 Bytecode: the image ships every module compiled (deploy/image/Containerfile runs compileall),
 so the plugins run here with their bytecode cached (``PYTHONPYCACHEPREFIX``, one folder per
@@ -65,21 +67,31 @@ def _env(pycache: Path | None) -> dict[str, str]:
     return env
 
 
+def tree_python(tree: Path) -> str:
+    """The Python to run ``tree`` with: its own venv's where it has one (``cdigen plugin``'s
+    entry point is read from the installed metadata, so another tree needs its own install)."""
+    own = tree / ".venv" / "bin" / "python"
+    return str(own) if tree != REPO and own.exists() else sys.executable
+
+
 def one_start(
-    node: str, work: Path, tree: Path = REPO, pycache: Path | None = None
+    node: str, work: Path, tree: Path = REPO, pycache: Path | None = None, metrics: bool = False
 ) -> tuple[float, float, float]:
     plugin_dir, spec_dir = work / "plugins", work / "cdi"
     env = _env(pycache)
+    python = tree_python(tree)
+    served = ["--metrics-address", "127.0.0.1:0"] if metrics else []
     subprocess.run(
-        [sys.executable, "-m", "cdigen.cli", "generate", "--node", node,
+        [python, "-m", "cdigen.cli", "generate", "--node", node,
          "--output-dir", str(spec_dir)],
         check=True, capture_output=True, cwd=tree, env=env,
     )  # fmt: skip
     kubelet = KubeletSimulator(plugin_dir).start()
     started = time.perf_counter()
     plugin = subprocess.Popen(
-        [sys.executable, "-m", "cdigen.cli", "plugin", "serve", "--node", node,
-         "--plugin-dir", str(plugin_dir), "--spec-dir", str(spec_dir), "--log-level", "error"],
+        [python, "-m", "cdigen.cli", "plugin", "serve", "--node", node,
+         "--plugin-dir", str(plugin_dir), "--spec-dir", str(spec_dir), "--log-level", "error",
+         *served],
         cwd=tree, env=env,
     )  # fmt: skip
     try:
@@ -111,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--node", default="builtin:dgx-a100")
     parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
+    parser.add_argument(
+        "--metrics", action="store_true", help="serve /metrics too, as the DaemonSet does"
+    )
     args = parser.parse_args(argv)
     trees = ([("baseline", args.baseline.resolve())] if args.baseline else []) + [("ours", REPO)]
     starts: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in trees}
@@ -120,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in trees:  # untimed: fills the tree's bytecode cache
             warm = Path(tmp) / f"warm-{name}"
             warm.mkdir()
-            one_start(args.node, warm, tree, caches[name])
+            one_start(args.node, warm, tree, caches[name], args.metrics)
         for n in range(args.runs):
             floors.append(floor_start())
             for name, tree in trees:
                 work = Path(tmp) / f"run{n}-{name}"
                 work.mkdir()
-                starts[name].append(one_start(args.node, work, tree, caches[name]))
+                starts[name].append(one_start(args.node, work, tree, caches[name], args.metrics))
     print(f"{args.node}, {args.runs} runs alternating with the floor (ms, median [min-max])")
     rows = []
     for name, _ in trees:

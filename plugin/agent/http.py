@@ -93,17 +93,21 @@ class AgentHttpServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Start the worker process, and the thread that answers it."""
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        """Start the worker process, and the thread that answers it (not once closed)."""
+        with self._lock:
+            if self._stopping.is_set() or self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
 
     def close(self) -> None:
         """Stop the worker, wait for it, and release the port."""
-        self._stopping.set()
         with self._lock:
+            self._stopping.set()
             feed, worker = self._feed, self._worker
         if feed is not None:
-            feed.shutdown(socket.SHUT_RDWR)  # the worker reads its end: it exits
+            with contextlib.suppress(OSError):  # the worker reads its end: it exits
+                feed.shutdown(socket.SHUT_RDWR)
         if worker is not None:
             try:
                 worker.wait(timeout=STOP_GRACE_S)
@@ -122,6 +126,8 @@ class AgentHttpServer:
             try:
                 code = self._serve_one_worker()
             except OSError as exc:
+                if self._stopping.is_set():
+                    return
                 code = None
                 log.error("%s: cannot start the HTTP worker: %s", self.name, exc.strerror or exc)
             if self._stopping.is_set():

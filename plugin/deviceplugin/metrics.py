@@ -279,8 +279,10 @@ class PluginMetrics:
 
         return generate_latest(self.registry)
 
-    def start_http_server(self, address: str) -> tuple[MetricsServer, int]:
-        """Serve ``/metrics`` and ``/healthz`` on ``host:port`` from a daemon thread."""
+    def start_http_server(self, address: str, *, serve: bool = True) -> tuple[MetricsServer, int]:
+        """Serve ``/metrics`` and ``/healthz`` on ``host:port`` (its HTTP worker process).
+        ``serve=False``: only bind the port (connections wait in its listen queue) and leave
+        ``server.start()`` to the caller, who has more urgent work first."""
         host, port = parse_address(address)
         try:
             server = MetricsServer((host, port), self)
@@ -290,7 +292,8 @@ class PluginMetrics:
                 where="--metrics-address",
                 hint="pick a free port, or :0 for any",
             ) from None
-        server.start()
+        if serve:
+            server.start()
         bound_port = int(server.server_address[1])
         log.info("metrics and /healthz on http://%s:%d", host, bound_port)
         return server, bound_port
