@@ -92,12 +92,17 @@ class AgentHttpServer:
         self._feed: socket.socket | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Start the worker process, and the thread that answers it (not once closed)."""
+    def start(self, *, after: threading.Event | None = None, wait_s: float = 0.0) -> None:
+        """Start the worker process, and the thread that answers it (not once closed).
+        ``after``: start the worker once this is set, or ``wait_s`` later, so that starting a
+        process takes no CPU from more urgent work (the kubelet's registration); connections
+        wait in the listen queue meanwhile."""
         with self._lock:
             if self._stopping.is_set() or self._thread is not None:
                 return
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(after, wait_s), name=self.name, daemon=True
+            )
             self._thread.start()
 
     def close(self) -> None:
@@ -119,7 +124,9 @@ class AgentHttpServer:
             self._thread = None
         self._listener.close()
 
-    def _run(self) -> None:
+    def _run(self, after: threading.Event | None, wait_s: float) -> None:
+        if after is not None:
+            after.wait(wait_s)
         delay = RESTART_DELAY_S
         while not self._stopping.is_set():
             started = time.monotonic()

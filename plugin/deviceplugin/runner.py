@@ -59,7 +59,7 @@ __all__ = [
 
 log = logging.getLogger("cdigen.plugin")
 
-METRICS_START_WAIT_S = 2.0  # /metrics and /healthz are served after this even with no kubelet
+METRICS_WAIT_S = 2.0  # /metrics and /healthz are served after this even with no kubelet
 
 
 # --- the whole plugin -------------------------------------------------------------------------
@@ -233,10 +233,8 @@ class Plugin:
         if config.generate_specs:
             write_specs(self.node, config)
         if self.metrics is not None and config.metrics_address is not None:
-            # bound now (a port in use fails the start), served once registered (below)
-            self._metrics_server, _ = self.metrics.start_http_server(
-                config.metrics_address, serve=False
-            )
+            address = config.metrics_address  # bound now (a port in use fails the start)
+            self._metrics_server, _ = self.metrics.start_http_server(address, serve=False)
             self.board.subscribe(self._report_devices)
         self._load_policies()
         self.board.subscribe(self._on_health)  # from now on health changes rebuild the layout
@@ -268,18 +266,8 @@ class Plugin:
         if self._xid is not None:
             self._xid.start()
         self.registrar.start()
-        if self._metrics_server is not None:
-            threading.Thread(
-                target=self._serve_metrics, name="cdigen-metrics-start", daemon=True
-            ).start()
-
-    def _serve_metrics(self) -> None:
-        """Start the /metrics worker process once the kubelet has the plugin (or after
-        :data:`METRICS_START_WAIT_S` without a kubelet), so that starting it never delays the
-        registration; scrapes meanwhile wait in the bound port's listen queue."""
-        self.registrar.registered.wait(METRICS_START_WAIT_S)
-        if self._metrics_server is not None:
-            self._metrics_server.start()
+        if self._metrics_server is not None:  # its worker once registered: never in the way
+            self._metrics_server.start(after=self.registrar.registered, wait_s=METRICS_WAIT_S)
 
     def _start_server(self, name: str) -> None:
         server = ResourceServer(self.config.plugin_dir, self._service_factory(name))
