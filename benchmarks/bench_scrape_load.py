@@ -35,14 +35,18 @@ f8de378, scrapes answered by threads in the plugin; ours: by the HTTP worker pro
 
 p50 and the plugin's CPU per call are now what they are without scrapers, and p99 went from
 about 21x to about 2.2x; the goal (p99 no worse) is met with 8 scrapers, not with 64. What is
-left comes when a fresh answer wakes the waiting scrapers at once: the worker's 32 answers and
-32 new requests take the box's second core for some milliseconds. It is not the render in the
-plugin: renders run at the same rate with 8 scrapers, and keeping them out of the timed window
-(one every 2 s) gave 1.06x with 64. Steps that got here, each measured with 64 scrapers: the
-worker process (p99 29x -> 2.7x, but 11,405 refused connections retried: slots were full and
-new connections closed), new connections left in the listen queue (0 refused), one render per
-0.25 s per route (2.1-2.9x), then a render budget of 0.2 % of the plugin's time (1.7 ms of CPU
-per /metrics: once per 0.85 s; 2.1-2.3x).
+left comes when a fresh answer wakes the waiting scrapers at once: with every call's start and
+every render logged on one clock, the slow calls of a scraped round (over 1 ms) fell within
+15 ms after the worker received an answer, after the render had ended (renders took 1.4-2.5
+ms). The worker's 32 answers and the next 32 requests, and loopback TCP, take the box's 2 vCPUs
+for those milliseconds. Scheduling does not remove it: the worker under SCHED_BATCH gave 1.65-
+1.85x against 1.31-2.19x without, and under SCHED_IDLE (scrapers too) 1.45-1.72x against
+1.63-2.03x, within the noise. A full collection in the plugin (10 ms, once in a run) is the
+slowest call, not the p99. Steps that got here, each measured with 64 scrapers: the worker
+process (p99 29x -> 2.7x, but 11,405 refused connections retried: slots were full and new
+connections closed), new connections left in the listen queue (0 refused), one render per 0.25
+s per route (2.1-2.9x), then a render budget of 0.2 % of the plugin's time (1.7 ms of CPU per
+/metrics: once per 0.85 s; 2.1-2.3x).
 """
 
 from __future__ import annotations
