@@ -43,18 +43,18 @@ f8de378, scrapes answered by threads in the plugin; ours: by the HTTP worker pro
 p50 and the plugin's CPU per call are now what they are without scrapers, and p99 went from
 about 21x to about 2.2x on the shared 2 vCPUs, and to 0.9-1.4x where the worker and the scrapers
 have a CPU of their own (--pin); the goal (p99 no worse) is met with 8 scrapers, not quite with
-64. What is left on the shared vCPUs comes when a fresh answer wakes the waiting scrapers at once: with every call's start and
-every render logged on one clock, the slow calls of a scraped round (over 1 ms) fell within
-15 ms after the worker received an answer, after the render had ended (renders took 1.4-2.5
-ms). The worker's 32 answers and the next 32 requests, and loopback TCP, take the box's 2 vCPUs
-for those milliseconds. Scheduling does not remove it: the worker under SCHED_BATCH gave 1.65-
-1.85x against 1.31-2.19x without, and under SCHED_IDLE (scrapers too) 1.45-1.72x against
-1.63-2.03x, within the noise. A full collection in the plugin (10 ms, once in a run) is the
-slowest call, not the p99. Steps that got here, each measured with 64 scrapers: the worker
-process (p99 29x -> 2.7x, but 11,405 refused connections retried: slots were full and new
-connections closed), new connections left in the listen queue (0 refused), one render per 0.25
-s per route (2.1-2.9x), then a render budget of 0.2 % of the plugin's time (1.7 ms of CPU per
-/metrics: once per 0.85 s; 2.1-2.3x).
+64. What is left on the shared vCPUs comes when a fresh answer wakes the waiting scrapers at
+once: with every call's start and every render logged on one clock, the slow calls of a scraped
+round (over 1 ms) fell within 15 ms after the worker received an answer, after the render had
+ended (renders took 1.4-2.5 ms). The worker's 32 answers and the next 32 requests, and loopback
+TCP, take the box's 2 vCPUs for those milliseconds. Scheduling does not remove it: the worker
+under SCHED_BATCH gave 1.65-1.85x against 1.31-2.19x without, and under SCHED_IDLE (scrapers
+too) 1.45-1.72x against 1.63-2.03x, within the noise. A full collection in the plugin (10 ms,
+once in a run) is the slowest call, not the p99. Steps that got here, each measured with 64
+scrapers: the worker process (p99 29x -> 2.7x, but 11,405 refused connections retried: slots
+were full and new connections closed), new connections left in the listen queue (0 refused), one
+render per 0.25 s per route (2.1-2.9x), then a render budget of 0.2 % of the plugin's time (1.7
+ms of CPU per /metrics: once per 0.85 s; 2.1-2.3x).
 """
 
 from __future__ import annotations
