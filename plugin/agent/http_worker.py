@@ -269,12 +269,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_connections=args.max_connections,
         timeout_s=args.timeout,
     )
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2})
+    # A daemon thread: however the main thread ends (the feed's end, or an error), the process
+    # ends with it and never holds the port without a plugin behind it.
+    serving = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+    )
     serving.start()
-    feed.read_answers()  # until the plugin closes the feed
-    server.shutdown()
-    serving.join()
-    server.server_close()
+    try:
+        feed.read_answers()  # until the plugin closes the feed
+    finally:
+        server.shutdown()
+        server.server_close()
     return 0
 
 
