@@ -30,7 +30,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import cdigen
-from cdigen.plugin.agent.http_worker import ASK, LOG, TEXT, Answer, encode_answer, read_frame
+from cdigen.plugin.agent.http_worker import (
+    ASK,
+    LOG,
+    TEXT,
+    Answer,
+    decode_log,
+    encode_answer,
+    read_frame,
+)
 
 __all__ = ["TEXT", "AgentHttpServer", "Answer", "Route"]
 
@@ -225,11 +233,6 @@ class AgentHttpServer:
             return 500, b"internal error: see the plugin's log\n", TEXT
 
     def _log_worker_line(self, payload: bytes) -> None:
-        import json
-
-        try:
-            doc = json.loads(payload)
-            level, message = int(doc["level"]), str(doc["msg"])
-        except (ValueError, KeyError, TypeError):
-            return
-        log.log(level, "%s: %s", self.name, message)
+        line = decode_log(payload)
+        if line is not None:
+            log.log(line[0], "%s: %s", self.name, line[1])

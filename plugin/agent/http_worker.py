@@ -62,6 +62,30 @@ def encode_answer(path: str, answer: Answer, pause_s: float) -> bytes:
     return encode(ANSWER, json.dumps(head).encode() + b"\n" + body)
 
 
+def decode_answer(payload: bytes) -> tuple[str, Answer, float] | None:
+    """``(path, answer, pause_s)`` of an answer frame's payload; None if it is not one."""
+    head, _, body = payload.partition(b"\n")
+    try:
+        doc = json.loads(head)
+        return str(doc["path"]), (int(doc["status"]), body, str(doc["type"])), float(doc["pause"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def encode_log(level: int, message: str) -> bytes:
+    """A log line of the worker as one frame."""
+    return encode(LOG, json.dumps({"level": level, "msg": message}).encode())
+
+
+def decode_log(payload: bytes) -> tuple[int, str] | None:
+    """``(level, message)`` of a log frame's payload; None if it is not one."""
+    try:
+        doc = json.loads(payload)
+        return int(doc["level"]), str(doc["msg"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def read_frame(stream: Any) -> tuple[bytes, bytes] | None:
     """The next frame from ``stream`` (a binary file), or None at its end or on a broken one."""
     head = stream.read(HEAD.size)
@@ -108,29 +132,24 @@ class Feed:
                     self._cond.wait(min(due, deadline) - now)
                 else:
                     self._asked[path] = now
-                    self.send(ASK, path.encode())
+                    self.send(encode(ASK, path.encode()))
         reason = "stopping" if self._closed else f"did not answer within {self._deadline_s:g} s"
         return 503, f"the plugin {reason}\n".encode(), TEXT
 
-    def send(self, kind: bytes, payload: bytes) -> None:
+    def send(self, frame: bytes) -> None:
         """Send one frame to the plugin (a closed feed is noticed by the reader)."""
         with self._send_lock, contextlib.suppress(OSError):
-            self._sock.sendall(encode(kind, payload))
+            self._sock.sendall(frame)
 
     def read_answers(self) -> None:
         """Take the plugin's answers until the feed closes."""
         stream = self._sock.makefile("rb")
         while (frame := read_frame(stream)) is not None:
             kind, payload = frame
-            head, _, body = payload.partition(b"\n")
-            try:
-                doc = json.loads(head)
-                path, answer = str(doc["path"]), (int(doc["status"]), body, str(doc["type"]))
-                pause = float(doc["pause"])
-            except (ValueError, KeyError, TypeError):
+            decoded = decode_answer(payload) if kind == ANSWER else None
+            if decoded is None:
                 break  # not the plugin's answer: stop, as at the feed's end
-            if kind != ANSWER:
-                break
+            path, answer, pause = decoded
             with self._cond:
                 asked = self._asked.pop(path, time.monotonic())
                 self._latest[path] = (asked, answer)
@@ -149,8 +168,7 @@ class FeedLogHandler(logging.Handler):
         self._feed = feed
 
     def emit(self, record: logging.LogRecord) -> None:
-        doc = {"level": record.levelno, "msg": record.getMessage()}
-        self._feed.send(LOG, json.dumps(doc).encode())
+        self._feed.send(encode_log(record.levelno, record.getMessage()))
 
 
 class WorkerServer(ThreadingHTTPServer):
