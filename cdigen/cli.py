@@ -102,7 +102,8 @@ def _first_mistake(
             option = word.split("=", 1)[0]
             known = [k for k in parser._option_string_actions if k.startswith(option)]
             if option.startswith("--") and len(option) > 2 and not known:
-                return parser, f"unknown option {option!r}{_did_you_mean(parser, option)}"
+                hint = _did_you_mean(option, list(parser._option_string_actions))
+                return parser, f"unknown option {option!r}{hint}"
             action = parser._option_string_actions.get(option)
             if action is None and len(known) == 1:
                 action = parser._option_string_actions[known[0]]
@@ -118,12 +119,10 @@ def _first_mistake(
 def _unknown_command(parser: argparse.ArgumentParser, word: str, commands: list[str]) -> str:
     """``word`` where a (sub)command of ``parser`` is due: a did-you-mean, or, for a node source
     (``cdigen topo builtin:rtx4090``), where it goes."""
-    import difflib
-
     message = f"unknown {'command' if parser.prog == 'cdigen' else 'subcommand'} {word!r}"
-    close = difflib.get_close_matches(word, commands, n=1)
-    if close:
-        return f"{message}: did you mean {close[0]!r}?"
+    hint = _did_you_mean(word, commands)
+    if hint:
+        return message + hint
     if "--node" in parser._option_string_actions and (
         word == "nvml" or word.startswith("builtin:") or word.endswith((".yaml", ".yml", ".json"))
     ):
@@ -131,10 +130,11 @@ def _unknown_command(parser: argparse.ArgumentParser, word: str, commands: list[
     return f"{message}: choose from {', '.join(commands)}"
 
 
-def _did_you_mean(parser: argparse.ArgumentParser, option: str) -> str:
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    """``": did you mean 'x'?"`` for the closest of ``choices``, or nothing."""
     import difflib
 
-    close = difflib.get_close_matches(option, list(parser._option_string_actions), n=1)
+    close = difflib.get_close_matches(word, choices, n=1)
     return f": did you mean {close[0]!r}?" if close else ""
 
 

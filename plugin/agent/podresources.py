@@ -4,7 +4,7 @@ The kubelet serves it on ``<kubelet dir>/pod-resources/kubelet.sock``. Every cal
 deadline for the whole call (connecting included). The answer is turned into frozen records
 holding only what attribution reads: per container, the device IDs per extended resource and the
 ResourceClaims with their devices. Names are kept as the kubelet sent them; whoever prints them
-escapes them (:func:`cdigen.plugin.agent.holdings.printable`).
+escapes them (:func:`cdigen.errors.printable`).
 """
 
 from __future__ import annotations

@@ -202,10 +202,6 @@ def _renamed(resources: tuple[ResourceConfig, ...], name: Any) -> tuple[Resource
 def validate_config(config: PluginConfig) -> PluginConfig:
     """``config`` as a whole checked as ``plugin serve`` checks it after merging its sources
     (choices, resource names, one owner per GPU); InputError on the first problem."""
-    return _validate(config)
-
-
-def _validate(config: PluginConfig) -> PluginConfig:
     check_choice(config.device_list_strategy, STRATEGIES, what="device list strategy")
     check_choice(config.log_level, LOG_LEVELS, what="log level")
     check_choice(config.log_format, LOG_FORMATS, what="log format")
@@ -342,7 +338,7 @@ def merged_config(
     config = _apply(config, env_overrides)
     config = _apply(config, dict(flags or {}))
     try:
-        return _validate(config)
+        return validate_config(config)
     except ResourcesError as exc:  # the resource list is the file's: name it
         if path is None:
             raise

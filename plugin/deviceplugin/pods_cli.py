@@ -28,20 +28,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _plugin_pods(args: argparse.Namespace) -> int:
-    from cdigen.discover import load_node
     from cdigen.plugin.agent.pods_args import asked_containers, print_holdings
     from cdigen.plugin.deviceplugin.attribution import plugin_holdings
     from cdigen.plugin.deviceplugin.config import load_config
+    from cdigen.plugin.deviceplugin.config_report import load_config_node
     from cdigen.plugin.deviceplugin.layout import plan_resources_for
 
     flags = {"node": args.node, "sysfs_root": args.sysfs_root, "proc_root": args.proc_root}
     config = load_config(args.config, flags=flags)
-    node = load_node(  # as plugin serve discovers it (NVML's library under the driver root)
-        config.node,
-        sysfs_root=config.sysfs_root,
-        proc_root=config.proc_root,
-        driver_root=config.driver_root,
-        host_root=config.host_root,
-    )
+    node = load_config_node(config)  # as plugin serve discovers it
     resources = plan_resources_for(node, config)
     return print_holdings(args, plugin_holdings(asked_containers(args), resources))

@@ -1,6 +1,5 @@
 """Running the plugin: the composition root. One gRPC server per resource, registration,
-health watchers, and the layout (:mod:`cdigen.plugin.deviceplugin.layout`) swapped whole on every
-change.
+health watchers, and the layout (:mod:`.layout`) swapped whole on every change.
 
 Order matters to the kubelet: a server must be listening on its socket before we register,
 because the kubelet dials back during ``Register``.
@@ -190,7 +189,9 @@ class Plugin:
             return None
 
         def share(devices: Sequence[AdvertisedDevice]) -> ShareAllocation:
-            engine = self.layout.engine(resource)
+            engine = self.layout.engines.get(resource)
+            if engine is None:  # a layout whose policies failed to load
+                raise AllocateRefused(f"{resource} has no policy in force; see the plugin's log")
             if engine.share is None:
                 raise AllocateRefused(f"{resource} is no longer a sharing resource")
             return engine.share(devices)

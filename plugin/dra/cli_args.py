@@ -55,14 +55,6 @@ def api_timeout(seconds: float) -> None:
         )
 
 
-def quantity_bytes(text: str, flag: str) -> int:
-    """``text`` as a positive whole number of bytes, spelt as every memory flag takes it
-    (:func:`cdigen.sizes.parse_bytes`); InputError naming ``flag`` otherwise."""
-    from cdigen.sizes import parse_bytes
-
-    return parse_bytes(text, flag)
-
-
 def shares_problem(shares: MemoryShares | None, views: Sequence[DeviceView]) -> None:
     """InputError naming the flag that set the default share when the API server would refuse
     it for one of the whole GPUs among ``views`` (:func:`cdigen.memory_shares.check_shares`)."""

@@ -138,11 +138,7 @@ class Preparer:
     def made_migs(self) -> frozenset[tuple[str, int]]:
         """The MIG devices made for prepared claims, as (GPU UUID, GPU instance ID)."""
         with self._lock:
-            return frozenset(
-                (m["gpuUUID"], m["gi"])
-                for claim in self._claims.values()
-                for m in claim.get("migDevices", [])
-            )
+            return self._made_migs()
 
     def prepared(self) -> dict[str, ClaimDoc]:
         """A copy of the prepared claims by UID."""
@@ -296,7 +292,7 @@ class Preparer:
                 return error
             recorded.pop(0)
         if doc["state"] == STARTED:  # the plan may have made what it did not record
-            keep = self._made_by_others(uid)
+            keep = self._made_migs(but=uid)
             for at in doc.get("placements", []):
                 if self._mig is None:
                     return NO_MIG_MAKER
@@ -310,11 +306,12 @@ class Preparer:
         del self._claims[uid]
         return ""
 
-    def _made_by_others(self, uid: str) -> frozenset[tuple[str, int]]:
+    def _made_migs(self, but: str = "") -> frozenset[tuple[str, int]]:
+        """:meth:`made_migs` for a caller holding the lock, leaving out claim ``but``."""
         return frozenset(
             (m["gpuUUID"], m["gi"])
-            for other, claim in self._claims.items()
-            if other != uid
+            for uid, claim in self._claims.items()
+            if uid != but
             for m in claim.get("migDevices", [])
         )
 

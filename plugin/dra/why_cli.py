@@ -45,24 +45,22 @@ def _why(args: argparse.Namespace) -> int:
     dns_subdomain(args.namespace, "--namespace", example="default")
     dns_subdomain(args.pod, "POD", 253, example="trainer-0")
     api_timeout(args.api_timeout)
-    cluster = read_cluster(
-        api_client(args.kubeconfig), args.namespace, args.pod, timeout_s=args.api_timeout
-    )
+    client = api_client(args.kubeconfig)  # one client (and one kubeconfig read) for both
+    cluster = read_cluster(client, args.namespace, args.pod, timeout_s=args.api_timeout)
     for line in explain_pod(cluster, driver=args.driver_name):
         print(line)
-    for line in _stale_lines(args, cluster):
+    for line in _stale_lines(args, cluster, client):
         print(line)
     return 0
 
 
-def _stale_lines(args: argparse.Namespace, cluster: Any) -> list[str]:
+def _stale_lines(args: argparse.Namespace, cluster: Any, client: Any) -> list[str]:
     """The nodes that still advertise an extended resource the pod asks for and one of the
     driver's DeviceClasses serves (cdigen.plugin.dra.stale), one line each."""
-    from cdigen.plugin.agent.kubeapi import api_client
     from cdigen.plugin.dra.kube import KubeApi
     from cdigen.plugin.dra.stale import pod_stale_lines
 
-    api = KubeApi(api_client(args.kubeconfig), timeout_s=args.api_timeout)
+    api = KubeApi(client, timeout_s=args.api_timeout)
     return pod_stale_lines(
         cluster.pod, cluster.classes, cluster.slices, api.read_node, args.driver_name
     )

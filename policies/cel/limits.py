@@ -14,6 +14,7 @@ from typing import Any
 
 from lark import Token, Tree
 
+from cdigen.policies.cel import comprehensions
 from cdigen.policies.cel.errors import CelCompileError, line_column
 
 MAX_EXPRESSION_BYTES = 10 * 1024
@@ -115,8 +116,7 @@ def check_depth(tree: Any) -> None:
         stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
 
 
-_COMPREHENSIONS = {"map", "filter", "all", "exists", "exists_one"}
-_COMPREHENSIONS |= {"existsOne", "transformList", "transformMap", "transformMapEntry"}
+_COMPREHENSIONS = comprehensions.NAMES
 _STRING_TOKENS = {"STRING_LIT", "MLSTRING_LIT", "BYTES_LIT"}
 
 

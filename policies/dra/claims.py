@@ -268,10 +268,7 @@ class FirstFit:
         """:meth:`allocate` for a claim whose requests are all ``exactly``."""
         slots: list[Request] = []
         for request in claim.requests:
-            if request.mode == "All":
-                failed = self.cel_failure(request)
-                if failed:
-                    return Allocation(error=failed)
+            if request.mode == "All":  # its CEL errors were counted first, in allocate()
                 matching = [d for d in self.devices if not self.mismatch(request, d)]
                 if not matching:
                     return Allocation(error=f"request {request.name!r}: no device matches")
