@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import cdigen
-from cdigen.plugin.agent.http_worker import (
+from cdigen.plugin.agent.http_feed import (
     ASK,
     LOG,
     TEXT,
