@@ -321,7 +321,7 @@ def config_from_file(path: str | Path, content: bytes | None = None) -> PluginCo
         doc = parse_document(text, where=str(path))
     else:
         doc = read_document(path, what="plugin config file")
-    return config_from_document({} if doc is None else doc, where=str(path))
+    return config_from_document(doc, where=str(path))
 
 
 def merged_config(
@@ -347,9 +347,13 @@ def merged_config(
 
 def config_from_document(doc: Any, *, where: str) -> PluginConfig:
     """The settings a config document asks for over the defaults (not yet validated as a
-    whole: :func:`load_config` does that after env and flags)."""
+    whole: :func:`load_config` does that after env and flags); None (an empty file) asks
+    for none."""
     from cdigen.plugin.deviceplugin.nvidia_config import convert_hint, is_nvidia_config
     from cdigen.schemas import validate
+
+    if doc is None:
+        doc = {}
 
     if is_nvidia_config(doc):
         raise InputError(

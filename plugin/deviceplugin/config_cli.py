@@ -108,10 +108,15 @@ def _convert(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from cdigen.errors import FlagError, InputError
     from cdigen.fileio import read_document
-    from cdigen.plugin.deviceplugin.config import ResourcesError, config_from_file, merged_config
+    from cdigen.plugin.deviceplugin.config import (
+        ResourcesError,
+        config_from_document,
+        merged_config,
+    )
     from cdigen.plugin.deviceplugin.config_report import config_report, load_config_node
 
-    read_document(args.file, what="plugin config file")  # unreadable, not YAML: bad input, 2
+    # read once (what is checked is what was parsed); unreadable, not YAML: bad input, 2
+    doc = read_document(args.file, what="plugin config file")
     if args.policy_dir is not None and not Path(args.policy_dir).is_dir():
         raise InputError(
             f"{args.policy_dir} is not a directory",
@@ -120,7 +125,7 @@ def _check(args: argparse.Namespace) -> int:
         )
     flags = {"node": args.node, "policy_dir": args.policy_dir}
     try:
-        from_file = config_from_file(args.file)
+        from_file = config_from_document(doc, where=str(args.file))
     except InputError as exc:
         return _refused(exc)  # names the file
     try:

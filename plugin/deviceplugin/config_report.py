@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from cdigen.model import Gpu, Node
 from cdigen.plugin.deviceplugin.config import PluginConfig
-from cdigen.plugin.deviceplugin.resources import Resource
+from cdigen.plugin.deviceplugin.resources import AdvertisedDevice, Resource
 
 
 def load_config_node(config: PluginConfig) -> Node:
@@ -79,14 +79,15 @@ def _resource_lines(node: Node, resource: Resource, policy: str) -> list[str]:
     if sharing is not None and sharing.mps_pipe_directory is not None:
         what += ", MPS"
     lines = [f"resource {resource.name}: {len(resource.devices)} devices ({what}; policy {policy})"]
-    by_gpu: dict[str, list[str]] = {}
+    by_gpu: dict[str, list[AdvertisedDevice]] = {}
     for device in resource.devices:
-        by_gpu.setdefault(device.gpu_uuid, []).append(device.id)
+        by_gpu.setdefault(device.gpu_uuid, []).append(device)
     gpus = {g.uuid: g for g in node.gpus}
-    for uuid, ids in by_gpu.items():
-        line = f"  {_gpu(gpus[uuid])}: {len(ids)} device{'s' if len(ids) != 1 else ''}"
-        if sharing is not None:
-            env = share_env(ids[:1], node, sharing, resource=resource.name)
+    for uuid, devices in by_gpu.items():
+        count = len(devices)
+        line = f"  {_gpu(gpus[uuid])}: {count} device{'s' if count != 1 else ''}"
+        if sharing is not None:  # the resource's own catalogue entries: none built again
+            env = share_env([devices[0].entry], sharing, resource=resource.name)
             limits = " ".join(f"{k}={v}" for k, v in env if k.startswith("CUDA_MPS_"))
             line += f"; one share gets {limits}" if limits else "; no limits (time-sliced)"
         lines.append(line)

@@ -234,12 +234,11 @@ def _mps_env(
 
 
 def share_env(
-    ids: Sequence[str], node: Node, sharing: Sharing, *, resource: str
+    shares: Sequence[CatalogueEntry], sharing: Sharing, *, resource: str
 ) -> tuple[tuple[str, str], ...]:
-    """The environment (MPS limits) a container gets for the share IDs ``ids``, as
-    :func:`allocate_shares` gives it, without touching the MPS directories: what
-    ``plugin config check`` shows."""
-    shares = _shares_of(ids, {d.id: d for d in share_devices(node, sharing)}, sharing, resource)
+    """The environment (MPS limits) a container gets for ``shares`` (catalogue entries, each
+    carrying its GPU, as an advertised resource holds them), as :func:`hand_out_shares` gives
+    it, without touching the MPS directories: what ``plugin config check`` shows."""
     per_gpu = _shares_per_gpu(shares, sharing, resource)
     gpus = {e.gpu_uuid: e.gpu for e in shares}
     return _mps_env(tuple(per_gpu), per_gpu, gpus, sharing)

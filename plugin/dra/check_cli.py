@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cdigen.memory_shares import add_share_options, memory_shares
-from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
+from cdigen.memory_shares import memory_shares
 from cdigen.plugin.dra.claim_inputs import node_devices, shipped_classes
-from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
+from cdigen.plugin.dra.cli_args import add_fit_options, dns_subdomain
 
 # The nodes `dra check` fits claims on when no --node is given: whole GPUs, MIG devices,
 # NVLink and PCIe machines; a claim passes when it fits one of them.
@@ -45,28 +44,11 @@ def register_check(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="builtin:NAME or a node file whose devices the claims must fit; repeatable "
         f"(default: {', '.join(SAMPLE_NODES)}: a claim passes when it fits one of them)",
     )
-    check.add_argument(
-        "--class",
-        dest="classes",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="DeviceClass manifest(s); repeatable (default: the classes deploy/dra installs; "
-        "classes in FILE count too)",
+    add_fit_options(
+        check,
+        driver_help="the driver whose attributes the selectors may name",
+        class_note="; classes in FILE count too",
     )
-    check.add_argument(
-        "--driver-name",
-        default=DEFAULT_DRIVER,
-        help=f"the driver whose attributes the selectors may name (default {DEFAULT_DRIVER})",
-    )
-    check.add_argument(
-        "--mig-strategy",
-        choices=MIG_STRATEGIES,
-        default=DRA_MIG_STRATEGY,
-        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
-        f"(default {DRA_MIG_STRATEGY})",
-    )
-    add_share_options(check.add_argument_group("sharing, as `dra serve` takes it"))
     check.set_defaults(func=_check)
 
 

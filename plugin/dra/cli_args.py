@@ -44,6 +44,40 @@ def add_api_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fit_options(
+    parser: argparse.ArgumentParser, *, driver_help: str, class_note: str = "", mig_note: str = ""
+) -> None:
+    """``--class``, ``--driver-name``, ``--mig-strategy`` and the sharing options, as the
+    subcommands that fit claims on the devices ``dra serve`` would publish take them (``dra
+    check``, ``dra explain``); each names what the driver is to it, and may add a word to the
+    defaults of --class and --mig-strategy."""
+    from cdigen.memory_shares import add_share_options
+    from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
+
+    parser.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="DeviceClass manifest(s); repeatable (default: the classes deploy/dra installs"
+        f"{class_note})",
+    )
+    parser.add_argument(
+        "--driver-name",
+        default=DEFAULT_DRIVER,
+        help=f"{driver_help} (default {DEFAULT_DRIVER})",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        choices=MIG_STRATEGIES,
+        default=DRA_MIG_STRATEGY,
+        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
+        f"(default {DRA_MIG_STRATEGY}{mig_note})",
+    )
+    add_share_options(parser.add_argument_group("sharing, as `dra serve` takes it"))
+
+
 def api_timeout(seconds: float) -> None:
     from cdigen.errors import InputError
 

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cdigen.discover.cli import add_node_source
-from cdigen.memory_shares import add_share_options, memory_shares
-from cdigen.model import DRA_MIG_STRATEGY, MIG_STRATEGIES
+from cdigen.memory_shares import memory_shares
 from cdigen.plugin.dra.claim_inputs import node_devices, shipped_classes
-from cdigen.plugin.dra.cli_args import DEFAULT_DRIVER, dns_subdomain
+from cdigen.plugin.dra.cli_args import add_fit_options, dns_subdomain
 
 if TYPE_CHECKING:
     from cdigen.memory_shares import MemoryShares
@@ -43,29 +42,13 @@ def register_explain(dra_sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="ResourceClaims or ResourceClaimTemplates (DeviceClasses in them are used too); "
         "repeatable: the claims are allocated in order, each after the ones before it",
     )
-    explain.add_argument(
-        "--class",
-        dest="classes",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="DeviceClass manifest(s); repeatable (default: the classes deploy/dra installs)",
+    add_fit_options(
+        explain,
+        driver_help="the driver the claim asks, as in `dra serve`",
+        mig_note=": a claim picks MIG devices by attribute, with no resource name per profile, "
+        "so offering those that exist costs nothing; the device plugin defaults to none, which "
+        "changes no resource name",
     )
-    explain.add_argument(
-        "--driver-name",
-        default=DEFAULT_DRIVER,
-        help=f"the driver the claim asks, as in `dra serve` (default {DEFAULT_DRIVER})",
-    )
-    explain.add_argument(
-        "--mig-strategy",
-        choices=MIG_STRATEGIES,
-        default=DRA_MIG_STRATEGY,
-        help="how MIG-enabled GPUs are published, as `dra serve --mig-strategy` "
-        f"(default {DRA_MIG_STRATEGY}: a claim picks MIG devices by attribute, with no "
-        "resource name per profile, so offering those that exist costs nothing; the device plugin "
-        "defaults to none, which changes no resource name)",
-    )
-    add_share_options(explain.add_argument_group("sharing, as `dra serve` takes it"))
     explain.set_defaults(func=_explain)
 
 

@@ -113,10 +113,10 @@ def held_by_pool(
 
 def held_on(by_name: Mapping[str, SliceDevice], holders: Iterable[Held]) -> tuple[NodeState, int]:
     """What the allocated claims ``holders`` hold of one node's devices (``by_name``), and
-    how many claims hold some."""
+    how many claims hold some (a claim holding devices of two pools of the node is one)."""
     state = NodeState()
-    held = 0
-    for _, (driver, pool), results in holders:
+    held: set[str] = set()
+    for claim, (driver, pool), results in holders:
         picks = []
         for request, name, consumed in results:
             device = by_name.get(name)
@@ -124,6 +124,6 @@ def held_on(by_name: Mapping[str, SliceDevice], holders: Iterable[Held]) -> tupl
                 continue
             picks.append(Pick(request, device.name, consumed))
         if picks:
-            held += 1
+            held.add(claim)
             state.add(picks, by_name)
-    return state, held
+    return state, len(held)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cdigen.errors import InputError
-from cdigen.policies.cel import CelCompileError, compile_expression
+from cdigen.policies.cel import CelCompileError, CelProgram, compile_expression
 from cdigen.policies.cel.errors import line_column
 from cdigen.policies.device_view import published_attribute_names, published_capacity_names
 from cdigen.policies.dra.claim_docs import (
@@ -273,11 +273,15 @@ def check_files(
     problems: list[Problem] = []
     notes: list[str] = []
     claims = 0
+    # One fit per node serves every claim (its devices' CEL values and each selector's
+    # verdict on them kept), and each selector is compiled once for all nodes.
+    programs: dict[str, CelProgram] = {}
+    fits = [(node.label, FirstFit(node.devices, known, programs=programs)) for node in nodes]
     for source, doc in docs:
         found = check_document(doc, source, published)
-        if nodes and doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
+        if fits and doc.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
             claims += 1
-            verdict = claim_verdict(doc, source, found, known, nodes)
+            verdict = claim_verdict(doc, source, found, known, fits)
             if verdict is None or verdict.kind == "note":
                 # allocatable: unpublished names are worth a word, no more
                 found = [replace(p, warning=True) if p.kind == "name" else p for p in found]
@@ -298,12 +302,13 @@ def claim_verdict(
     source: str,
     found: Sequence[Problem],
     classes: Mapping[str, DeviceClass],
-    nodes: Sequence[NodeDevices],
+    fits: Sequence[tuple[str, FirstFit]],
 ) -> Problem | None:
-    """None when the scheduler could allocate the claim of ``doc`` on each of ``nodes`` (a free
-    node); a note (kind "note") when on some of them, saying where not and why; else why it
-    never could: the first refusal at create among ``found``, an unknown DeviceClass, or what
-    the scheduler's first fit says on the first node."""
+    """None when the scheduler could allocate the claim of ``doc`` on each node of ``fits``
+    (its label and the first fit over its free devices, given ``classes``); a note (kind
+    "note") when on some of them, saying where not and why; else why it never could: the
+    first refusal at create among ``found``, an unknown DeviceClass, or what the scheduler's
+    first fit says on the first node."""
     refused = next((p for p in found if p.kind == "create"), None)
     if refused is not None:
         return refused
@@ -315,23 +320,22 @@ def claim_verdict(
     if unknown is not None:
         return unknown
     failures: list[tuple[str, str]] = []
-    fits: list[str] = []
-    for node in nodes:
-        fit = FirstFit(node.devices, classes)
+    fitted: list[str] = []
+    for label, fit in fits:
         try:
             allocation = fit.allocate(claim)
         except InputError as exc:
-            failures.append((node.label, str(exc)))
+            failures.append((label, str(exc)))
             continue
         if allocation.error:
-            failures.append((node.label, allocation.error + _shortfall(fit, claim)))
+            failures.append((label, allocation.error + _shortfall(fit, claim)))
         else:
-            fits.append(node.label)
-    if fits and failures:  # a word on where it does not fit, not a failure
+            fitted.append(label)
+    if fitted and failures:  # a word on where it does not fit, not a failure
         misses = "; ".join(f"{label}: {why}" for label, why in failures)
-        note = f"allocatable on {', '.join(fits)}; not on {misses}"
+        note = f"allocatable on {', '.join(fitted)}; not on {misses}"
         return Problem(source, _what(doc), note, kind="note")
-    if fits:
+    if fitted:
         return None
     label, why = failures[0]
     message = f"the scheduler could never allocate it on {label}: {why}"

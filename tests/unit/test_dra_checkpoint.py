@@ -4,6 +4,7 @@ code at d8a930e), still loaded, its claims as completed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -54,6 +55,23 @@ def test_a_truncated_or_flipped_layout_2_is_refused_with_one_line(tmp_path: Path
     message = str(caught.value)
     assert "\n" not in message and str(path) in message
     assert ("checksum" in message) == (cut == -2)
+
+
+@pytest.mark.parametrize("boot_id", [None, "boot-\u00e9"])
+def test_layout_2_is_canonical_json_checksummed_over_the_rest(boot_id: str | None) -> None:
+    """The bytes a save writes: sorted keys, no spaces, ASCII escapes, and the SHA-256 of the
+    same encoding of everything but the checksum (what earlier versions wrote and check)."""
+    claims = load_checkpoint(FIXTURE, spec_dir=FIXTURE_CDI, driver=DRIVER).claims
+    data = checkpoint_bytes(claims, boot_id)
+    doc = json.loads(data)
+    assert data == canonical(doc).encode()
+    rest = canonical({k: v for k, v in doc.items() if k != "checksum"})
+    assert doc["checksum"] == "sha256:" + hashlib.sha256(rest.encode()).hexdigest()
+    assert (doc["version"], doc["bootId"], doc["claims"]) == (2, boot_id, claims)
+
+
+def canonical(doc: object) -> str:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def test_the_boot_id_is_read_from_the_proc_root_given(tmp_path: Path) -> None:

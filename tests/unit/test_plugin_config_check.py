@@ -4,6 +4,7 @@ one-line errors a config file gets (issue 35 f)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,29 @@ def test_a_rename_the_config_cannot_take_is_bad_usage_exit_2(
     code, _, err = check(tmp_path, text, capsys, "--node", EIGHT)
     assert code == 2 and "--resource/CDIGEN_RESOURCE: the config lists 2 resources" in err
     assert err.count("\n") == 1
+
+
+_OPENED: list[str] = []  # what the audit hook saw opened while a test listened
+_HOOKED: list[bool] = []  # an audit hook stays for the process: it is added once
+
+
+def _listen(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], str | Path):
+        _OPENED.append(str(args[0]))
+
+
+def test_the_config_file_is_read_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One read: what is checked is what was parsed, even when the file is replaced meanwhile
+    (a ConfigMap update); seen as the OS sees it, by Python's audit hook on open."""
+    if not _HOOKED:
+        sys.addaudithook(_listen)
+        _HOOKED.append(True)
+    path = tmp_path / "plugin.yaml"
+    path.write_text("resources: [{name: nvidia.com/gpu, sharing: {replicas: 2}}]\n")
+    _OPENED.append("")  # listening
+    try:
+        code = main(["plugin", "config", "check", str(path), "--node", RTX])
+    finally:
+        opened, _OPENED[:] = _OPENED[1:], []
+    assert code == 0, capsys.readouterr().err
+    assert opened.count(str(path)) == 1, opened
