@@ -61,7 +61,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -89,20 +91,28 @@ from cdigen.plugin.deviceplugin.api import deviceplugin_pb2 as pb  # noqa: E402
 from cdigen.plugin.deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc  # noqa: E402
 
 
-def scrape_forever(url: str, scrapers: int) -> None:
-    """The scrapers' process: ``scrapers`` threads GET ``url`` until SIGTERM; on exit prints
-    the number of answers and of failures."""
+def scrape_forever(url: str, scrapers: int, keep_alive: bool) -> None:
+    """The scrapers' process: ``scrapers`` threads GET ``url`` until SIGTERM, each on a new
+    connection per scrape or (``keep_alive``) on one kept between scrapes as Prometheus 2
+    does; on exit prints the number of answers and of failures and its CPU seconds."""
     stop = threading.Event()
     counts = [0] * scrapers
     failures = [0] * scrapers
+    host_port, path = url.removeprefix("http://").split("/", 1)
 
     def scraper(k: int) -> None:
+        conn = http.client.HTTPConnection(host_port, timeout=DEADLINE_S)
         while not stop.is_set():
             try:
-                with urllib.request.urlopen(url, timeout=DEADLINE_S) as answer:
-                    answer.read()
+                if keep_alive:  # reconnects by itself after a "Connection: close"
+                    conn.request("GET", "/" + path)
+                    conn.getresponse().read()
+                else:
+                    with urllib.request.urlopen(url, timeout=DEADLINE_S) as answer:
+                        answer.read()
                 counts[k] += 1
-            except OSError:
+            except (OSError, http.client.HTTPException):
+                conn.close()
                 failures[k] += 1
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -112,7 +122,8 @@ def scrape_forever(url: str, scrapers: int) -> None:
     print("ready", flush=True)
     for thread in threads:
         thread.join()
-    print(f"{sum(counts)} {sum(failures)}", flush=True)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"{sum(counts)} {sum(failures)} {usage.ru_utime + usage.ru_stime}", flush=True)
 
 
 def cpu_s(pid: int) -> float:
@@ -152,10 +163,13 @@ def move_children(pid: int, cpu: int) -> None:
                     os.sched_setaffinity(int(thread.name), {cpu})
 
 
-def allocate_run(stub: object, messages: list[object]) -> list[float]:
-    """Send the Allocate ``messages`` one after another; latencies in ms."""
+def allocate_run(stub: object, messages: list[object], interval_s: float = 0.0) -> list[float]:
+    """Send the Allocate ``messages`` one after another, one per ``interval_s`` on a fixed
+    schedule (0: back to back); latencies in ms."""
     out = []
-    for message in messages:
+    start = time.perf_counter()
+    for k, message in enumerate(messages):
+        time.sleep(max(0.0, start + k * interval_s - time.perf_counter()))
         t0 = time.perf_counter()
         stub.Allocate(message, timeout=DEADLINE_S)  # type: ignore[attr-defined]
         out.append((time.perf_counter() - t0) * 1000)
@@ -201,9 +215,11 @@ class Served:
             )  # fmt: skip
         self.plugin_dir = plugin_dir
         self.latencies: dict[str, list[float]] = {"quiet": [], "scraped": []}
+        self.by_round: dict[str, list[list[float]]] = {"quiet": [], "scraped": []}
         self.cpu: dict[str, float] = {"quiet": 0.0, "scraped": 0.0}
         self.worker_cpu: dict[str, float] = {"quiet": 0.0, "scraped": 0.0}
         self.scrapes = [0, 0]  # answered, failed
+        self.scraper_cpu = 0.0  # the scrapers' process, all scraped rounds
 
     def connect(self, gpus: int) -> Any:
         self.kubelet.wait_registered(RESOURCE, timeout_s=30)
@@ -223,7 +239,8 @@ class Served:
         if mode == "scraped":
             scrapers = subprocess.Popen(
                 [sys.executable, __file__, "--scrape", self.url, str(args.scrapers),
-                 "--scraper-nice", str(args.scraper_nice), *(["--pin"] if args.pin else [])],
+                 "--scraper-nice", str(args.scraper_nice), *(["--pin"] if args.pin else []),
+                 *(["--keep-alive"] if args.keep_alive else [])],
                 stdout=subprocess.PIPE, text=True,
             )  # fmt: skip
             assert scrapers.stdout is not None
@@ -232,7 +249,9 @@ class Served:
         if args.pin:
             move_children(self.plugin.pid, SCRAPE_CPU)
         before, before_worker = cpu_s(self.plugin.pid), children_cpu_s(self.plugin.pid)
-        self.latencies[mode] += allocate_run(stub, messages)
+        samples = allocate_run(stub, messages, args.interval / 1000)
+        self.latencies[mode] += samples
+        self.by_round[mode].append(samples)
         self.cpu[mode] += cpu_s(self.plugin.pid) - before
         self.worker_cpu[mode] += children_cpu_s(self.plugin.pid) - before_worker
         if scrapers is not None:
@@ -242,9 +261,10 @@ class Served:
             except subprocess.TimeoutExpired:
                 scrapers.kill()
                 raise SystemExit("bench: the scrapers did not stop within 60 s") from None
-            answered, failed = out.split()
+            answered, failed, cpu = out.split()
             self.scrapes[0] += int(answered)
             self.scrapes[1] += int(failed)
+            self.scraper_cpu += float(cpu)
 
     def stop(self) -> None:
         self.plugin.send_signal(signal.SIGTERM)
@@ -258,6 +278,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4, help="rounds of each mode")
     parser.add_argument("--calls", type=int, default=300, help="Allocate calls per round")
     parser.add_argument("--scrapers", type=int, default=64)
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        help="ms from one Allocate call's start to the next (0: back to back)",
+    )
     parser.add_argument("--node", default="builtin:dgx2-v100")
     parser.add_argument("--baseline", type=Path, help="a checkout of the tree to compare with")
     parser.add_argument(
@@ -273,6 +299,11 @@ def main() -> int:
         help=f"the plugin and the client on CPU {PLUGIN_CPU}, the HTTP worker and the scrapers "
         f"on CPU {SCRAPE_CPU}",
     )
+    parser.add_argument(
+        "--keep-alive",
+        action="store_true",
+        help="each scraper keeps its connection between scrapes (Prometheus 2 does)",
+    )
     parser.add_argument("--scrape", nargs=2, metavar=("URL", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.pin and not args.scrape:
@@ -284,7 +315,7 @@ def main() -> int:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         else:
             os.nice(args.scraper_nice)
-        scrape_forever(args.scrape[0], int(args.scrape[1]))
+        scrape_forever(args.scrape[0], int(args.scrape[1]), args.keep_alive)
         return 0
 
     from cdigen.discover import load_node
@@ -314,8 +345,10 @@ def main() -> int:
 def report(args: argparse.Namespace, served: list[Served]) -> None:
     print(
         f"{args.node}: {args.rounds} rounds of each mode (ABBA, trees alternating), "
-        f"{args.calls} Allocate calls each from one client; {args.scrapers} scrapers of /metrics "
-        f"at nice {args.scraper_nice}; cpu count {os.cpu_count()}"
+        f"{args.calls} Allocate calls each from one client, one per {args.interval:g} ms; "
+        f"{args.scrapers} scrapers of /metrics "
+        f"at nice {args.scraper_nice}{', keep-alive' if args.keep_alive else ''}; "
+        f"cpu count {os.cpu_count()}"
     )
     print(
         f"{'tree':<10}{'mode':<8}{'calls':>7}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
@@ -333,9 +366,13 @@ def report(args: argparse.Namespace, served: list[Served]) -> None:
         quiet, scraped = one.latencies["quiet"], one.latencies["scraped"]
         p50 = percentile(scraped, 0.5) / percentile(quiet, 0.5)
         p99 = percentile(scraped, 0.99) / percentile(quiet, 0.99)
+        halves = [[x for r in one.by_round["quiet"][k::2] for x in r] for k in (0, 1)]
+        noise = percentile(halves[1], 0.99) / percentile(halves[0], 0.99) if halves[1] else 1.0
         print(
-            f"{one.name}: scraped/quiet p50 {p50:.2f}x, p99 {p99:.2f}x; "
-            f"scrapes answered {one.scrapes[0]}, failed {one.scrapes[1]}"
+            f"{one.name}: scraped/quiet p50 {p50:.2f}x, p99 {p99:.2f}x (quiet against quiet, odd "
+            f"rounds/even: p99 {noise:.2f}x); "
+            f"scrapes answered {one.scrapes[0]}, failed {one.scrapes[1]}; the scrapers' CPU "
+            f"{1000 * one.scraper_cpu / len(scraped):.2f} ms/call"
         )
 
 
