@@ -66,9 +66,18 @@ class Connection:
     request: HttpRequest | None = None  # waiting for the plugin's answer to it
     arrived: float = 0.0  # when that request arrived
     last: bool = False  # close once the answer is written
+    head_since: float = 0.0  # when the first byte of the head in inbuf arrived
 
     def __post_init__(self) -> None:
         self.fd = self.sock.fileno()
+
+    def expires(self, timeout_s: float) -> float:
+        """When to close it while no answer of the plugin is awaited: ``timeout_s`` after its
+        last byte, or after the first byte of a request head still unfinished, so that a client
+        sending a byte at a time cannot hold a slot for good."""
+        if self.inbuf and not self.outbuf:
+            return self.head_since + timeout_s
+        return self.last_io + timeout_s
 
     def between_requests(self) -> bool:
         return self.request is None and not self.outbuf and not self.inbuf
@@ -98,6 +107,9 @@ class Worker:
         self._asked: dict[str, float] = {}  # path -> when the ask in flight was sent
         self._due: dict[str, float] = {}  # path -> when it may be asked for again
         self._listening, self._listen_again = False, 0.0
+        # At the limit with connections waiting in the listen queue: each answer then closes
+        # its connection, so that busy keep-alive clients cannot hold every slot for good.
+        self._crowded = False
         self.closed = False
         self._sel.register(feed, READ)
         self._listen(True)
@@ -140,14 +152,18 @@ class Worker:
         self._listening = on
 
     def _accept(self, now: float) -> None:
-        for _ in range(ACCEPTS_PER_WAKE):
+        for k in range(ACCEPTS_PER_WAKE):
+            if len(self._conns) >= self._max and k > 0:
+                return  # full now; whether more wait, the selector tells
             if len(self._conns) >= self._max and not self._evict(now):
                 self._listen(False)  # the rest wait in the kernel's queue, costing nothing
                 self._listen_again = now + LISTEN_RETRY_S
+                self._crowded = True
                 return
             try:
                 sock, peer = self._listener.accept()
             except BlockingIOError:
+                self._crowded = False  # the queue is empty
                 return
             except OSError as exc:  # aborted before accepted, or out of descriptors
                 log.debug("accepting a connection failed: %s", exc)
@@ -184,6 +200,8 @@ class Worker:
             self._close(conn, "the client hung up" if conn.request else None)
             return
         conn.last_io = time.monotonic()
+        if not conn.inbuf:
+            conn.head_since = conn.last_io
         conn.inbuf += data
         if conn.request is None and not conn.outbuf:
             self._next_request(conn)
@@ -199,6 +217,7 @@ class Worker:
             return
         parsed = parse_head(bytes(conn.inbuf[:end]))
         del conn.inbuf[:end]
+        conn.head_since = time.monotonic()  # of a pipelined request behind it
         if isinstance(parsed, Refusal):
             self._refuse(conn, parsed)
         elif parsed.path not in self._paths:
@@ -223,11 +242,12 @@ class Worker:
 
     def _answer(self, conn: Connection, request: HttpRequest, answer: Answer) -> None:
         status, body, content_type = answer
+        keep_alive = request.keep_alive and not self._crowded
         conn.outbuf += response(
             status, body, content_type, head_only=request.method == "HEAD",
-            keep_alive=request.keep_alive, http_10=request.http_10,
+            keep_alive=keep_alive, http_10=request.http_10,
         )  # fmt: skip
-        conn.request, conn.last = None, not request.keep_alive
+        conn.request, conn.last = None, not keep_alive
         self._flush(conn)
 
     def _flush(self, conn: Connection) -> None:
@@ -266,8 +286,8 @@ class Worker:
         for conn in list(self._conns.values()):
             request = conn.request
             if request is None:
-                if now - conn.last_io >= self._timeout_s:
-                    self._close(conn, "idle" if conn.outbuf else None)
+                if now >= conn.expires(self._timeout_s):
+                    self._close(conn, "timed out" if conn.outbuf or conn.inbuf else None)
                 continue
             latest = self._latest.get(request.path)
             if latest is not None and latest[0] >= conn.arrived:
@@ -295,7 +315,7 @@ class Worker:
             wake = min(wake, self._listen_again)
         for conn in self._conns.values():
             if conn.request is None:
-                wake = min(wake, conn.last_io + self._timeout_s)
+                wake = min(wake, conn.expires(self._timeout_s))
                 continue
             wake = min(wake, conn.arrived + self._deadline_s)
             if conn.request.path not in self._asked:

@@ -5,6 +5,7 @@ limit served in turn; and the request head parser alone, table by table."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -148,6 +149,47 @@ def test_keep_alive_clients_beyond_the_limit_are_served_in_turn(served: AgentHtt
     finally:
         for sock in held:
             sock.close()
+
+
+def test_at_the_limit_with_clients_waiting_an_answer_closes_its_connection(
+    served: AgentHttpServer,
+) -> None:
+    held = []
+    try:
+        for _ in range(MAX):  # every slot: a busy keep-alive scraper, never idle for long
+            sock = _connect(served)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            _answers(sock, 1)
+            held.append(sock)
+        with _connect(served) as late:  # waits in the listen queue
+            late.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            time.sleep(0.1)
+            held[0].sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+            ((status, headers, _),) = _answers(held[0], 1)
+            assert (status, headers.get("connection")) == ("HTTP/1.1 200 OK", "close")
+            assert _closed(held[0])
+            assert _answers(late, 1)[0][0] == "HTTP/1.1 200 OK"
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_head_sent_a_byte_at_a_time_is_cut_off_at_the_timeout() -> None:
+    server = AgentHttpServer(
+        ("127.0.0.1", 0), {"/healthz": lambda: (200, b"ok\n", TEXT)}, timeout_s=0.5
+    )
+    server.start()
+    try:
+        with _connect(server) as sock:
+            started = time.monotonic()
+            with contextlib.suppress(OSError):  # the worker hangs up mid-trickle
+                for byte in b"GET /healthz HTTP/1.1\r\nX-Slow: " + b"y" * 100:
+                    sock.sendall(bytes([byte]))
+                    time.sleep(0.05)  # each byte well within the timeout
+            assert _closed(sock)
+            assert time.monotonic() - started < 2.5  # not the 6 s the trickle would take
+    finally:
+        server.close()
 
 
 def test_the_worker_is_one_thread_however_many_connections(served: AgentHttpServer) -> None:
