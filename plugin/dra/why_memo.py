@@ -7,7 +7,9 @@ the attributes and the capacities, and nothing unique to one device (not its nam
 node), so two devices with equal maps get the same verdict from the same program. A node's
 story depends on its devices (names, attributes, capacities, request policies, taints) and on
 what the allocated claims hold there; the pool a device is in only decides which claims hold
-it, and that is read before the key is made.
+it, and that is read before the key is made (what they hold is told in the shared fit's
+devices, by position), except where another device of the node has its name: then the pool
+names the device in the story, and is in the key.
 """
 
 from __future__ import annotations
