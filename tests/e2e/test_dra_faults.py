@@ -226,6 +226,23 @@ def test_a_health_port_in_use_fails_the_start_in_one_line_before_the_kubelet_see
     assert not list(kubelet_dir.rglob("*.sock")), "the kubelet would find a socket"
 
 
+def test_healthz_says_not_ready_until_the_kubelet_registers_the_driver(
+    served: Callable[..., tuple[subprocess.Popen[str], Path]], kubelet_dir: Path
+) -> None:
+    """With no kubelet the HTTP worker starts after a wait (a probe waits in the listen
+    queue), and answers 503 with what is pending; once registered, 200."""
+    proc, log = served()
+    kubelet = DraKubeletSim(kubelet_dir)
+    kubelet.wait_for_socket(30)
+    status, report = _healthz(log)
+    assert status == 503 and report["registered"] is False, report
+    kubelet.register()
+    status, report = _healthz(log)
+    assert status == 200 and report["registered"] is True, report
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+
+
 def _healthz(log: Path) -> tuple[int, dict[str, Any]]:
     match = _until_match(log, r"/healthz on (http://\S+)")
     try:
