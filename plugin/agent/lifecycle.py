@@ -48,6 +48,10 @@ def open_nvml(source: str, driver_root: str = "/", host_root: str = "/") -> Any:
 
 
 STOP_DEADLINE_S = 1.5  # SIGTERM ends the process within 2 s, whatever hangs
+# Either plugin's HTTP worker (/metrics, /healthz) starts once the kubelet has registered it, or
+# this long after the start even with no kubelet: starting a process never takes CPU from the
+# registration, and a probe waits in the listen queue meanwhile.
+HTTP_WAIT_S = 2.0
 
 
 def _exit_after(deadline_s: float) -> None:

@@ -19,7 +19,7 @@ from cdigen.model import Node
 from cdigen.plugin.agent.feature_file import FeatureFile
 from cdigen.plugin.agent.health import SOURCE_NODE, HealthBoard, node_reasons, with_board_health
 from cdigen.plugin.agent.health_watchers import Poller, SpecDirWatcher
-from cdigen.plugin.agent.lifecycle import open_nvml, serve_until_signalled
+from cdigen.plugin.agent.lifecycle import HTTP_WAIT_S, open_nvml, serve_until_signalled
 from cdigen.plugin.agent.sockets import make_plugin_dir
 from cdigen.plugin.agent.xid import XidHealth
 from cdigen.plugin.deviceplugin.call_records import RequestRecorder
@@ -57,8 +57,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("cdigen.plugin")
-
-METRICS_WAIT_S = 2.0  # /metrics and /healthz are served after this even with no kubelet
 
 
 # --- the whole plugin -------------------------------------------------------------------------
@@ -268,7 +266,7 @@ class Plugin:
             self._xid.start()
         self.registrar.start()
         if self._metrics_server is not None:  # its worker once registered: never in the way
-            self._metrics_server.start(after=self.registrar.registered, wait_s=METRICS_WAIT_S)
+            self._metrics_server.start(after=self.registrar.registered, wait_s=HTTP_WAIT_S)
 
     def _start_server(self, name: str) -> None:
         server = ResourceServer(self.config.plugin_dir, self._service_factory(name))

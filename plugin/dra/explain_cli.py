@@ -88,7 +88,7 @@ def _explain(args: argparse.Namespace) -> int:
         if allocation.error:
             failed += 1
         else:
-            state.add(allocation.picks, fit.by_name)
+            state.add(allocation.picks, fit.by_key)
     if len(claims) > 1 or state.consumed:
         print()
         for line in _capacity_left(fit, state, len(claims) - failed):
@@ -125,14 +125,14 @@ def _explained(
     asked = {r.name: r.capacity for r in claim.requests for r in (r.alternatives or (r,))}
     for pick in allocation.picks:
         capacity = asked.get(pick.request)
-        memory = pick.consumed.get(f"{fit.by_name[pick.device].driver}/memory")
+        memory = pick.consumed.get(f"{fit.by_key[pick.key].driver}/memory")
         if shares is not None and memory is not None and "memory" not in (capacity or {}):
             lines.append(
                 f"note: request {pick.request!r} names no memory: it takes the default share, "
                 f"{quantity_text(memory)} of {pick.device} ({shares.described()}; dra serve "
                 "--default-share or --shares-per-gpu sets it)"
             )
-        if capacity and not fit.by_name[pick.device].allow_multiple:
+        if capacity and not fit.by_key[pick.key].allow_multiple:
             wanted = ", ".join(f"{k} {quantity_text(v)}" for k, v in capacity.items())
             lines.append(
                 f"note: request {pick.request!r} asks for capacity ({wanted}), but "
@@ -149,10 +149,10 @@ def _capacity_left(fit: FirstFit, state: NodeState, allocated: int) -> list[str]
     lines = [f"after {allocated} allocated claim(s):"]
     width = max(len(d.name) for d in fit.devices)
     for device in fit.devices:
-        if device.name in state.exclusive:
+        if device.key in state.exclusive:
             left = "held whole"
         elif device.allow_multiple and device.capacity:
-            held = state.consumed.get(device.name, {})
+            held = state.consumed.get(device.key, {})
             left = ", ".join(
                 f"{name.rpartition('/')[2]} {quantity_text(total - held.get(name, 0))} left of "
                 f"{quantity_text(total)}"

@@ -122,6 +122,8 @@ class RegistrationState:
     error: str = ""
     calls: int = 0
     changed: threading.Condition = field(default_factory=threading.Condition)
+    # set the first time the kubelet registers us, never cleared: the HTTP worker starts then
+    once: threading.Event = field(default_factory=threading.Event)
 
     def wait_registered(self, timeout_s: float) -> bool:
         """Block until the kubelet reports a successful registration, or the timeout."""
@@ -166,6 +168,8 @@ class RegistrationService:
             self.state.registered = request.plugin_registered
             self.state.error = request.error
             self.state.changed.notify_all()
+        if request.plugin_registered:
+            self.state.once.set()
         if request.plugin_registered:
             log.info("the kubelet registered DRA driver %s", self._driver)
             self._on_register()

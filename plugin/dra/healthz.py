@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from cdigen.errors import InputError
 from cdigen.plugin.agent.http import AgentHttpServer, Answer
+from cdigen.plugin.agent.lifecycle import HTTP_WAIT_S
 from cdigen.plugin.agent.lifecycle import serve_until_signalled as run_until_signalled
 
 if TYPE_CHECKING:
@@ -43,7 +44,9 @@ class HealthServer(AgentHttpServer):
 def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) -> int:
     """Run ``plugin`` (and ``/healthz`` on ``health_address``) until SIGTERM/SIGINT; exit 0,
     within the agent's stop deadline
-    (:func:`cdigen.plugin.agent.lifecycle.serve_until_signalled`)."""
+    (:func:`cdigen.plugin.agent.lifecycle.serve_until_signalled`). The port is bound first (a
+    port in use fails the start); its worker starts once the kubelet has registered the
+    plugin, or :data:`HTTP_WAIT_S` later, as the device plugin's does."""
     health: HealthServer | None = None
     if health_address:
         from cdigen.plugin.agent.sockets import parse_address
@@ -56,7 +59,8 @@ def serve_until_signalled(plugin: DraPlugin, health_address: str | None = None) 
                 where="--health-address",
                 hint="pick a free port, or :0 for any",
             ) from None
-        health.start()
+        # a probe before then waits in the listen queue, and is told 503 if still unregistered
+        health.start(after=plugin.registration.once, wait_s=HTTP_WAIT_S)
         log.info("/healthz on http://%s:%d", *health.server_address[:2])
 
     try:

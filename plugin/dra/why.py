@@ -312,14 +312,13 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         devices = node_devices(node, nodes[node], bad_nodes)
         if devices is None:
             continue
-        by_name = {d.name: d for d in devices}
         pools = {(d.driver, d.pool) for d in devices}
         holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
-        state, held = held_on(by_name, holders)
         shape = devices_key(devices)
         fit = fits.get(shape)  # a fit reads no pool: nodes of equal devices share one
         if fit is None:
             fit = fits[shape] = FirstFit(devices, classes, programs=programs)
+        state, held = held_on(devices, fit, holders)  # told in the fit's devices
         key = node_key(fit, state, held)  # the fit stands for its devices (one per shape)
         story = stories.get(key)
         if story is None:
@@ -350,8 +349,9 @@ def _node_story(
             story.append(f"  {whose}not allocatable: {allocation.error}")
             story += _grouped(reasons)
             break
-        story.append(f"  {claim.name}: would get {', '.join(allocation.devices)}")
-        state.add(allocation.picks, fit.by_name)
+        got = ", ".join(fit.label(key) for key in allocation.keys)
+        story.append(f"  {claim.name}: would get {got}")
+        state.add(allocation.picks, fit.by_key)
     return tuple(story)
 
 

@@ -7,7 +7,9 @@ the attributes and the capacities, and nothing unique to one device (not its nam
 node), so two devices with equal maps get the same verdict from the same program. A node's
 story depends on its devices (names, attributes, capacities, request policies, taints) and on
 what the allocated claims hold there; the pool a device is in only decides which claims hold
-it, and that is read before the key is made.
+it, and that is read before the key is made (what they hold is told in the shared fit's
+devices, by position), except where another device of the node has its name: then the pool
+names the device in the story, and is in the key.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdigen.policies.cel import CelEvaluationError, CelProgram
-from cdigen.policies.dra.claims import NodeState
+from cdigen.policies.dra.claims import NodeState, shared_names
 from cdigen.policies.dra.slice_devices import SliceDevice
 
 
@@ -132,9 +134,10 @@ def _attribute_key(value: Any) -> Any:
     return (type(value), value)
 
 
-def device_key(device: SliceDevice) -> tuple[Any, ...]:
-    """Everything the simulator reads of ``device`` but its pool."""
+def device_key(device: SliceDevice, *, pool: bool = False) -> tuple[Any, ...]:
+    """Everything the simulator reads of ``device`` but its pool (with it when ``pool``)."""
     return (
+        device.pool if pool else None,
         device.name,
         device.driver,
         tuple(sorted((k, _attribute_key(v)) for k, v in device.attributes.items())),
@@ -147,9 +150,12 @@ def device_key(device: SliceDevice) -> tuple[Any, ...]:
 
 
 def devices_key(devices: list[SliceDevice]) -> tuple[Any, ...]:
-    """What the simulator reads of one node's devices, in order (all but their pools): nodes
-    with equal keys can share one :class:`cdigen.policies.dra.claims.FirstFit`."""
-    return tuple(device_key(d) for d in devices)
+    """What the simulator reads of one node's devices, in order (all but the pools of those
+    whose name no other device of the node has): nodes with equal keys can share one
+    :class:`cdigen.policies.dra.claims.FirstFit`. A name two devices share is told with its
+    driver and pool (:meth:`FirstFit.label`), so there the pool is part of the key."""
+    shared = shared_names(devices)
+    return tuple(device_key(d, pool=d.name in shared) for d in devices)
 
 
 def node_key(devices: Hashable, state: NodeState, held: int) -> tuple[Any, ...]:

@@ -4,7 +4,7 @@ read once. Malformed objects are left out and named in ``skipped``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from cdigen.plugin.dra.api_objects import (
@@ -17,8 +17,8 @@ from cdigen.plugin.dra.api_objects import (
     objs,
 )
 from cdigen.policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
-from cdigen.policies.dra.claims import NodeState, Pick
-from cdigen.policies.dra.slice_devices import SliceDevice, qualify, slice_devices
+from cdigen.policies.dra.claims import FirstFit, NodeState, Pick
+from cdigen.policies.dra.slice_devices import DeviceKey, SliceDevice, qualify, slice_devices
 
 
 def classes_of(docs: Iterable[Mapping[str, Any]], skipped: list[str]) -> list[DeviceClass]:
@@ -111,19 +111,24 @@ def held_by_pool(
     return out
 
 
-def held_on(by_name: Mapping[str, SliceDevice], holders: Iterable[Held]) -> tuple[NodeState, int]:
-    """What the allocated claims ``holders`` hold of one node's devices (``by_name``), and
-    how many claims hold some (a claim holding devices of two pools of the node is one)."""
+def held_on(
+    devices: Sequence[SliceDevice], fit: FirstFit, holders: Iterable[Held]
+) -> tuple[NodeState, int]:
+    """What the allocated claims ``holders`` hold of one node's ``devices``, and how many
+    claims hold some (a claim holding devices of two pools of the node is one). A result
+    names its device by driver, pool and name, the device's identity (a name alone is unique
+    only in its pool). The state is told in ``fit``'s devices, which may be another node's
+    of the same shape (``devices_key``): the n-th device of this node is the fit's n-th."""
+    as_fit = {d.key: f.key for d, f in zip(devices, fit.devices, strict=True)}
     state = NodeState()
     held: set[str] = set()
     for claim, (driver, pool), results in holders:
         picks = []
         for request, name, consumed in results:
-            device = by_name.get(name)
-            if device is None or (device.driver, device.pool) != (driver, pool):
-                continue
-            picks.append(Pick(request, device.name, consumed))
+            key = as_fit.get(DeviceKey(driver, pool, name))
+            if key is not None:
+                picks.append(Pick(request, key, consumed))
         if picks:
             held.add(claim)
-            state.add(picks, by_name)
+            state.add(picks, fit.by_key)
     return state, len(held)

@@ -384,10 +384,9 @@ def _shortfall(fit: FirstFit, claim: Claim) -> str:
         matching = [d for d in fit.devices if not fit.mismatch(request, d)]
         if not matching:
             first = fit.mismatch(request, fit.devices[0]) if fit.devices else "no devices"
-            return (
-                f"; no device matches (on {fit.devices[0].name if fit.devices else '-'}: {first})"
-            )
+            on = fit.label(fit.devices[0].key) if fit.devices else "-"
+            return f"; no device matches (on {on}: {first})"
         reasons = [fit.consumption(request, d, NodeState(), [])[1] for d in matching]
         if all(reasons):
-            return f"; {matching[0].name}: {reasons[0]}"
+            return f"; {fit.label(matching[0].key)}: {reasons[0]}"
     return ""

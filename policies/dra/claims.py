@@ -24,7 +24,7 @@ from typing import Any
 from cdigen.errors import InputError
 from cdigen.policies.cel import CelCompileError, CelEvaluationError, CelProgram, compile_expression
 from cdigen.policies.dra.claim_docs import Claim, DeviceClass, Request, Selector
-from cdigen.policies.dra.slice_devices import CapacityPolicy, SliceDevice, qualify
+from cdigen.policies.dra.slice_devices import CapacityPolicy, DeviceKey, SliceDevice, qualify
 from cdigen.sizes import quantity_text
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
@@ -36,38 +36,44 @@ class _CelFailure(Exception):
     """A selector erred on a device the search evaluated: the whole claim fails."""
 
 
-def _cel_failure_message(request: Request, device: SliceDevice, reason: str) -> str:
+def _cel_failure_message(request: Request, device: str, reason: str) -> str:
     return (
-        f"request {request.name!r}: {reason} (on device {device.name}; a CEL error on a device "
+        f"request {request.name!r}: {reason} (on device {device}; a CEL error on a device "
         "the scheduler evaluates fails the whole claim, as in Kubernetes)"
     )
 
 
 @dataclass(frozen=True)
 class Pick:
-    """One allocated device: the request, the device and the capacity it consumes."""
+    """One allocated device: the request, the device (driver, pool and name, as an
+    allocation result names it) and the capacity it consumes."""
 
     request: str
-    device: str
+    key: DeviceKey
     consumed: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        """The device's name (unique only with its driver and pool: :attr:`key`)."""
+        return self.key.name
 
 
 @dataclass
 class NodeState:
     """What earlier claims hold: exclusive devices, and consumed capacity of shared ones."""
 
-    exclusive: set[str] = field(default_factory=set)
-    consumed: dict[str, dict[str, int]] = field(default_factory=dict)
+    exclusive: set[DeviceKey] = field(default_factory=set)
+    consumed: dict[DeviceKey, dict[str, int]] = field(default_factory=dict)
 
-    def add(self, picks: Iterable[Pick], devices: Mapping[str, SliceDevice]) -> None:
+    def add(self, picks: Iterable[Pick], devices: Mapping[DeviceKey, SliceDevice]) -> None:
         """Record an allocation."""
         for pick in picks:
-            if devices[pick.device].allow_multiple:
-                held = self.consumed.setdefault(pick.device, {})
+            if devices[pick.key].allow_multiple:
+                held = self.consumed.setdefault(pick.key, {})
                 for name, amount in pick.consumed.items():
                     held[name] = held.get(name, 0) + amount
             else:
-                self.exclusive.add(pick.device)
+                self.exclusive.add(pick.key)
 
 
 @dataclass(frozen=True)
@@ -79,8 +85,22 @@ class Allocation:
 
     @property
     def devices(self) -> tuple[str, ...]:
-        """The picked device names, in order."""
+        """The picked device names, in order (:attr:`keys` tells them apart)."""
         return tuple(p.device for p in self.picks)
+
+    @property
+    def keys(self) -> tuple[DeviceKey, ...]:
+        """The picked devices, in order."""
+        return tuple(p.key for p in self.picks)
+
+
+def shared_names(devices: Iterable[SliceDevice]) -> set[str]:
+    """The names that more than one of ``devices`` has (in different drivers or pools)."""
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for device in devices:
+        (shared if device.name in seen else seen).add(device.name)
+    return shared
 
 
 class FirstFit:
@@ -96,11 +116,19 @@ class FirstFit:
         """``programs``: compiled selectors by expression, shared by the fits of many nodes
         (``dra why`` over a cluster compiles each expression once, not once per node)."""
         self.devices = list(devices)
-        self.by_name = {d.name: d for d in self.devices}
+        # by driver, pool and name: two drivers (or pools) of one node may each have a gpu-0
+        self.by_key = {d.key: d for d in self.devices}
+        self._position = {d.key: n for n, d in enumerate(self.devices)}
+        self._shared_names = shared_names(self.devices)
         self.classes = dict(classes or {})
         self._programs: dict[str, CelProgram] = {} if programs is None else programs
-        self._values = {d.name: d.cel_value() for d in self.devices}
+        self._values = {d.key: d.cel_value() for d in self.devices}
         self._matches: dict[tuple[Any, ...], str] = {}
+
+    def label(self, key: DeviceKey) -> str:
+        """How a device is named to the user: its name, or ``driver/pool/name`` when another
+        device of the node has the same name."""
+        return str(key) if key.name in self._shared_names else key.name
 
     # -- single-device checks
 
@@ -137,7 +165,7 @@ class FirstFit:
             request.class_name,
             tuple(s.expression for s in request.selectors),
             request.tolerations,
-            device.name,
+            device.key,
         )
         cached = self._matches.get(key)
         if cached is not None:
@@ -145,7 +173,7 @@ class FirstFit:
         reason = ""
         for label, selector in self.selectors_of(request):
             try:
-                ok = self._program(selector).evaluate({"device": self._values[device.name]})
+                ok = self._program(selector).evaluate({"device": self._values[device.key]})
             except CelEvaluationError as exc:
                 reason = f"{label}{CEL_ERROR}{exc}"
                 break
@@ -169,16 +197,16 @@ class FirstFit:
         for device in self.devices:
             reason = self.mismatch(request, device)
             if CEL_ERROR in reason:
-                return _cel_failure_message(request, device, reason)
+                return _cel_failure_message(request, self.label(device.key), reason)
         return ""
 
     def consumption(
         self, request: Request, device: SliceDevice, state: NodeState, taken: Sequence[Pick]
     ) -> tuple[dict[str, int], str]:
         """What ``request`` consumes on ``device``, or why it does not fit."""
-        held_here = [p for p in taken if p.device == device.name]
+        held_here = [p for p in taken if p.key == device.key]
         if not device.allow_multiple:
-            if device.name in state.exclusive or held_here:
+            if device.key in state.exclusive or held_here:
                 return {}, "held by another claim" if not held_here else "already picked"
             if request.capacity:
                 for name, amount in request.capacity.items():
@@ -199,7 +227,7 @@ class FirstFit:
             if wanted is None:
                 return {}, policy.refusal(short, requested.get(name))
             amount = wanted
-            left = total - state.consumed.get(device.name, {}).get(name, 0)
+            left = total - state.consumed.get(device.key, {}).get(name, 0)
             if amount > left:
                 return {}, f"needs {short} {quantity_text(amount)}, {quantity_text(left)} left"
             consumed[name] = amount
@@ -222,7 +250,7 @@ class FirstFit:
             for pick in taken:
                 if not c.covers(pick.request):
                     continue
-                other = self.by_name[pick.device].attributes.get(attribute)
+                other = self.by_key[pick.key].attributes.get(attribute)
                 if c.distinct and other == value:
                     return f"distinctAttribute {c.attribute}: {value!r} already used"
                 if not c.distinct and other != value:
@@ -297,18 +325,17 @@ class FirstFit:
         # devices of one request are picked in slice order (no permutations of one set)
         start = 0
         if n > 0 and slots[n - 1] is request:
-            last = picks[-1].device
-            start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1
+            start = self._position[picks[-1].key] + 1
         for device in self.devices[start:]:
             mismatch = self.mismatch(request, device)
             if CEL_ERROR in mismatch:  # the scheduler stops at the first device that errs
-                raise _CelFailure(_cel_failure_message(request, device, mismatch))
+                raise _CelFailure(_cel_failure_message(request, self.label(device.key), mismatch))
             if mismatch:
                 continue
             consumed, why = self.consumption(request, device, state, picks)
             if why or self.constraint_violation(claim, request, device, picks):
                 continue
-            picks.append(Pick(request.name, device.name, consumed))
+            picks.append(Pick(request.name, device.key, consumed))
             if self._search(claim, slots, n + 1, state, picks):
                 return True
             picks.pop()
@@ -333,10 +360,10 @@ class FirstFit:
         """The allocation, and for every device not picked, why (per request)."""
         state = state or NodeState()
         claim, allocation = self.resolve(claim, state)
-        picked = set(allocation.devices)
+        picked = set(allocation.keys)
         reasons: list[tuple[str, str]] = []
         for device in self.devices:
-            if device.name in picked:
+            if device.key in picked:
                 continue
             whys = []
             for request in claim.requests:
@@ -352,5 +379,5 @@ class FirstFit:
                         else "no complete set with it"
                     )
                 whys.append(f"{request.name}: {why}" if len(claim.requests) > 1 else why)
-            reasons.append((device.name, "; ".join(whys)))
+            reasons.append((self.label(device.key), "; ".join(whys)))
         return allocation, reasons

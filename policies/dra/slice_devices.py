@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 from celpy import celtypes
 
@@ -83,10 +83,27 @@ class CapacityPolicy:
         )
 
 
+class DeviceKey(NamedTuple):
+    """Which device: its driver, pool and name. A name is unique only within its pool, a
+    pool's only within its driver ("The unique identifier for a device is the tuple <driver
+    name>, <pool name>, <device name>", ResourceSlice in the resource.k8s.io/v1 API reference,
+    kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-slice-v1/): a
+    node where NVIDIA's driver runs beside ours has two ``gpu-0``. An allocation result names
+    a device by the same three fields."""
+
+    driver: str
+    pool: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"  # as the scheduler writes a device ID
+
+
 @dataclass(frozen=True)
 class SliceDevice:
     """One device of a ResourceSlice, as the allocator reads it; attribute and capacity names
-    are qualified (``<domain>/<name>``)."""
+    are qualified (``<domain>/<name>``). Devices are told apart by :attr:`key`, never by
+    name alone."""
 
     name: str
     driver: str
@@ -97,6 +114,10 @@ class SliceDevice:
     policies: Mapping[str, CapacityPolicy]
     allow_multiple: bool = False
     taints: tuple[Taint, ...] = ()
+    key: DeviceKey = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", DeviceKey(self.driver, self.pool, self.name))
 
     def cel_value(self) -> Any:
         """The CEL ``device`` map, as the scheduler builds it."""

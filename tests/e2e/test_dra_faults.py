@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -175,14 +176,15 @@ def test_a_hung_api_call_gives_up_after_the_api_timeout(harness: Harness) -> Non
 @pytest.fixture
 def served(
     api: FakeApiServer, host: FakeHost, kubelet_dir: Path, tmp_path: Path
-) -> Iterator[Callable[[], tuple[subprocess.Popen[str], Path]]]:
+) -> Iterator[Callable[..., tuple[subprocess.Popen[str], Path]]]:
     """Start ``cdigen dra serve`` as a process against the fake API server."""
     procs: list[subprocess.Popen[str]] = []
     kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     node_file = tmp_path / "node.yaml"
     node_file.write_text(dump_node(host.node, "yaml"))
 
-    def start() -> tuple[subprocess.Popen[str], Path]:
+    def start(*flags: str) -> tuple[subprocess.Popen[str], Path]:
+        """``flags`` after the fixture's own (the last of a repeated option counts)."""
         log = tmp_path / f"serve-{len(procs)}.log"
         command = [
             sys.executable, "-m", "cdigen.cli", "dra", "serve",
@@ -191,7 +193,7 @@ def served(
             "--cdi-dir", str(tmp_path / "run-cdi"), "--kubeconfig", str(kubeconfig),
             "--driver-root", str(host.driver_root), "--dev-root", str(host.dev_root),
             "--sysfs-root", str(host.sysfs_root), "--health-address", "127.0.0.1:0",
-            "--api-timeout", "2",
+            "--api-timeout", "2", *flags,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         with log.open("w") as out:
@@ -204,6 +206,41 @@ def served(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_health_port_in_use_fails_the_start_in_one_line_before_the_kubelet_sees_it(
+    served: Callable[..., tuple[subprocess.Popen[str], Path]], kubelet_dir: Path
+) -> None:
+    """The port is bound at start (its worker starts only once registered): a port in use is
+    the start's one-line error, exit 2, and no socket is left for the kubelet to find."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, log = served("--health-address", f"127.0.0.1:{port}")
+        assert proc.wait(60) == 2, log.read_text()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+    error = text.strip().splitlines()[-1]
+    assert f"--health-address: cannot listen on 127.0.0.1:{port}" in error, text
+    assert not list(kubelet_dir.rglob("*.sock")), "the kubelet would find a socket"
+
+
+def test_healthz_says_not_ready_until_the_kubelet_registers_the_driver(
+    served: Callable[..., tuple[subprocess.Popen[str], Path]], kubelet_dir: Path
+) -> None:
+    """With no kubelet the HTTP worker starts after a wait (a probe waits in the listen
+    queue), and answers 503 with what is pending; once registered, 200."""
+    proc, log = served()
+    kubelet = DraKubeletSim(kubelet_dir)
+    kubelet.wait_for_socket(30)
+    status, report = _healthz(log)
+    assert status == 503 and report["registered"] is False, report
+    kubelet.register()
+    status, report = _healthz(log)
+    assert status == 200 and report["registered"] is True, report
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
 
 
 def _healthz(log: Path) -> tuple[int, dict[str, Any]]:
@@ -229,7 +266,7 @@ def _until_match(log: Path, pattern: str) -> str:
 
 
 def test_sigterm_with_a_health_stream_open_exits_within_2_s(
-    served: Callable[[], tuple[subprocess.Popen[str], Path]], kubelet_dir: Path
+    served: Callable[..., tuple[subprocess.Popen[str], Path]], kubelet_dir: Path
 ) -> None:
     proc, log = served()
     kubelet = DraKubeletSim(kubelet_dir, timeout_s=60)
@@ -253,7 +290,7 @@ def test_sigterm_with_a_health_stream_open_exits_within_2_s(
 
 def test_a_hung_api_server_at_start_does_not_block_registration_or_sigterm(
     api: FakeApiServer,
-    served: Callable[[], tuple[subprocess.Popen[str], Path]],
+    served: Callable[..., tuple[subprocess.Popen[str], Path]],
     kubelet_dir: Path,
 ) -> None:
     api.hang = {"slices", "nodes"}

@@ -162,7 +162,7 @@ def seed_node(
             doc = extended_resource_claim(SEED_POD, classes, n)
             allocation = fit.allocate(claim_from_doc(doc, doc["metadata"]["name"]), state)
             assert allocation.devices == ("gpu-0",), allocation.error
-            state.add(allocation.picks, fit.by_name)
+            state.add(allocation.picks, fit.by_key)
             (pick,) = allocation.picks
             assert pick.consumed == {f"{DRIVER}/memory": 5 * GIB}
             doc["status"] = {"allocation": {"devices": {"results": [{
@@ -203,7 +203,7 @@ def test_two_unchanged_seed_pods_share_one_4090_each_with_its_own_mps_limit(
             claim_from_doc(extended_resource_claim(SEED_POD, classes, n), "c"), state
         )
         assert more.devices == ("gpu-0",), more.error
-        state.add(more.picks, fit.by_name)
+        state.add(more.picks, fit.by_key)
     _, reasons = fit.explain(
         claim_from_doc(extended_resource_claim(SEED_POD, classes, 5), "c"), state
     )

@@ -141,7 +141,7 @@ def test_the_4090_story_two_3gi_claims_get_their_own_limits_and_a_third_is_refus
         allocation = fit.allocate(_memory_claim("3Gi", name), state)
         assert allocation.devices == ("gpu-0",), allocation.error
         assert allocation.picks[0].consumed == {f"{DRIVER}/memory": 3 * GIB}
-        state.add(allocation.picks, fit.by_name)
+        state.add(allocation.picks, fit.by_key)
         results.append(
             {
                 "request": "share",

@@ -18,7 +18,7 @@ from cdigen.plugin.dra.slices import build_slices
 from cdigen.policies.device_view import attribute_names, device_views, published_attribute_names
 from cdigen.policies.dra.claim_docs import claim_from_doc, load_manifests
 from cdigen.policies.dra.claims import FirstFit, NodeState
-from cdigen.policies.dra.slice_devices import CapacityPolicy, slice_devices
+from cdigen.policies.dra.slice_devices import CapacityPolicy, DeviceKey, slice_devices
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "dra" / "examples"
 DRIVER = "gpu.cdigen.dev"
@@ -67,8 +67,8 @@ def test_shared_gpu_capacity_is_consumed_claim_by_claim() -> None:
     for _ in range(7):
         picks = fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).picks
         assert [p.device for p in picks] == ["gpu-0"]
-        state.add(picks, fit.by_name)
-    assert state.consumed["gpu-0"][f"{DRIVER}/memory"] == 21 * GIB
+        state.add(picks, fit.by_key)
+    assert state.consumed[DeviceKey(DRIVER, "n", "gpu-0")][f"{DRIVER}/memory"] == 21 * GIB
     assert fit.allocate(_claim(capacity={"requests": {"memory": "3Gi"}}), state).error
     # a claim without a memory request takes the default: the whole GPU unless the operator
     # chose a share, so it fits only on a GPU no one else holds
@@ -84,7 +84,7 @@ def test_exclusive_devices_are_not_given_twice_and_selectors_filter() -> None:
     state = NodeState()
     first = fit.allocate(_claim(count=3), state)
     assert len(first.picks) == 3
-    state.add(first.picks, fit.by_name)
+    state.add(first.picks, fit.by_key)
     assert "1 device(s) match and fit, 2 needed" in fit.allocate(_claim(count=2), state).error
     none = _claim(
         selectors=[{"cel": {"expression": 'device.attributes["gpu.cdigen.dev"].index > 9'}}]

@@ -9,10 +9,15 @@ from typing import Any
 
 from cdigen.policies.dra.claim_docs import DeviceClass, claim_from_doc
 from cdigen.policies.dra.claims import FirstFit, NodeState
-from cdigen.policies.dra.slice_devices import slice_devices
+from cdigen.policies.dra.slice_devices import DeviceKey, slice_devices
 
 DRIVER = "gpu.example.com"
 GIB = 1 << 30
+
+
+def _key(name: str) -> DeviceKey:
+    """A device of :func:`_fit`'s slice (pool ``n``)."""
+    return DeviceKey(DRIVER, "n", name)
 
 
 def _device(name: str, numa: int, *, memory: str = "24Gi", **extra: Any) -> dict[str, Any]:
@@ -63,7 +68,7 @@ def test_distinct_attribute_backtracks_and_fails_when_values_run_out() -> None:
     fit = _fit(*FOUR)
     three = _claim({"count": 3}, constraints=[{"distinctAttribute": "numa"}])
     assert fit.allocate(three).error == "no set of devices satisfies the claim's constraints"
-    state = NodeState(exclusive={"g2", "g3"})
+    state = NodeState(exclusive={_key("g2"), _key("g3")})
     two = _claim({"count": 2}, constraints=[{"distinctAttribute": "numa"}])
     assert fit.allocate(two, state).error  # numa 1 is all held
 
@@ -88,7 +93,7 @@ def test_match_attribute_keeps_one_value_and_a_missing_attribute_never_matches()
     assert bare.allocate(claim).error
     reasons = dict(bare.explain(_claim({}, constraints=[{"matchAttribute": "numa"}]))[1])
     assert reasons == {"x": "no complete set with it", "y": "no complete set with it"}
-    assert bare.constraint_violation(claim, claim.requests[0], bare.by_name["x"], []) == (
+    assert bare.constraint_violation(claim, claim.requests[0], bare.by_key[_key("x")], []) == (
         "has no attribute numa"
     )
 
@@ -105,7 +110,7 @@ def test_allocation_mode_all_takes_every_matching_device() -> None:
 def test_allocation_mode_all_fails_when_one_matching_device_is_held() -> None:
     fit = _fit(*FOUR)
     claim = _claim({"allocationMode": "All"})
-    allocation = fit.allocate(claim, NodeState(exclusive={"g1"}))
+    allocation = fit.allocate(claim, NodeState(exclusive={_key("g1")}))
     assert allocation.error == "request 'r0': 3 device(s) match and fit, 4 needed"
 
 
@@ -164,7 +169,7 @@ def test_capacity_on_an_exclusive_device_is_a_filter_not_consumed() -> None:
     assert reasons == {"small": "needs memory 20Gi, has 16Gi"}
     exact = _claim({"capacity": {"requests": {"memory": "24Gi"}}})
     assert fit.allocate(exact).devices == ("big",)  # equal fits
-    assert fit.allocate(exact, NodeState(exclusive={"big"})).error
+    assert fit.allocate(exact, NodeState(exclusive={_key("big")})).error
     other = _claim({"capacity": {"requests": {"cores": "2"}}})
     assert fit.allocate(other).error  # a capacity the device does not have
 
@@ -175,15 +180,15 @@ def test_a_shared_capacity_without_a_request_policy_is_consumed_whole_by_default
     state = NodeState()
     first = fit.allocate(_claim({}), state)
     assert first.picks[0].consumed == {f"{DRIVER}/memory": 24 * GIB}
-    state.add(first.picks, fit.by_name)
+    state.add(first.picks, fit.by_key)
     assert fit.allocate(_claim({}), state).error  # nothing left
     asked = _claim({"capacity": {"requests": {"memory": "4Gi"}}})
     state = NodeState()
     for _ in range(6):
         picks = fit.allocate(asked, state).picks
         assert picks[0].consumed == {f"{DRIVER}/memory": 4 * GIB}
-        state.add(picks, fit.by_name)
-    assert state.consumed == {"s": {f"{DRIVER}/memory": 24 * GIB}}
+        state.add(picks, fit.by_key)
+    assert state.consumed == {_key("s"): {f"{DRIVER}/memory": 24 * GIB}}
     assert fit.allocate(asked, state).error == "request 'r0': 0 device(s) match and fit, 1 needed"
 
 
@@ -207,22 +212,22 @@ def test_a_shared_device_is_picked_once_per_claim_and_its_policy_bounds_requests
         "(1Gi to 8Gi in steps of 1Gi)"
     }
     assert fit.allocate(_claim({})).picks[0].consumed == {f"{DRIVER}/memory": GIB}
-    state = NodeState(consumed={"s": {f"{DRIVER}/memory": 20 * GIB}})
+    state = NodeState(consumed={_key("s"): {f"{DRIVER}/memory": 20 * GIB}})
     five = _claim({"capacity": {"requests": {"memory": "5Gi"}}})
     assert dict(fit.explain(five, state)[1]) == {"s": "needs memory 5Gi, 4Gi left"}
 
 
 def test_explain_tells_a_device_held_by_another_claim_from_one_already_picked() -> None:
     fit = _fit(*FOUR)
-    state = NodeState(exclusive={"g0"})
-    assert fit.consumption(_claim({}).requests[0], fit.by_name["g0"], state, []) == (
+    state = NodeState(exclusive={_key("g0")})
+    assert fit.consumption(_claim({}).requests[0], fit.by_key[_key("g0")], state, []) == (
         {},
         "held by another claim",
     )
     allocation = fit.allocate(_claim({}), state)
     assert allocation.devices == ("g1",)
     request = _claim({}).requests[0]
-    assert fit.consumption(request, fit.by_name["g1"], NodeState(), allocation.picks) == (
+    assert fit.consumption(request, fit.by_key[_key("g1")], NodeState(), allocation.picks) == (
         {},
         "already picked",
     )
