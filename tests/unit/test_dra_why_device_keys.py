@@ -15,6 +15,7 @@ import yaml
 from cdigen.cli import main
 from cdigen.plugin.agent.kubeapi import api_client
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.why_docs import claim_doc, pod_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 OURS = "gpu.cdigen.dev"
@@ -47,45 +48,6 @@ def _slices(published: Published, node: str = NODE) -> list[dict[str, Any]]:
     ]
 
 
-def _claim(
-    name: str,
-    cls: str,
-    count: int = 1,
-    held: Sequence[tuple[str, str, str]] = (),
-    constraints: Sequence[dict[str, Any]] = (),
-) -> dict[str, Any]:
-    """A claim asking ``count`` devices of class ``cls``; allocated when ``held`` names
-    (driver, pool, device) results."""
-    exactly = {"deviceClassName": cls, "allocationMode": "ExactCount", "count": count}
-    devices: dict[str, Any] = {"requests": [{"name": "gpus", "exactly": exactly}]}
-    if constraints:
-        devices["constraints"] = list(constraints)
-    claim: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"{name}-uid"},
-        "spec": {"devices": devices},
-    }
-    if held:
-        results = [
-            {"request": "gpus", "driver": driver, "pool": pool, "device": device}
-            for driver, pool, device in held
-        ]
-        claim["status"] = {"allocation": {"devices": {"results": results}}}
-    return claim
-
-
-def _pod(name: str, claim: str, node: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-        "containers": [{"name": "main", "image": "cuda"}],
-    }
-    if node:
-        spec["nodeName"] = node
-    status = {"phase": "Running" if node else "Pending"}
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec, "status": status}
-
-
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
     server = FakeApiServer().start()
@@ -116,9 +78,9 @@ def _why(
         resource.create_resource_slice(body)
     if held is not None:
         api.add_claim(held)
-        api.add_pod(_pod("holder", held["metadata"]["name"], NODE))
+        api.add_pod(pod_doc("holder", held["metadata"]["name"], NODE))
     api.add_claim(wanted)
-    api.add_pod(_pod("waiting", wanted["metadata"]["name"], None))
+    api.add_pod(pod_doc("waiting", wanted["metadata"]["name"], None))
     code = main(["dra", "why", "--kubeconfig", str(path), "waiting"])
     assert code == 0
 
@@ -142,8 +104,8 @@ def test_the_device_of_the_same_name_that_is_free_is_the_one_a_pending_claim_get
     wanted_class: str,
     verdict: str,
 ) -> None:
-    holder = _claim("holder", held[0], held=[held])
-    _why(api, tmp_path, published, _claim("wanted", wanted_class), holder)
+    holder = claim_doc("holder", held[0], held=[held])
+    _why(api, tmp_path, published, claim_doc("wanted", wanted_class), holder)
     out = capsys.readouterr().out
     assert f"on {NODE} (2 device(s), after 1 allocated claim(s) there):\n" in out, out
     assert f"  {verdict}\n" in out, out
@@ -154,8 +116,8 @@ def test_a_held_device_is_held_only_in_its_own_driver(
 ) -> None:
     """Our gpu-0 held, a claim of our class waits: NVIDIA's gpu-0 does not match our class,
     ours is held; each device is told by driver, pool and name."""
-    holder = _claim("holder", OURS, held=[(OURS, NODE, "gpu-0")])
-    _why(api, tmp_path, TWO_DRIVERS, _claim("wanted", OURS), holder)
+    holder = claim_doc("holder", OURS, held=[(OURS, NODE, "gpu-0")])
+    _why(api, tmp_path, TWO_DRIVERS, claim_doc("wanted", OURS), holder)
     out = capsys.readouterr().out
     assert "  request gpus: 1 device(s) match its class and selectors, 0 of them" in out, out
     assert "not allocatable: request 'gpus': 0 device(s) match and fit, 1 needed" in out, out
@@ -174,7 +136,7 @@ def test_match_attribute_compares_the_devices_picked_not_others_of_their_name(
         (OURS, "right", "gpu-0", 1),
     )
     same_numa = {"requests": ["gpus"], "matchAttribute": f"{OURS}/numa"}
-    wanted = _claim("wanted", OURS, count=2, constraints=[same_numa])
+    wanted = claim_doc("wanted", OURS, count=2, constraints=[same_numa])
     _why(api, tmp_path, published, wanted)
     out = capsys.readouterr().out
     assert f"  wanted: would get gpu-1, {OURS}/right/gpu-0\n" in out, out
@@ -192,10 +154,10 @@ def test_nodes_of_one_shape_keep_each_its_own_held_devices(
     for node, held in (("node-a", "gpu-1"), ("node-b", "gpu-0")):
         for body in _slices(((OURS, node, "gpu-0", 0), (OURS, node, "gpu-1", 0)), node):
             resource.create_resource_slice(body)
-        api.add_claim(_claim(f"held-{node}", OURS, held=[(OURS, node, held)]))
-        api.add_pod(_pod(f"holder-{node}", f"held-{node}", node))
-    api.add_claim(_claim("wanted", OURS))
-    api.add_pod(_pod("waiting", "wanted", None))
+        api.add_claim(claim_doc(f"held-{node}", OURS, held=[(OURS, node, held)]))
+        api.add_pod(pod_doc(f"holder-{node}", f"held-{node}", node))
+    api.add_claim(claim_doc("wanted", OURS))
+    api.add_pod(pod_doc("waiting", "wanted", None))
     assert main(["dra", "why", "--kubeconfig", str(path), "waiting"]) == 0
     out = capsys.readouterr().out
     assert (

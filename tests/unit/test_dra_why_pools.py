@@ -13,6 +13,7 @@ import yaml
 from cdigen.cli import main
 from cdigen.plugin.agent.kubeapi import api_client
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.why_docs import claim_doc, pod_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
@@ -33,35 +34,6 @@ def _slice(pool: str, device: str) -> dict[str, Any]:
     }
 
 
-def _claim(name: str, count: int, held: dict[str, str] | None = None) -> dict[str, Any]:
-    """A claim asking ``count`` whole GPUs; allocated (device -> pool) when ``held`` is given."""
-    exactly = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count}
-    claim: dict[str, Any] = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": f"{name}-uid"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}},
-    }
-    if held is not None:
-        results = [
-            {"request": "gpus", "driver": DRIVER, "pool": pool, "device": device}
-            for device, pool in held.items()
-        ]
-        claim["status"] = {"allocation": {"devices": {"results": results}}}
-    return claim
-
-
-def _pod(name: str, claim: str, node: str | None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "resourceClaims": [{"name": "gpus", "resourceClaimName": claim}],
-        "containers": [{"name": "main", "image": "cuda"}],
-    }
-    if node:
-        spec["nodeName"] = node
-    status = {"phase": "Running" if node else "Pending"}
-    return {"metadata": {"name": name, "namespace": "default"}, "spec": spec, "status": status}
-
-
 @pytest.fixture
 def kubeconfig(tmp_path: Path) -> Iterator[Path]:
     """node-a's GPUs in two pools; a running pod's claim holds both, a pending pod wants one."""
@@ -75,10 +47,14 @@ def kubeconfig(tmp_path: Path) -> Iterator[Path]:
             resource.create_resource_slice(_slice(pool, device))
         for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
             api.add_class(doc)
-        api.add_claim(_claim("both", 2, {"gpu-0": POOLS[0], "gpu-1": POOLS[1]}))
-        api.add_pod(_pod("holder", "both", "node-a"))
-        api.add_claim(_claim("wanted", 1))
-        api.add_pod(_pod("waiting", "wanted", None))
+        api.add_claim(
+            claim_doc(
+                "both", DRIVER, 2, held=[(DRIVER, POOLS[0], "gpu-0"), (DRIVER, POOLS[1], "gpu-1")]
+            )
+        )
+        api.add_pod(pod_doc("holder", "both", "node-a"))
+        api.add_claim(claim_doc("wanted", DRIVER, 1))
+        api.add_pod(pod_doc("waiting", "wanted", None))
         yield path
     finally:
         api.stop()
