@@ -22,9 +22,20 @@ or 2 s later)):
       ours:     exec -> registered 1001 [975-1028] ms, CPU (with children)  990 [960-1010] ms
 
 The worker no longer starts while the plugin is getting ready: about 20 ms sooner registered
-and 60 ms less CPU spent by then (the worker's start, now after). The rest of the second is
-the plugin's own start, not looked into here (``plugin serve`` registers in ~200 ms:
-benchmarks/bench_startup.py).
+and 60 ms less CPU spent by then (the worker's start, now after).
+
+Then the API classes made on first use instead of at start (importing ``CoreV1Api`` and
+``ResourceV1Api`` imports the models their methods name, Pod and PersistentVolume among them;
+the trace of who imported them came from an audit hook in the child), against the tree just
+before, same sitting::
+
+    python benchmarks/bench_dra_startup.py --runs 9 --baseline DIR
+      baseline: exec -> registered 1024 [996-1172] ms, CPU (with children) 1000 [960-1130] ms
+      ours:     exec -> registered  531 [497-553] ms,  CPU (with children)  490 [480-530] ms
+
+What remains before registering is mostly imports: the kubernetes package itself (about
+0.16 s, its ``__init__`` imports config, dynamic, watch and stream), networkx for the NVLink
+cliques (0.06 s) and grpc (``plugin serve`` registers in ~200 ms: benchmarks/bench_startup.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ published, and when, is :mod:`cdigen.plugin.dra.slice_publisher`'s.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -30,13 +31,24 @@ class KubeApi:
     SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
     def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_API_TIMEOUT_S) -> None:
-        from kubernetes import client
-
         self._client = api_client
         self.timeout_s = timeout_s
-        self._resource = client.ResourceV1Api(api_client)
-        self._core = client.CoreV1Api(api_client)
         self._minor: int | None = None
+
+    # Made on first use, not at start: importing a generated API class imports the models its
+    # methods name (CoreV1Api: Pod, PersistentVolume, ...), 0.15 s that would otherwise come
+    # before the kubelet registration (benchmarks/bench_dra_startup.py).
+    @functools.cached_property
+    def _resource(self) -> Any:
+        from kubernetes import client
+
+        return client.ResourceV1Api(self._client)
+
+    @functools.cached_property
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self._client)
 
     @staticmethod
     def _json(response: Any) -> Any:
