@@ -157,15 +157,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     " same (its sorted order is the first of its orders tried)",
     (
         "policies/dra/claims.py",
-        "last = picks[-1].device",
+        "start = self._position[picks[-1].key] + 1",
         "1 -> 0",
-    ): "speed only, as above: the search then starts after the request's first pick instead of"
-    " its last, tries orders of sets it would skip, and finds the same first set",
-    (
-        "policies/dra/claims.py",
-        "start = next(i for i, d in enumerate(self.devices) if d.name == last) + 1",
-        "1 -> 0",
-    ): "speed only: the search starts at the last pick itself, which is refused as already picked",
+    ): "two mutants share this key, both speed only, as above: picks[-0] starts the search after"
+    " the request's first pick instead of its last (it tries orders of sets it would skip and"
+    " finds the same first set), and + 0 starts it at the last pick itself, which is refused as"
+    " already picked",
     (
         "policies/fast_path.py",
         "if avail.bit_count() != len(bits) or not 0 < size <= len(bits):",
