@@ -15,6 +15,7 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from cdigen.errors import InputError, printable
@@ -221,3 +222,40 @@ def api_client(kubeconfig: str | None) -> Any:
     rest: Any = api.rest_client
     rest.pool_manager = _DeadlinePoolManager(rest.pool_manager)
     return api
+
+
+def raw_call(
+    api_client: Any,
+    method: str,
+    path: str,
+    *,
+    timeout_s: float,
+    body: Mapping[str, Any] | None = None,
+    content_type: str = "application/json",
+) -> Any:
+    """``method path`` (path and query already quoted) through ``api_client``'s configuration,
+    auth and connection pool; the urllib3 response (``.data`` is the body), or the ApiException
+    the client's generated methods raise for a non-2xx answer. Why not those methods: importing
+    one of the client's API classes imports the models its methods name (``CoreV1Api``: Pod,
+    PersistentVolume and more, about 0.45 s of CPU), which came before both plugins' kubelet
+    registration; and they validate a body against the models and project it back, 90 % of
+    publishing 56 devices (benchmarks/bench_dra.py)."""
+    from kubernetes.client.exceptions import ApiException
+
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    method, url, headers, _, _ = api_client.param_serialize(
+        method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
+    )
+    response = api_client.call_api(
+        method,
+        url,
+        header_params=headers,
+        body=None if body is None else dict(body),
+        _request_timeout=timeout_s,
+    )
+    response.read()
+    if not 200 <= response.status <= 299:
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response

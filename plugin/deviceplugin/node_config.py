@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from cdigen.errors import ContentError, InputError, printable
 from cdigen.plugin.agent.config_file import read_config_file
@@ -336,9 +336,7 @@ class NodeLabels:
     failure is one WARNING per kind of failure and None."""
 
     def __init__(self, api_client: object, node_name: str, *, timeout_s: float = 5.0) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
+        self._client = api_client
         self.node_name = node_name
         self.timeout_s = timeout_s
         self._last_problem: str | None = None
@@ -346,14 +344,13 @@ class NodeLabels:
     def labels(self) -> Mapping[str, str] | None:
         """The Node's labels, or None when the API server cannot give them."""
         import json
+        from urllib.parse import quote
 
-        from cdigen.plugin.agent.kubeapi import api_error
+        from cdigen.plugin.agent.kubeapi import api_error, raw_call
 
         try:
-            response: Any = self._core.read_node(
-                self.node_name, _preload_content=False, _request_timeout=self.timeout_s
-            )
-            node = json.loads(response.data)
+            path = f"/api/v1/nodes/{quote(self.node_name, safe='')}"
+            node = json.loads(raw_call(self._client, "GET", path, timeout_s=self.timeout_s).data)
             labels = (node.get("metadata") or {}).get("labels") or {}
             if not isinstance(labels, dict):
                 raise ValueError("metadata.labels is not a mapping")

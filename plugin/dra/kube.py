@@ -3,22 +3,20 @@ DeviceClasses through and writes ResourceSlices and claim status with.
 
 Talks through the official ``kubernetes`` client (resource.k8s.io/v1) with plain dicts in and
 out: the client's models are stricter than the API server, and the slices are built as dicts.
-Slice bodies go through the client's lower-level ``ApiClient.call_api`` (its configuration, auth
-and connection pool): the generated methods first validate a body against the client's pydantic
-models and project it back, 90% of publishing 56 devices (benchmarks/bench_dra.py). What is
-published, and when, is :mod:`cdigen.plugin.dra.slice_publisher`'s.
+Every call goes through the client's lower-level ``ApiClient.call_api`` (its configuration,
+auth and connection pool; :func:`cdigen.plugin.agent.kubeapi.raw_call` says why not the
+generated methods). What is published, and when, is :mod:`cdigen.plugin.dra.slice_publisher`'s.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error, raw_call
 
 log = logging.getLogger(__name__)
 
@@ -35,51 +33,33 @@ class KubeApi:
         self.timeout_s = timeout_s
         self._minor: int | None = None
 
-    # Made on first use, not at start: importing a generated API class imports the models its
-    # methods name (CoreV1Api: Pod, PersistentVolume, ...), 0.15 s that would otherwise come
-    # before the kubelet registration (benchmarks/bench_dra_startup.py).
-    @functools.cached_property
-    def _resource(self) -> Any:
-        from kubernetes import client
-
-        return client.ResourceV1Api(self._client)
-
-    @functools.cached_property
-    def _core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self._client)
-
-    @staticmethod
-    def _json(response: Any) -> Any:
-        return json.loads(response.data)
+    def _get(self, path: str) -> Any:
+        """GET ``path``: the answer's body parsed; the client's error otherwise (a ValueError
+        for a body that is not JSON)."""
+        return json.loads(raw_call(self._client, "GET", path, timeout_s=self.timeout_s).data)
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim ``namespace/name`` as a dict; :class:`ApiCallError` (one line)
         when the API server cannot give it."""
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+            f"{quote(name, safe='')}"
+        )
         try:
-            response = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-            )
-        except Exception as exc:
-            raise ApiCallError(api_error(exc)) from None
-        try:
-            claim = self._json(response)
+            claim = self._get(path)
         except ValueError:
             raise ApiCallError("API server answered with something that is not JSON") from None
+        except Exception as exc:
+            raise ApiCallError(api_error(exc)) from None
         if not isinstance(claim, dict):
             raise ApiCallError("API server answered with JSON that is not an object") from None
         return claim
 
     def list_slices(self, driver: str, node_name: str) -> list[dict[str, Any]]:
         """This node's slices of ``driver``."""
-        response = self._resource.list_resource_slice(
-            field_selector=f"spec.driver={driver},spec.nodeName={node_name}",
-            _preload_content=False,
-            _request_timeout=self.timeout_s,
-        )
+        selector = quote(f"spec.driver={driver},spec.nodeName={node_name}", safe="")
         try:
-            doc = self._json(response)
+            doc = self._get(f"{self.SLICES_PATH}?fieldSelector={selector}")
         except ValueError:
             raise ApiCallError("API server answered with something that is not JSON") from None
         items = doc.get("items") if isinstance(doc, dict) else None
@@ -100,13 +80,8 @@ class KubeApi:
     def server_minor(self) -> int | None:
         """The API server's minor version (1.x), read once; None while it cannot be read."""
         if self._minor is None:
-            from kubernetes import client
-
             try:
-                response = client.VersionApi(self._client).get_code(
-                    _preload_content=False, _request_timeout=self.timeout_s
-                )
-                minor = str(self._json(response).get("minor", ""))
+                minor = str(self._get("/version").get("minor", ""))
                 self._minor = int("".join(c for c in minor if c.isdigit()) or 0)
             except Exception as exc:  # unknown now: asked again at the next publish
                 log.debug("cannot read the API server's version: %s", api_error(exc))
@@ -146,46 +121,31 @@ class KubeApi:
         *,
         content_type: str = "application/json",
     ) -> Mapping[str, Any] | None:
-        """``method path`` with the JSON ``body`` as it is, through the client's ApiClient (auth,
-        TLS, pool); an ApiException for a non-2xx answer, as the generated methods raise."""
-        from kubernetes.client.exceptions import ApiException
-
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        method, url, headers, _, _ = self._client.param_serialize(
-            method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
-        )
-        response = self._client.call_api(
-            method, url, header_params=headers, body=dict(body), _request_timeout=self.timeout_s
-        )
-        data = response.read()
-        if not 200 <= response.status <= 299:
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
+        """``method path`` with the JSON ``body`` as it is; an ApiException for a non-2xx
+        answer, as the generated methods raise."""
+        response = raw_call(
+            self._client, method, path, timeout_s=self.timeout_s, body=body,
+            content_type=content_type,
+        )  # fmt: skip
         try:
-            stored = json.loads(data)
+            stored = json.loads(response.data)
         except (TypeError, ValueError):
             return None
         return stored if isinstance(stored, dict) else None
 
     def delete_slice(self, name: str) -> None:
         """Delete one slice."""
-        self._resource.delete_resource_slice(
-            name, _preload_content=False, _request_timeout=self.timeout_s
-        )
+        path = f"{self.SLICES_PATH}/{quote(name, safe='')}"
+        raw_call(self._client, "DELETE", path, timeout_s=self.timeout_s)
 
     def read_node(self, node_name: str) -> dict[str, Any]:
         """The Node object (its status: what it advertises); the client's error otherwise."""
-        doc = self._json(
-            self._core.read_node(node_name, _preload_content=False, _request_timeout=self.timeout_s)
-        )
+        doc = self._get(f"/api/v1/nodes/{quote(node_name, safe='')}")
         return doc if isinstance(doc, dict) else {}
 
     def list_device_classes(self) -> list[dict[str, Any]]:
         """Every DeviceClass; the client's error when they cannot be listed."""
-        doc = self._json(
-            self._resource.list_device_class(
-                _preload_content=False, _request_timeout=self.timeout_s
-            )
-        )
+        doc = self._get("/apis/resource.k8s.io/v1/deviceclasses")
         items = doc.get("items") if isinstance(doc, dict) else None
         return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
@@ -195,11 +155,7 @@ class KubeApi:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            node = self._json(
-                self._core.read_node(
-                    node_name, _preload_content=False, _request_timeout=self.timeout_s
-                )
-            )
+            node = self._get(f"/api/v1/nodes/{quote(node_name, safe='')}")
         except ApiException as exc:  # RBAC may not allow it: slices then live until deleted
             if exc.status is not None and exc.status >= 500:
                 raise

@@ -99,15 +99,14 @@ def zygote() -> None:
     per config path read on stdin (its pid answered on stdout, its exit status written to
     ``<config>.exit`` when it ends): a start in a few milliseconds instead of seconds of
     imports, each plugin still a process of its own that SIGKILL stops."""
-    from kubernetes import client
-
     # what a start imports, imported once
+    import kubernetes.client  # noqa: F401
+
     import cdigen.plugin.agent.kubeapi
     import cdigen.plugin.dra.kube
     import cdigen.plugin.dra.kubelet_plugin  # noqa: F401
     import tests.fakes.fake_mig  # noqa: F401
 
-    client.CoreV1Api, client.ResourceV1Api, client.VersionApi  # noqa: B018  (lazy imports)
     for line in sys.stdin:
         config = line.strip()
         if not config:
