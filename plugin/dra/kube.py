@@ -20,13 +20,15 @@ from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api
 
 log = logging.getLogger(__name__)
 
+RESOURCE_API = "/apis/resource.k8s.io/v1"  # ResourceSlices, ResourceClaims, DeviceClasses
+
 
 class KubeApi:
     """:class:`cdigen.plugin.dra.slice_publisher.SliceApi` and
     :class:`cdigen.plugin.dra.claims.ClaimReader` over the kubernetes client, every call bounded by
     ``timeout_s`` (connect and read)."""
 
-    SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+    SLICES_PATH = f"{RESOURCE_API}/resourceslices"
 
     def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_API_TIMEOUT_S) -> None:
         self._client = api_client
@@ -42,7 +44,7 @@ class KubeApi:
         """The ResourceClaim ``namespace/name`` as a dict; :class:`ApiCallError` (one line)
         when the API server cannot give it."""
         path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+            f"{RESOURCE_API}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
             f"{quote(name, safe='')}"
         )
         try:
@@ -108,7 +110,7 @@ class KubeApi:
             "status": {"devices": [dict(d) for d in devices]},
         }
         path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{quote(namespace, safe='')}/resourceclaims/"
+            f"{RESOURCE_API}/namespaces/{quote(namespace, safe='')}/resourceclaims/"
             f"{quote(name, safe='')}/status?fieldManager={quote(manager, safe='')}&force=true"
         )
         self._send("PATCH", path, body, content_type="application/apply-patch+yaml")
@@ -145,7 +147,7 @@ class KubeApi:
 
     def list_device_classes(self) -> list[dict[str, Any]]:
         """Every DeviceClass; the client's error when they cannot be listed."""
-        doc = self._get("/apis/resource.k8s.io/v1/deviceclasses")
+        doc = self._get(f"{RESOURCE_API}/deviceclasses")
         items = doc.get("items") if isinstance(doc, dict) else None
         return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 

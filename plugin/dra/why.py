@@ -8,12 +8,13 @@ claims on every node that publishes slices, after what the allocated claims ther
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, printable, shortened
-from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error, raw_call
 from cdigen.plugin.dra.api_objects import (
     SHAPE_ERRORS,
     described,
@@ -22,6 +23,7 @@ from cdigen.plugin.dra.api_objects import (
     objs,
     seq,
 )
+from cdigen.plugin.dra.kube import RESOURCE_API
 from cdigen.plugin.dra.why_memo import (
     MemoPrograms,
     collector_paused,
@@ -70,16 +72,11 @@ def read_cluster(
 ) -> Cluster:
     """The objects ``dra why`` needs, over the kubernetes client; :class:`WhyFailed` (one line)
     when the pod does not exist or a call fails."""
-    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
-    core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
-
-    def get(call: Callable[..., Any], what: str, *args: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
+    def get(path: str, what: str) -> Any:
         try:
-            response = call(*args, _preload_content=False, _request_timeout=timeout_s)
-            doc = loads(response.data)
+            doc = loads(raw_call(api_client, "GET", path, timeout_s=timeout_s).data)
         except ApiException as exc:
             found = "not found" if exc.status == 404 else "cannot be read"
             raise WhyFailed(f"{found} ({api_error(exc)})", where=what) from None
@@ -93,21 +90,22 @@ def read_cluster(
             raise WhyFailed("API server answered with JSON that is not an object", where=what)
         return doc
 
-    def items(call: Callable[..., Any], what: str) -> list[Mapping[str, Any]]:
-        found = get(call, what).get("items")
+    def items(path: str, what: str) -> list[Mapping[str, Any]]:
+        found = get(path, what).get("items")
         if not isinstance(found, list) or not all(isinstance(i, dict) for i in found):
             raise WhyFailed("API server answered with something that is not a list", where=what)
         return found
 
-    pod_doc = get(core.read_namespaced_pod, f"pod {namespace}/{pod}", pod, namespace)
+    pod_path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(pod, safe='')}"
+    pod_doc = get(pod_path, f"pod {namespace}/{pod}")
     claims = {}
-    for claim in items(resource.list_resource_claim_for_all_namespaces, "resourceclaims"):
+    for claim in items(f"{RESOURCE_API}/resourceclaims", "resourceclaims"):
         claims[name_of(claim)] = claim
     return Cluster(
         pod=pod_doc,
         claims=claims,
-        slices=items(resource.list_resource_slice, "resourceslices"),
-        classes=items(resource.list_device_class, "deviceclasses"),
+        slices=items(f"{RESOURCE_API}/resourceslices", "resourceslices"),
+        classes=items(f"{RESOURCE_API}/deviceclasses", "deviceclasses"),
     )
 
 
