@@ -279,6 +279,7 @@ class Worker:
         self._sel.unregister(conn.sock)
         conn.sock.close()
         self._ready.discard(conn)
+        self._crowded = False  # a slot is free: whoever waits is taken next, none closed for it
 
     def _tick(self, now: float) -> None:
         """Answer what can be answered, ask for what is due, close what idled too long."""

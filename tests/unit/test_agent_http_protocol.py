@@ -169,6 +169,10 @@ def test_at_the_limit_with_clients_waiting_an_answer_closes_its_connection(
             assert (status, headers.get("connection")) == ("HTTP/1.1 200 OK", "close")
             assert _closed(held[0])
             assert _answers(late, 1)[0][0] == "HTTP/1.1 200 OK"
+        # nobody waits any more: answers keep their connections again
+        held[1].sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        ((status, headers, _),) = _answers(held[1], 1)
+        assert (status, headers.get("connection")) == ("HTTP/1.1 200 OK", None)
     finally:
         for sock in held:
             sock.close()
