@@ -252,15 +252,23 @@ def _gated(api: FakeApiServer, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _invalid_slice(body: dict[str, Any]) -> str:
-    """The API server's refusal of a slice's device capacities (their request policies), as
-    one message, or ""."""
+    """The API server's refusal of a slice's device capacities (their request policies) and
+    of a device name repeated in the slice (validateResourceSliceSpec checks spec.devices as a
+    set keyed by name: field.Duplicate), as one message, or ""."""
     from tests.helpers.slice_rules import capacity_problems
 
+    devices = body.get("spec", {}).get("devices") or []
     problems = [
         f"spec.devices[{n}]: {p}"
-        for n, device in enumerate(body.get("spec", {}).get("devices") or [])
+        for n, device in enumerate(devices)
         for p in capacity_problems(device)
     ]
+    names: set[str] = set()
+    for n, device in enumerate(devices):
+        name = str(device.get("name"))
+        if name in names:
+            problems.append(f'spec.devices[{n}].name: Duplicate value: "{name}"')
+        names.add(name)
     return "; ".join(problems)
 
 

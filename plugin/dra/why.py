@@ -32,6 +32,7 @@ from cdigen.plugin.dra.why_memo import (
     node_key,
 )
 from cdigen.plugin.dra.why_nodes import (
+    InvalidPools,
     classes_of,
     held_by_pool,
     held_on,
@@ -310,6 +311,8 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         devices = node_devices(node, nodes[node], bad_nodes)
         if devices is None:
             continue
+        invalid = InvalidPools.of(devices)  # the scheduler allocates from none of these
+        devices = invalid.valid(devices)
         pools = {(d.driver, d.pool) for d in devices}
         holders = [h for pool in sorted(pools) for h in by_pool.get(pool, ())]
         shape = devices_key(devices)
@@ -317,10 +320,10 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
         if fit is None:
             fit = fits[shape] = FirstFit(devices, classes, programs=programs)
         state, held = held_on(devices, fit, holders)  # told in the fit's devices
-        key = node_key(fit, state, held)  # the fit stands for its devices (one per shape)
+        key = (node_key(fit, state, held), invalid.lines)  # lines tell the pools apart
         story = stories.get(key)
         if story is None:
-            story = stories[key] = _node_story(fit, claims, state, held)
+            story = stories[key] = _node_story(fit, claims, state, held, invalid)
         said.setdefault(story, []).append(node)
     skipped[before:before] = bad_nodes
     if not said:
@@ -334,16 +337,21 @@ def _why_pending(claims: Sequence[Claim], cluster: Cluster, skipped: list[str]) 
 
 
 def _node_story(
-    fit: FirstFit, claims: Sequence[Claim], state: NodeState, held: int
+    fit: FirstFit, claims: Sequence[Claim], state: NodeState, held: int, invalid: InvalidPools
 ) -> tuple[str, ...]:
-    """One node's lines: its devices, then each claim's picks, or why it does not fit there."""
+    """One node's lines: its devices (``fit``'s; those of ``invalid`` pools, left out of it,
+    told apart), then each claim's picks, or why it does not fit there."""
     others = f", after {held} allocated claim(s) there" if held else ""
-    story = [f"{len(fit.devices)} device(s){others}"]
+    story = [f"{len(fit.devices)} device(s){others}", *invalid.lines]
     for claim in claims:
+        whose = f"{claim.name}: " if len(claims) > 1 else ""
+        refused = invalid.refusal(claim)
+        if refused:
+            story.append(f"  {whose}not allocatable: {refused}")
+            break
         allocation, reasons = fit.explain(claim, state)
         if allocation.error:
             story += _matching(fit, claim, state)
-            whose = f"{claim.name}: " if len(claims) > 1 else ""
             story.append(f"  {whose}not allocatable: {allocation.error}")
             story += _grouped(reasons)
             break

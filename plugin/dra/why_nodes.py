@@ -4,7 +4,9 @@ read once. Malformed objects are left out and named in ``skipped``."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cdigen.plugin.dra.api_objects import (
@@ -16,7 +18,7 @@ from cdigen.plugin.dra.api_objects import (
     obj,
     objs,
 )
-from cdigen.policies.dra.claim_docs import DeviceClass, device_class, refuse_unchecked
+from cdigen.policies.dra.claim_docs import Claim, DeviceClass, device_class, refuse_unchecked
 from cdigen.policies.dra.claims import FirstFit, NodeState, Pick
 from cdigen.policies.dra.slice_devices import DeviceKey, SliceDevice, qualify, slice_devices
 
@@ -71,6 +73,63 @@ def node_devices(
     except SHAPE_ERRORS as exc:
         skipped.append(f"the resourceslices of node {node} ({described(exc)})")
         return None
+
+
+@dataclass(frozen=True)
+class InvalidPools:
+    """The pools of one node the scheduler will not allocate from, by (driver, pool), each
+    with its reason, and one line per pool telling it for ``dra why``'s story of the node."""
+
+    reasons: Mapping[tuple[str, str], str]
+    lines: tuple[str, ...]
+
+    @classmethod
+    def of(cls, devices: Sequence[SliceDevice]) -> InvalidPools:
+        """Those among one node's ``devices`` (newest generation of each pool, all its
+        slices): a name two devices of a pool share makes the pool invalid, "duplicate device
+        name NAME", the first such name in slice order (k8s.io/dynamic-resource-allocation,
+        structured/internal/stable/pools_stable.go: poolIsInvalid, from 1.35
+        validateDeviceNames). One name in two pools or drivers is no duplicate: a device is
+        its driver, pool and name."""
+        seen: set[DeviceKey] = set()
+        reasons: dict[tuple[str, str], str] = {}
+        for device in devices:
+            pool = (device.driver, device.pool)
+            if device.key in seen and pool not in reasons:
+                reasons[pool] = f"duplicate device name {device.name}"
+            seen.add(device.key)
+        counts = Counter((d.driver, d.pool) for d in devices)
+        # From 1.35 the allocator skips an invalid pool and, when nothing else fits, fails the
+        # node with "invalid resource pools were encountered" (allocator_stable.go, Allocate);
+        # 1.33 and 1.34 failed the node with "pool P is invalid: REASON" as soon as the
+        # search came to the pool (allocateOne), in the random order of a Go map.
+        lines = tuple(
+            f"  pool {driver}/{pool} is invalid: {reason}; the scheduler allocates none of "
+            f"its {counts[driver, pool]} device(s)"
+            for (driver, pool), reason in sorted(reasons.items())
+        )
+        return cls(reasons, lines)
+
+    def valid(self, devices: Iterable[SliceDevice]) -> list[SliceDevice]:
+        """``devices`` but those of the invalid pools."""
+        return [d for d in devices if (d.driver, d.pool) not in self.reasons]
+
+    def refusal(self, claim: Claim) -> str:
+        """Why the scheduler refuses ``claim`` on the node whatever its other devices hold,
+        or "": a request for all devices when any pool of the node is invalid
+        (allocator_stable.go, 1.32 on: "asks for all devices, but resource pool D/P is
+        currently invalid")."""
+        if not self.reasons:
+            return ""
+        (driver, pool), reason = min(self.reasons.items())
+        for request in claim.requests:
+            for r in request.alternatives or (request,):
+                if r.mode == "All":
+                    return (
+                        f"request {r.name!r} asks for all devices, but resource pool "
+                        f"{driver}/{pool} is invalid: {reason}"
+                    )
+        return ""
 
 
 # An allocated claim's results in one (driver, pool): the claim's name, the (driver, pool) and
