@@ -1,10 +1,54 @@
-"""API objects as the tests of ``dra why`` put them into the fake API server: claims, allocated
-or not, and the pods that use them."""
+"""API objects as the tests of ``dra why`` put them into the fake API server: the DeviceClasses
+we ship, ResourceSlices, claims (allocated or not) and the pods that use them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from tests.fake_apiserver import FakeApiServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def api_with_classes() -> Iterator[FakeApiServer]:
+    """A fake API server on loopback holding the DeviceClasses we ship, stopped on exit."""
+    server = FakeApiServer().start()
+    try:
+        for doc in shipped_classes():
+            server.add_class(doc)
+        yield server
+    finally:
+        server.stop()
+
+
+def shipped_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses deploy/dra/deviceclasses.yaml ships."""
+    return list(yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()))
+
+
+def slice_doc(
+    name: str, driver: str, node: str, pool: str, devices: Sequence[dict[str, Any]], *,
+    generation: int = 1, count: int = 1,
+) -> dict[str, Any]:  # fmt: skip
+    """A ResourceSlice of ``node``: ``devices`` of ``driver``'s ``pool``, one of ``count``
+    slices of its ``generation``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
+            "devices": list(devices),
+        },
+    }
 
 
 def claim_doc(

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cdigen.cli import main
 from cdigen.discover import load_node
@@ -19,6 +18,7 @@ from cdigen.plugin.dra.slice_publisher import SlicePublisher
 from cdigen.policies.device_view import device_views
 from cdigen.policies.dra.order import ordered_views
 from tests.fake_apiserver import FakeApiServer
+from tests.helpers.why_docs import shipped_classes
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
@@ -119,7 +119,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApiServer, Path]]:
     try:
         _publish(kubeconfig, "builtin:rtx4090", "node-a", step=1 << 20)
         _publish(kubeconfig, "builtin:dgx1-v100", "node-b")
-        for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
+        for doc in shipped_classes():
             api.add_class(doc)
         for pod, uid in (("memory-3gi-a", "7c1e"), ("memory-3gi-b", "9d2f")):
             claim = f"{pod}-gpu-memory-x1"

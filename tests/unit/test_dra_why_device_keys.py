@@ -10,14 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cdigen.cli import main
 from cdigen.plugin.agent.kubeapi import api_client
 from tests.fake_apiserver import FakeApiServer
-from tests.helpers.why_docs import claim_doc, pod_doc
+from tests.helpers.why_docs import (
+    api_with_classes,
+    claim_doc,
+    pod_doc,
+    slice_doc,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 OURS = "gpu.cdigen.dev"
 NVIDIA = "gpu.nvidia.com"  # NVIDIA's DRA driver, its class named after it as it ships
 NODE = "node-a"
@@ -33,33 +36,18 @@ def _slices(published: Published, node: str = NODE) -> list[dict[str, Any]]:
         attributes = {"type": {"string": "gpu"}, "numa": {"int": numa}}
         pools.setdefault((driver, pool), []).append({"name": device, "attributes": attributes})
     return [
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{driver}-{pool}"},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices,
-            },
-        }
+        slice_doc(f"{node}-{driver}-{pool}", driver, node, pool, devices)
         for (driver, pool), devices in pools.items()
     ]
 
 
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    try:
-        for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
-            server.add_class(doc)
+    with api_with_classes() as server:
         selector = {"cel": {"expression": f'device.driver == "{NVIDIA}"'}}
         nvidia = {"metadata": {"name": NVIDIA}, "spec": {"selectors": [selector]}}
         server.add_class({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", **nvidia})
         yield server
-    finally:
-        server.stop()
 
 
 def _why(

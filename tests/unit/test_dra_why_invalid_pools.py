@@ -11,16 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from cdigen.cli import main
 from cdigen.plugin.agent.kubeapi import api_client
 from cdigen.plugin.dra.why import Cluster, explain_pod
 from tests.fake_apiserver import FakeApiServer
-from tests.helpers.why_docs import claim_doc, pod_doc
+from tests.helpers.why_docs import (
+    api_with_classes,
+    claim_doc,
+    pod_doc,
+    shipped_classes,
+    slice_doc,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
 INVALID = f"pool {DRIVER}/node-a is invalid: duplicate device name gpu-0"
 
@@ -29,17 +33,8 @@ def _slice(
     name: str, devices: Sequence[str], *, pool: str = "node-a", node: str = "node-a",
     generation: int = 1, count: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": name},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": pool, "generation": generation, "resourceSliceCount": count},
-            "devices": [{"name": d, "attributes": {"type": {"string": "gpu"}}} for d in devices],
-        },
-    }
+    typed = [{"name": d, "attributes": {"type": {"string": "gpu"}}} for d in devices]
+    return slice_doc(name, DRIVER, node, pool, typed, generation=generation, count=count)
 
 
 def _all_claim(name: str) -> dict[str, Any]:
@@ -53,15 +48,10 @@ def _all_claim(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    try:
-        for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
-            server.add_class(doc)
+    with api_with_classes() as server:
         server.add_claim(claim_doc("wanted", DRIVER, 1))
         server.add_pod(pod_doc("waiting", "wanted", None))
         yield server
-    finally:
-        server.stop()
 
 
 def _why(
@@ -104,7 +94,7 @@ def test_one_name_twice_in_one_slice_read_from_elsewhere_is_the_same_verdict() -
     """What the command runs on the objects it read: a list holding such a slice (from a
     server that let it in) gets the scheduler's verdict, not a device picked twice."""
     claims = {("default", "wanted"): claim_doc("wanted", DRIVER, 1)}
-    classes = list(yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()))
+    classes = shipped_classes()
     slices = [_slice("a-0", ["gpu-0", "gpu-\x1b[2J", "gpu-\x1b[2J"])]
     cluster = Cluster(pod_doc("waiting", "wanted", None), claims, slices, classes)
     lines = explain_pod(cluster, driver=DRIVER)

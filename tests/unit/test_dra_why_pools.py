@@ -8,30 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from cdigen.cli import main
 from cdigen.plugin.agent.kubeapi import api_client
 from tests.fake_apiserver import FakeApiServer
-from tests.helpers.why_docs import claim_doc, pod_doc
+from tests.helpers.why_docs import claim_doc, pod_doc, shipped_classes, slice_doc
 
-ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.cdigen.dev"
 POOLS = ("node-a-left", "node-a-right")  # one node, two pools of one GPU each
 
 
 def _slice(pool: str, device: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{pool}-slice"},
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": "node-a",
-            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": device, "attributes": {"type": {"string": "gpu"}}}],
-        },
-    }
+    devices = [{"name": device, "attributes": {"type": {"string": "gpu"}}}]
+    return slice_doc(f"{pool}-slice", DRIVER, "node-a", pool, devices)
 
 
 @pytest.fixture
@@ -45,7 +34,7 @@ def kubeconfig(tmp_path: Path) -> Iterator[Path]:
         resource = client.ResourceV1Api(api_client(str(path)))
         for pool, device in zip(POOLS, ("gpu-0", "gpu-1"), strict=True):
             resource.create_resource_slice(_slice(pool, device))
-        for doc in yaml.safe_load_all((ROOT / "deploy/dra/deviceclasses.yaml").read_text()):
+        for doc in shipped_classes():
             api.add_class(doc)
         api.add_claim(
             claim_doc(
