@@ -94,9 +94,9 @@ def node_configs(api: FakeApiServer, work: Path) -> list[str]:
     label on ``api``), as the DaemonSet's node-configs component runs it."""
     configs = work / "configs"
     configs.mkdir()
-    (configs / "ts2.yaml").write_text("resources: [{name: nvidia.com/gpu}]\n")
+    (configs / "whole.yaml").write_text("resources: [{name: nvidia.com/gpu}]\n")
     with api.lock:
-        labels = {"cdigen.dev/device-plugin.config": "ts2"}
+        labels = {"cdigen.dev/device-plugin.config": "whole"}
         api.nodes[NODE_NAME] = {"metadata": {"name": NODE_NAME, "uid": "u1", "labels": labels}}
     kubeconfig = str(api.kubeconfig(work / "kubeconfig"))
     return ["--config-dir", str(configs), "--node-name", NODE_NAME, "--kubeconfig", kubeconfig]

@@ -15,7 +15,7 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from cdigen.errors import InputError, printable
@@ -259,3 +259,11 @@ def raw_call(
     if not 200 <= response.status <= 299:
         raise ApiException.from_response(http_resp=response, body=None, data=None)
     return response.response
+
+
+def get_json(
+    api_client: Any, path: str, *, timeout_s: float, loads: Callable[[bytes], Any] = json.loads
+) -> Any:
+    """GET ``path`` (:func:`raw_call`) and its body parsed by ``loads``: the client's error for
+    a failed call, a ValueError for a body that is not JSON."""
+    return loads(raw_call(api_client, "GET", path, timeout_s=timeout_s).data)

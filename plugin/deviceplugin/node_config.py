@@ -343,14 +343,13 @@ class NodeLabels:
 
     def labels(self) -> Mapping[str, str] | None:
         """The Node's labels, or None when the API server cannot give them."""
-        import json
         from urllib.parse import quote
 
-        from cdigen.plugin.agent.kubeapi import api_error, raw_call
+        from cdigen.plugin.agent.kubeapi import api_error, get_json
 
         try:
             path = f"/api/v1/nodes/{quote(self.node_name, safe='')}"
-            node = json.loads(raw_call(self._client, "GET", path, timeout_s=self.timeout_s).data)
+            node = get_json(self._client, path, timeout_s=self.timeout_s)
             labels = (node.get("metadata") or {}).get("labels") or {}
             if not isinstance(labels, dict):
                 raise ValueError("metadata.labels is not a mapping")

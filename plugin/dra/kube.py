@@ -16,7 +16,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, ApiCallError, api_error, raw_call
+from cdigen.plugin.agent.kubeapi import (
+    DEFAULT_API_TIMEOUT_S,
+    ApiCallError,
+    api_error,
+    get_json,
+    raw_call,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,7 @@ class KubeApi:
     def _get(self, path: str) -> Any:
         """GET ``path``: the answer's body parsed; the client's error otherwise (a ValueError
         for a body that is not JSON)."""
-        return json.loads(raw_call(self._client, "GET", path, timeout_s=self.timeout_s).data)
+        return get_json(self._client, path, timeout_s=self.timeout_s)
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim ``namespace/name`` as a dict; :class:`ApiCallError` (one line)

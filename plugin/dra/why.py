@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from cdigen.errors import EXIT_CHECK_FAILED, CdigenError, printable, shortened
-from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error, raw_call
+from cdigen.plugin.agent.kubeapi import DEFAULT_API_TIMEOUT_S, api_error, get_json
 from cdigen.plugin.dra.api_objects import (
     SHAPE_ERRORS,
     described,
@@ -77,7 +77,7 @@ def read_cluster(
 
     def get(path: str, what: str) -> Any:
         try:
-            doc = loads(raw_call(api_client, "GET", path, timeout_s=timeout_s).data)
+            doc = get_json(api_client, path, timeout_s=timeout_s, loads=loads)
         except ApiException as exc:
             found = "not found" if exc.status == 404 else "cannot be read"
             raise WhyFailed(f"{found} ({api_error(exc)})", where=what) from None
